@@ -1,0 +1,111 @@
+"""The A3C maths: advantages, returns and the entropy-regularised actor-critic loss.
+
+Nothing here knows about HTTP or environments: it takes tensors laid out as `[t_max, num_envs]`
+and is tested with tensors alone.
+
+How episode ends are encoded (gymnasium's NEXT_STEP autoreset): the step that ends an episode
+(`terminated` or `truncated`) returns the episode's *last* observation; the following step of that
+sub-environment only resets it, ignores the action and is not a transition. Such steps carry
+`valid = False` and are left out of the loss. Because the step after a truncation observes the
+episode's last observation, its (masked) value estimate is exactly the bootstrap value the
+truncated step needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from a3c_http.model import ActorCritic
+
+
+def compute_advantages(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    last_value: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    valid: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE(lambda) advantages and value targets for a rollout.
+
+    rewards, values, terminated, truncated, valid: `[T, N]`; last_value: `[N]`, the value of the
+    observation after the last step. With `gae_lambda = 1` the advantages are the n-step returns
+    of A3C minus the values. Returns `(advantages, returns)`, both zero where `valid` is False.
+    """
+    steps = rewards.shape[0]
+    next_values = torch.cat([values[1:], last_value.unsqueeze(0)], dim=0)
+    terminated = terminated.float()
+    done = torch.maximum(terminated, truncated.float())
+    valid_f = valid.float()
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros_like(last_value)
+    for t in reversed(range(steps)):
+        # A terminated episode has no future; a truncated one bootstraps from V(last observation).
+        delta = rewards[t] + gamma * next_values[t] * (1.0 - terminated[t]) - values[t]
+        # The chain of future advantages stops at every episode end.
+        running = (delta + gamma * gae_lambda * (1.0 - done[t]) * running) * valid_f[t]
+        advantages[t] = running
+    returns = (advantages + values) * valid_f
+    return advantages, returns
+
+
+@dataclass(frozen=True)
+class LossTerms:
+    total: torch.Tensor
+    policy_loss: torch.Tensor
+    value_loss: torch.Tensor
+    entropy: torch.Tensor
+
+    def as_floats(self) -> dict[str, float]:
+        return {
+            "train/loss": float(self.total),
+            "train/policy_loss": float(self.policy_loss),
+            "train/value_loss": float(self.value_loss),
+            "train/entropy": float(self.entropy),
+        }
+
+
+def a3c_loss(
+    model: ActorCritic,
+    obs: torch.Tensor,
+    actions: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    valid: torch.Tensor,
+    value_coef: float,
+    entropy_coef: float,
+) -> LossTerms:
+    """`-log pi(a|s) * A + value_coef * (R - V(s))^2 - entropy_coef * H(pi(.|s))`, averaged over
+    the valid steps. Inputs are flattened over `[T, N]`; advantages are treated as constants."""
+    mask = valid.reshape(-1).bool()
+    if not bool(mask.any()):
+        raise ValueError("the rollout has no valid step to learn from")
+    obs = obs.reshape(-1, *obs.shape[2:])[mask]
+    actions = actions.reshape(-1, *actions.shape[2:])[mask]
+    dist, values = model(obs)
+    log_prob = dist.log_prob(actions)
+    # The true entropy of the policy distribution, not -sum(pi * logits) as the original design.
+    entropy = dist.entropy().mean()
+    policy_loss = -(log_prob * advantages.reshape(-1)[mask].detach()).mean()
+    value_loss = (returns.reshape(-1)[mask].detach() - values).pow(2).mean()
+    total = policy_loss + value_coef * value_loss - entropy_coef * entropy
+    return LossTerms(total, policy_loss.detach(), value_loss.detach(), entropy.detach())
+
+
+def gradients(
+    model: nn.Module, loss: torch.Tensor, max_grad_norm: float
+) -> dict[str, torch.Tensor]:
+    """Backpropagate `loss`, clip to `max_grad_norm` and return the gradients by parameter name
+    (zeros for parameters the loss does not reach, so every push has the same names)."""
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    return {
+        name: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+        for name, p in model.named_parameters()
+    }

@@ -1,0 +1,234 @@
+"""`MasterClient`: typed calls to the master over httpx, with timeouts and bounded retries.
+
+The error hierarchy (everything a caller needs to catch is an `A3CError`)::
+
+    A3CError
+    ├── MasterUnavailable      the master could not be reached, timed out or answered 5xx,
+    │                          on every attempt until the retry deadline ran out
+    └── MasterRejected         the master answered 4xx: retrying the same request cannot help
+        ├── Unauthorized       401/403: the token is missing or wrong
+        └── Conflict           409: stale gradients, or a run that is not in the right state
+
+`WireError` (a3c_http.wire) is raised when a weights body from the master does not fit the model.
+
+Retries: connection errors, timeouts and 5xx are retried with exponential backoff and jitter until
+`retry_deadline_s` has passed since the first attempt; 4xx are never retried.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import torch
+
+from a3c_http import wire
+
+
+class A3CError(Exception):
+    """Base of every error raised by `MasterClient`."""
+
+
+class MasterUnavailable(A3CError):
+    """The master could not be reached, or kept failing (5xx), until the retry deadline."""
+
+
+class MasterRejected(A3CError):
+    """The master refused the request (4xx). `status_code` and `detail` say why."""
+
+    def __init__(self, status_code: int, detail: str, stop: bool = False) -> None:
+        super().__init__(f"master answered {status_code}: {detail}")
+        self.status_code = status_code
+        self.detail = detail
+        self.stop = stop
+
+
+class Unauthorized(MasterRejected):
+    """401 or 403: set the same A3C_TOKEN on the master and the workers."""
+
+
+class Conflict(MasterRejected):
+    """409: stale gradients (pull the weights and go on) or a run in the wrong state."""
+
+
+STOP_HEADER = "X-A3C-Stop"
+
+
+@dataclass(frozen=True)
+class Weights:
+    tensors: dict[str, torch.Tensor]
+    version: int
+    stop: bool = False
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500] or response.reason_phrase
+    if isinstance(body, dict) and "detail" in body:
+        return str(body["detail"])
+    return str(body)[:500]
+
+
+class MasterClient:
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        timeout_s: float = 10.0,
+        retry_deadline_s: float = 60.0,
+        backoff_s: float = 0.2,
+        max_backoff_s: float = 5.0,
+        transport: httpx.BaseTransport | None = None,
+        run_id: str | None = None,
+    ) -> None:
+        # Worker messages carry the run id so that a late message of an earlier run is refused.
+        self.run_id = run_id
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s, transport=transport
+        )
+        self.retry_deadline_s = retry_deadline_s
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> MasterClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transport ------------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        deadline = time.monotonic() + self.retry_deadline_s
+        delay = self.backoff_s
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            else:
+                if response.status_code < 500:
+                    return self._check(response)
+                problem = f"{response.status_code}: {_detail(response)}"
+            if time.monotonic() + delay > deadline:
+                raise MasterUnavailable(
+                    f"{method} {path} failed {attempt} times over {self.retry_deadline_s:.0f} s, "
+                    f"last: {problem}"
+                )
+            time.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(delay * 2, self.max_backoff_s)
+
+    @staticmethod
+    def _check(response: httpx.Response) -> httpx.Response:
+        if response.status_code < 400:
+            return response
+        stop = response.headers.get(STOP_HEADER) == "1"
+        detail = _detail(response)
+        if response.status_code in (401, 403):
+            raise Unauthorized(response.status_code, detail, stop)
+        if response.status_code == 409:
+            raise Conflict(response.status_code, detail, stop)
+        raise MasterRejected(response.status_code, detail, stop)
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self._request(method, path, **kwargs).json()
+
+    # -- run control ----------------------------------------------------------------------------
+
+    def healthz(self) -> bool:
+        return self._json("GET", "/healthz").get("status") == "ok"
+
+    def status(self) -> dict[str, Any]:
+        return self._json("GET", "/status")
+
+    def train(self, **body: Any) -> dict[str, Any]:
+        return self._json("POST", "/train", json=body)["data"]
+
+    def stop(self) -> dict[str, Any]:
+        return self._json("POST", "/stop")
+
+    # -- worker lifecycle -----------------------------------------------------------------------
+
+    def worker_started(self, worker_id: str, url: str | None) -> dict[str, Any]:
+        return self._json(
+            "POST",
+            "/worker_started",
+            json={"worker_id": worker_id, "url": url, "run_id": self.run_id},
+        )
+
+    def worker_done(self, worker_id: str, error: str | None = None) -> dict[str, Any]:
+        return self._json(
+            "POST",
+            "/worker_done",
+            json={"worker_id": worker_id, "error": error, "run_id": self.run_id},
+        )
+
+    def heartbeat(self, worker_id: str, **stats: Any) -> bool:
+        """Report liveness and progress; returns True when the master says to stop."""
+        body = {"worker_id": worker_id, "run_id": self.run_id, **stats}
+        return bool(self._json("POST", "/heartbeat", json=body)["data"]["stop"])
+
+    def episode(self, worker_id: str, reward: float, length: int) -> dict[str, Any]:
+        body = {"worker_id": worker_id, "reward": reward, "length": length, "run_id": self.run_id}
+        return self._json("POST", "/episode", json=body)["data"]
+
+    # -- tensors --------------------------------------------------------------------------------
+
+    def _weights(self, response: httpx.Response, spec: wire.Spec) -> Weights:
+        return Weights(
+            tensors=wire.decode(response.content, spec),
+            version=int(response.headers[wire.VERSION_HEADER]),
+            stop=response.headers.get(STOP_HEADER) == "1",
+        )
+
+    def get_weights(self, spec: wire.Spec, if_not_version: int | None = None) -> Weights | None:
+        """The global weights, or None when they are still at `if_not_version`."""
+        headers = {"If-None-Match": f'"{if_not_version}"'} if if_not_version is not None else {}
+        response = self._request("GET", "/global_model_weights", headers=headers)
+        if response.status_code == 304:
+            return None
+        return self._weights(response, spec)
+
+    def push_gradients(
+        self, worker_id: str, version: int, grads: Mapping[str, torch.Tensor], spec: wire.Spec
+    ) -> Weights:
+        """Send gradients computed on weights `version`; returns the new global weights.
+        Raises `Conflict` when they were too stale to apply."""
+        response = self._request(
+            "POST",
+            "/gradients",
+            content=wire.encode(grads),
+            headers={
+                "Content-Type": wire.CONTENT_TYPE,
+                "X-Worker-Id": worker_id,
+                wire.VERSION_HEADER: str(version),
+                **({"X-Run-Id": self.run_id} if self.run_id else {}),
+            },
+        )
+        return self._weights(response, spec)
+
+    def push_weights(
+        self, worker_id: str, tensors: Mapping[str, torch.Tensor], temporary: bool
+    ) -> dict[str, Any]:
+        return self._json(
+            "POST",
+            "/local_model_weights",
+            params={"worker_id": worker_id, "temporary": str(temporary).lower()},
+            content=wire.encode(tensors),
+            headers={"Content-Type": wire.CONTENT_TYPE},
+        )
+
+    def best_score(self) -> float | None:
+        return self._json("GET", "/best_score")["data"]

@@ -1,0 +1,95 @@
+"""The actor-critic network: a shared tanh torso, a policy head and a value head.
+
+Discrete action spaces get a categorical head (logits); Box action spaces a Gaussian head with a
+learned, state-independent log standard deviation. The same class serves the master (which only
+holds and updates the weights) and the workers (which also act with it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+from torch.distributions import Categorical, Distribution, Independent, Normal
+
+
+class UnsupportedSpace(ValueError):
+    """The environment's observation or action space is not one this network can handle."""
+
+
+def _layer(inp: int, out: int, gain: float) -> nn.Linear:
+    # Orthogonal init with per-head gains is the A2C/PPO convention (small policy gain keeps the
+    # first policy near uniform; unit gain for the value head).
+    layer = nn.Linear(inp, out)
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+class ActorCritic(nn.Module):
+    def __init__(
+        self,
+        obs_dim: int,
+        action_dim: int,
+        discrete: bool,
+        hidden_sizes: Sequence[int] = (64, 64),
+    ) -> None:
+        super().__init__()
+        self.obs_dim = obs_dim
+        self.action_dim = action_dim
+        self.discrete = discrete
+        layers: list[nn.Module] = []
+        width = obs_dim
+        for hidden in hidden_sizes:
+            layers += [_layer(width, hidden, math.sqrt(2)), nn.Tanh()]
+            width = hidden
+        self.torso = nn.Sequential(*layers)
+        self.policy_head = _layer(width, action_dim, 0.01)
+        self.value_head = _layer(width, 1, 1.0)
+        if not discrete:
+            self.log_std = nn.Parameter(torch.zeros(action_dim))
+
+    @classmethod
+    def for_spaces(
+        cls, observation_space: gym.Space, action_space: gym.Space, hidden_sizes: Sequence[int]
+    ) -> ActorCritic:
+        if not isinstance(observation_space, gym.spaces.Box):
+            raise UnsupportedSpace(
+                f"observation space {observation_space} is not a Box; only Box observations "
+                "are supported"
+            )
+        obs_dim = int(np.prod(observation_space.shape))
+        if isinstance(action_space, gym.spaces.Discrete):
+            return cls(obs_dim, int(action_space.n), True, hidden_sizes)
+        if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+            return cls(obs_dim, int(action_space.shape[0]), False, hidden_sizes)
+        raise UnsupportedSpace(
+            f"action space {action_space} is neither Discrete nor a one-dimensional Box"
+        )
+
+    def forward(self, obs: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
+        """The action distribution and the state value for a batch of observations."""
+        features = self.torso(obs.reshape(obs.shape[0], -1))
+        value = self.value_head(features).squeeze(-1)
+        out = self.policy_head(features)
+        if self.discrete:
+            return Categorical(logits=out), value
+        std = self.log_std.clamp(-20.0, 2.0).exp().expand_as(out)
+        # Independent sums log-probabilities and entropies over the action dimensions.
+        return Independent(Normal(out, std), 1), value
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.value_head(self.torso(obs.reshape(obs.shape[0], -1))).squeeze(-1)
+
+
+def build_model(env_id: str, env_kwargs: dict, hidden_sizes: Sequence[int]) -> ActorCritic:
+    """The network for an environment, sized from a throwaway instance of it."""
+    env = gym.make(env_id, **env_kwargs)
+    try:
+        return ActorCritic.for_spaces(env.observation_space, env.action_space, hidden_sizes)
+    finally:
+        env.close()

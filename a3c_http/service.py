@@ -1,0 +1,150 @@
+"""What the master and the workers share as HTTP services: the auth dependency, the body-size
+limit, readable validation errors and the health route. The services import this module, never
+each other.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import os
+from collections.abc import Callable
+
+from fastapi import APIRouter, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+def is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def make_auth(token: str | None) -> Callable[[Request], None]:
+    """A dependency enforcing API.md's rule: with a token, `Authorization: Bearer <token>`;
+    without one, loopback clients only."""
+    expected = token.encode() if token else None
+
+    def require_auth(request: Request) -> None:
+        if expected is not None:
+            scheme, _, given = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), expected):
+                raise HTTPException(
+                    401,
+                    "missing or wrong token: send 'Authorization: Bearer <A3C_TOKEN>'",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+            return
+        client = request.client.host if request.client else None
+        if not is_loopback(client):
+            raise HTTPException(
+                403,
+                "A3C_TOKEN is not set, so only loopback clients are served: set the same "
+                "A3C_TOKEN on the master and every worker, and send "
+                "'Authorization: Bearer <token>'",
+            )
+
+    return require_auth
+
+
+health_router = APIRouter()
+
+
+@health_router.get("/healthz")
+def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for bodies over `max_bytes`, before they are read whole, whether they
+    announce a Content-Length or arrive chunked."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._reject(send)
+            return
+        seen = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _TooLarge:
+            if not started:
+                await self._reject(send)
+
+    async def _reject(self, send: Send) -> None:
+        response = JSONResponse(
+            {"detail": f"request body larger than {self.max_bytes} bytes (A3C_MAX_BODY_BYTES)"},
+            status_code=413,
+        )
+        await response({"type": "http"}, _no_receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _no_receive() -> Message:
+    return {"type": "http.disconnect"}
+
+
+def _describe(error: dict) -> str:
+    loc = [str(p) for p in error.get("loc", ()) if p not in ("body", "query", "header")]
+    where = ".".join(loc) or "body"
+    return f"{where}: {error.get('msg', 'invalid')}"
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    message = "; ".join(_describe(e) for e in errors) or "invalid request"
+    safe = [
+        {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+        for e in errors
+    ]
+    return JSONResponse({"detail": message, "errors": safe}, status_code=422)
+
+
+def max_body_bytes() -> int:
+    raw = os.environ.get("A3C_MAX_BODY_BYTES", "")
+    if not raw:
+        return DEFAULT_MAX_BODY_BYTES
+    if not raw.isdigit() or int(raw) < 1024:
+        raise ValueError(f"A3C_MAX_BODY_BYTES={raw!r} must be a whole number of bytes >= 1024")
+    return int(raw)
+
+
+def install_common(app: FastAPI) -> None:
+    """Health route, body limit and the 422 format shared by both services."""
+    app.include_router(health_router)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes())

@@ -1,0 +1,202 @@
+"""The run folder (`A3C_RUN_DIR`): what a master persists, and what it resumes from.
+
+    config.json              the resolved TrainConfig and the run id
+    state.json               counters, best score, moving average, last-100 window, FIFO, registry
+    weights.safetensors      the global weights (the model version in its metadata)
+    optimizer.pt             the master optimizer's state (written and read only by the master)
+    episodes.csv             one row per episode: global_episode, worker_id, reward, length, time
+    temporary/<worker>.safetensors   each worker's temporary weights slot
+    archive/<run_id>/        earlier runs of this folder, moved aside by a new POST /train
+
+Every whole-file write goes to a temporary file, is fsynced and then `os.replace`d, so a kill at
+any moment leaves the old or the new version of each file, never a torn one. `episodes.csv` is
+appended; a torn last line, or rows newer than `state.json`, are dropped on load so the history
+always matches the counters. All of it happens under a filelock, so two processes never interleave.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+EPISODE_FIELDS = ("global_episode", "worker_id", "reward", "length", "time")
+RUN_FILES = (
+    "config.json",
+    "state.json",
+    "weights.safetensors",
+    "optimizer.pt",
+    "episodes.csv",
+    "temporary",
+)
+
+
+@dataclass
+class Snapshot:
+    """One consistent picture of the master's state, taken under its locks."""
+
+    config: dict[str, Any]
+    state: dict[str, Any]
+    weights: bytes
+    optimizer: bytes
+    new_episodes: list[tuple] = field(default_factory=list)
+    temporary: dict[str, bytes] = field(default_factory=dict)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that readers see the old or the new content, never a mix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _safe_name(worker_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", worker_id)[:100] or "_"
+
+
+class RunStore:
+    def __init__(self, run_dir: Path) -> None:
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = FileLock(str(self.dir / ".a3c.lock"), timeout=30)
+
+    def path(self, name: str) -> Path:
+        return self.dir / name
+
+    def save(self, snap: Snapshot) -> None:
+        with self._lock:
+            atomic_write(self.path("config.json"), _json_bytes(snap.config))
+            atomic_write(self.path("weights.safetensors"), snap.weights)
+            atomic_write(self.path("optimizer.pt"), snap.optimizer)
+            for worker_id, data in snap.temporary.items():
+                atomic_write(self.path("temporary") / f"{_safe_name(worker_id)}.safetensors", data)
+            if snap.new_episodes:
+                self._append_episodes(snap.new_episodes)
+            # state.json last: it is what says how far the history goes.
+            atomic_write(self.path("state.json"), _json_bytes(snap.state))
+
+    def _append_episodes(self, rows: list[tuple]) -> None:
+        path = self.path("episodes.csv")
+        new_file = not path.exists() or path.stat().st_size == 0
+        with path.open("a", newline="") as f:
+            writer = csv.writer(f)
+            if new_file:
+                writer.writerow(EPISODE_FIELDS)
+            writer.writerows(rows)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def load(self) -> Snapshot | None:
+        """The last persisted state, or None for a folder that holds no run."""
+        with self._lock:
+            if not self.path("state.json").exists():
+                return None
+            state = json.loads(self.path("state.json").read_text())
+            config = json.loads(self.path("config.json").read_text())
+            weights = self.path("weights.safetensors").read_bytes()
+            optimizer = self.path("optimizer.pt").read_bytes()
+            temporary = {
+                p.stem: p.read_bytes() for p in sorted(self.path("temporary").glob("*.safetensors"))
+            }
+            self._trim_episodes(int(state.get("global_episode", 0)))
+        return Snapshot(config, state, weights, optimizer, [], temporary)
+
+    def _trim_episodes(self, last_episode: int) -> None:
+        """Drop a torn last line and rows that state.json does not count yet."""
+        path = self.path("episodes.csv")
+        if not path.exists():
+            return
+        raw = path.read_text()
+        kept, dropped = self._parse_rows(raw, last_episode)
+        if dropped:
+            out = io.StringIO()
+            writer = csv.writer(out)
+            writer.writerow(EPISODE_FIELDS)
+            writer.writerows(kept)
+            atomic_write(path, out.getvalue().encode())
+
+    @staticmethod
+    def _parse_rows(raw: str, last_episode: int | None) -> tuple[list[list[str]], int]:
+        kept: list[list[str]] = []
+        dropped = 0
+        lines = raw.splitlines(keepends=True)
+        for i, line in enumerate(lines):
+            if i == 0 and line.startswith(EPISODE_FIELDS[0]):
+                continue
+            row = next(csv.reader([line]), [])
+            complete = line.endswith("\n") and len(row) == len(EPISODE_FIELDS)
+            try:
+                episode = int(row[0]) if complete else None
+                float(row[2]) if complete else None
+            except ValueError:
+                episode = None
+            if episode is None or (last_episode is not None and episode > last_episode):
+                dropped += 1
+                continue
+            kept.append(row)
+        return kept, dropped
+
+    def read_episodes(self) -> list[dict[str, Any]]:
+        """The episode history as dicts (for plots and tests)."""
+        path = self.path("episodes.csv")
+        if not path.exists():
+            return []
+        rows, _ = self._parse_rows(path.read_text(), None)
+        return [
+            {
+                "global_episode": int(r[0]),
+                "worker_id": r[1],
+                "reward": float(r[2]),
+                "length": int(r[3]),
+                "time": float(r[4]),
+            }
+            for r in rows
+        ]
+
+    def archive(self, run_id: str) -> Path | None:
+        """Move the files of the run in this folder to archive/<run_id>/ (a new run begins)."""
+        with self._lock:
+            present = [name for name in RUN_FILES if self.path(name).exists()]
+            if not present:
+                return None
+            target = self.path("archive") / _safe_name(run_id)
+            target.mkdir(parents=True, exist_ok=True)
+            for name in present:
+                os.replace(self.path(name), target / name)
+            for extra in self.dir.glob("*.png"):
+                shutil.move(str(extra), target / extra.name)
+            _fsync_dir(self.dir)
+            return target
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()

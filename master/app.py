@@ -1,0 +1,81 @@
+"""The master: `uvicorn master.app:app --port 33333`."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import torch
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from a3c_http.client import STOP_HEADER
+from a3c_http.config import Settings
+from a3c_http.service import install_common, make_auth
+from a3c_http.wire import WireError
+from master import routes_run, routes_seed, routes_weights
+from master.state import ClusterState, StateConflict
+
+
+def _housekeeping(state: ClusterState, stop: threading.Event) -> None:
+    """Mark silent workers lost, and persist at most `persist_interval_s` after a change."""
+    interval = state.settings.persist_interval_s
+    tick = min(0.5, interval)
+    ticks_per_persist = max(1, round(interval / tick))
+    n = 0
+    while not stop.wait(tick):
+        state.check_liveness()
+        n += 1
+        if n % ticks_per_persist == 0:
+            state.persist()
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings.from_env()
+    # The master serves many small requests; one intra-op thread avoids oversubscribing the cores
+    # that the workers on the same host need.
+    torch.set_num_threads(1)
+    state = ClusterState(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=_housekeeping, args=(state, stop), daemon=True, name="a3c-housekeeping"
+        )
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=10)
+            state.persist(force=True)
+
+    app = FastAPI(title="a3c-http master", version="0.1.0", lifespan=lifespan)
+    app.state.cluster = state
+    install_common(app)
+    auth = [Depends(make_auth(settings.token))]
+    for module in (routes_seed, routes_weights, routes_run):
+        app.include_router(module.router, dependencies=auth)
+
+    @app.exception_handler(StateConflict)
+    async def _conflict(request: Request, exc: StateConflict) -> JSONResponse:
+        headers = {STOP_HEADER: "1"} if exc.stop else None
+        return JSONResponse({"detail": str(exc)}, status_code=409, headers=headers)
+
+    @app.exception_handler(WireError)
+    async def _bad_tensors(request: Request, exc: WireError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    return app
+
+
+def __getattr__(name: str) -> FastAPI:
+    # `uvicorn master.app:app` builds the app on first access, so importing this module (tests,
+    # tools) has no side effects such as creating the run folder.
+    if name == "app":
+        global app
+        app = create_app()
+        return app
+    raise AttributeError(name)

@@ -1,0 +1,118 @@
+"""Reading workers.txt and starting the workers of a run over HTTP."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from a3c_http.config import TrainConfig
+from master.state import ClusterState
+
+
+class WorkerListError(ValueError):
+    """workers.txt, or the `workers` of POST /train, holds something that is not a worker URL."""
+
+
+def normalize_url(entry: str) -> str:
+    """`host:port` or `http(s)://host:port` -> `http(s)://host:port`."""
+    text = entry.strip()
+    if "://" not in text:
+        text = "http://" + text
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https"):
+        raise WorkerListError(f"{entry!r}: the scheme must be http or https")
+    try:
+        port = parts.port
+    except ValueError:
+        raise WorkerListError(f"{entry!r}: the port is not a number from 1 to 65535") from None
+    if not parts.hostname or port is None:
+        raise WorkerListError(f"{entry!r}: expected host:port, e.g. 127.0.0.1:8001")
+    if parts.path not in ("", "/") or parts.query:
+        raise WorkerListError(f"{entry!r}: expected only a scheme, a host and a port")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{parts.scheme}://{host}:{port}"
+
+
+def parse_workers(entries: list[str], source: str) -> list[str]:
+    urls: list[str] = []
+    for number, raw in enumerate(entries, start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            url = normalize_url(line)
+        except WorkerListError as exc:
+            raise WorkerListError(f"{source} entry {number}: {exc}") from None
+        if url in urls:
+            raise WorkerListError(f"{source} entry {number}: {url} is listed twice")
+        urls.append(url)
+    if not urls:
+        raise WorkerListError(f"{source} lists no worker")
+    return urls
+
+
+def read_workers_file(path: Path) -> list[str]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise WorkerListError(
+            f"cannot read the workers file {path} ({exc.strerror}); set A3C_WORKERS_FILE or "
+            'pass "workers": ["host:port", ...] in the body'
+        ) from None
+    return parse_workers(text.splitlines(), str(path))
+
+
+def _start_one(url: str, body: dict[str, Any], token: str | None, timeout_s: float) -> str | None:
+    """POST /start_worker; None when it started, else why not."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        response = httpx.post(f"{url}/start_worker", json=body, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        return f"cannot reach the worker: {type(exc).__name__}: {exc}"
+    if response.status_code == 202:
+        return None
+    try:
+        detail = response.json().get("detail", response.text)
+    except ValueError:
+        detail = response.text
+    if response.status_code == 401:
+        return f"the worker refused the token (401): set the same A3C_TOKEN everywhere ({detail})"
+    return f"the worker answered {response.status_code}: {str(detail)[:500]}"
+
+
+def start_workers(
+    state: ClusterState,
+    urls: list[str],
+    run_id: str,
+    config: TrainConfig,
+    master_url: str,
+    token: str | None,
+    timeout_s: float = 10.0,
+) -> list[dict[str, Any]]:
+    """Start every worker at once; register each as `starting` first so that its own
+    /worker_started can only come after."""
+    jobs = []
+    for index, url in enumerate(urls, start=1):
+        worker_id = f"w{index}"
+        state.expect_worker(worker_id, url)
+        body = {
+            "master_url": master_url,
+            "worker_id": worker_id,
+            "run_id": run_id,
+            "config": config.model_dump(),
+        }
+        jobs.append((worker_id, url, body))
+    with ThreadPoolExecutor(max_workers=min(16, len(jobs))) as pool:
+        errors = list(pool.map(lambda job: _start_one(job[1], job[2], token, timeout_s), jobs))
+    results = []
+    for (worker_id, url, _), error in zip(jobs, errors, strict=True):
+        if error:
+            state.mark_failed(worker_id, error)
+        results.append(
+            {"url": url, "worker_id": worker_id, "started": error is None, "error": error}
+        )
+    return results

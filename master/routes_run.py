@@ -1,0 +1,71 @@
+"""Running the cluster: start and stop a run, worker heartbeats and episode reports, status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import JSONResponse
+
+from a3c_http.model import UnsupportedSpace
+from master.deps import State
+from master.launcher import WorkerListError, normalize_url, parse_workers, read_workers_file
+from master.launcher import start_workers as launch
+from master.schemas import EpisodeIn, HeartbeatIn, TrainIn
+
+router = APIRouter(tags=["run"])
+
+
+@router.post("/train", status_code=202)
+def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
+    settings = state.settings
+    try:
+        urls = (
+            parse_workers(body.workers, "workers")
+            if body.workers is not None
+            else read_workers_file(settings.workers_file)
+        )
+        master_url = normalize_url(body.master_url or settings.master_url or str(request.base_url))
+    except WorkerListError as exc:
+        raise HTTPException(422, str(exc)) from None
+    config = body.config()
+    try:
+        run_id = state.start_run(config)
+    except (UnsupportedSpace, gym.error.Error, TypeError, ValueError) as exc:
+        raise HTTPException(
+            422, f"env_id/env_kwargs: cannot build {config.env_id!r}: {exc}"
+        ) from None
+    results = launch(state, urls, run_id, state.config, master_url, settings.token)
+    state.check_liveness()
+    started = sum(r["started"] for r in results)
+    if not started:
+        state.finish("no worker could be started")
+    return JSONResponse(
+        {"data": {"run_id": run_id, "master_url": master_url, "workers": results}},
+        status_code=202,
+    )
+
+
+@router.post("/stop")
+def stop(state: State) -> dict[str, Any]:
+    if not state.finish("stopped by POST /stop"):
+        raise HTTPException(409, f"no run is running (state: {state.run_state})")
+    state.persist(force=True)
+    return {"data": {"run_id": state.run_id, "state": state.run_state}}
+
+
+@router.get("/status")
+def status(state: State) -> dict[str, Any]:
+    return state.status()
+
+
+@router.post("/heartbeat")
+def heartbeat(body: HeartbeatIn, state: State) -> dict[str, Any]:
+    stats = body.model_dump(exclude={"worker_id", "run_id"})
+    return {"data": {"stop": state.heartbeat(body.worker_id, stats, body.run_id)}}
+
+
+@router.post("/episode")
+def episode(body: EpisodeIn, state: State) -> dict[str, Any]:
+    return {"data": state.report_episode(body.worker_id, body.reward, body.length, body.run_id)}

@@ -1,0 +1,77 @@
+"""Request bodies of the master's JSON endpoints. Unknown fields are refused (422) except in
+heartbeats, whose statistics may grow."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from a3c_http.config import TrainConfig
+
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+WorkerId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/-]+$")]
+RunId = Annotated[str | None, Field(None, max_length=64)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ScoreIn(Strict):
+    data: Finite
+    worker_id: WorkerId | None = None
+
+
+class CountIn(Strict):
+    data: int = Field(1, ge=1, le=1_000_000_000)
+
+
+class ValueIn(Strict):
+    data: Finite
+
+
+class WorkerStartedIn(Strict):
+    worker_id: WorkerId
+    url: str | None = Field(None, max_length=2048)
+    run_id: RunId = None
+
+
+class WorkerDoneIn(Strict):
+    worker_id: WorkerId
+    error: str | None = Field(None, max_length=20_000)
+    run_id: RunId = None
+
+
+class HeartbeatIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    worker_id: WorkerId
+    run_id: RunId = None
+    episodes: int | None = Field(None, ge=0)
+    steps: int | None = Field(None, ge=0)
+    steps_per_s: Finite | None = Field(None, ge=0)
+    last_reward: Finite | None = None
+
+
+class EpisodeIn(Strict):
+    worker_id: WorkerId
+    reward: Finite
+    length: int = Field(ge=1, le=1_000_000_000)
+    run_id: RunId = None
+
+
+class TrainIn(TrainConfig):
+    """The training config plus where to find the workers and how they reach the master."""
+
+    workers: list[str] | None = Field(
+        None, max_length=1024, description="Worker URLs; default: the lines of A3C_WORKERS_FILE."
+    )
+    master_url: str | None = Field(
+        None,
+        max_length=2048,
+        description="URL the workers use to reach the master; default: A3C_MASTER_URL, else the "
+        "base URL this request was sent to.",
+    )
+
+    def config(self) -> TrainConfig:
+        return TrainConfig(**self.model_dump(exclude={"workers", "master_url"}))

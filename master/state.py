@@ -1,0 +1,596 @@
+"""ClusterState: every piece of shared state of the master, its locks and its persistence.
+
+Two locks, so that episode reports never wait behind an optimizer step:
+
+- `_model_lock` guards the global network, its optimizer, the model version and the temporary
+  weight slots;
+- `_lock` guards the run (id, config, state), the counters, best score, moving average, last-100
+  window, FIFO, the registry and the history not yet written.
+
+When both are needed, `_lock` is taken first. Persistence takes a snapshot under the locks and
+writes it outside them (see `a3c_http.store`).
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from a3c_http import wire
+from a3c_http.config import Settings, TrainConfig
+from a3c_http.model import ActorCritic, build_model
+from a3c_http.store import RunStore, Snapshot
+
+RunState = Literal["idle", "running", "finished"]
+WorkerState = Literal["starting", "running", "done", "lost", "failed"]
+ACTIVE = ("starting", "running")
+MOVING_AVERAGE_DECAY = 0.99
+
+
+class StateConflict(Exception):
+    """The request does not fit the run's state (409). `stop` tells a worker to end."""
+
+    def __init__(self, message: str, stop: bool = False) -> None:
+        super().__init__(message)
+        self.stop = stop
+
+
+@dataclass
+class WorkerRecord:
+    worker_id: str
+    url: str | None
+    state: WorkerState
+    last_seen: float  # wall clock, so it survives a restart
+    episodes: int = 0
+    steps: int = 0
+    steps_per_s: float | None = None
+    last_reward: float | None = None
+    error: str | None = None
+
+    def public(self, now: float) -> dict[str, Any]:
+        out = asdict(self)
+        del out["last_seen"]
+        out["last_seen_s"] = round(max(0.0, now - self.last_seen), 3)
+        return out
+
+
+@dataclass
+class Stats:
+    """The run's counters: all guarded by ClusterState._lock."""
+
+    global_episode: int = 0
+    global_steps: int = 0
+    best_score: float | None = None
+    moving_average: float | None = None
+    last100: deque = field(default_factory=lambda: deque(maxlen=100))
+    queue: deque = field(default_factory=deque)
+    queue_dropped: int = 0
+
+    def fold_average(self, reward: float) -> float:
+        if self.moving_average is None:
+            self.moving_average = reward
+        else:
+            self.moving_average = (
+                MOVING_AVERAGE_DECAY * self.moving_average + (1 - MOVING_AVERAGE_DECAY) * reward
+            )
+        return self.moving_average
+
+    def raise_best(self, score: float) -> bool:
+        if self.best_score is None or score > self.best_score:
+            self.best_score = score
+            return True
+        return False
+
+    def mean_return_100(self) -> float | None:
+        return sum(self.last100) / len(self.last100) if self.last100 else None
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["last100"] = list(self.last100)
+        out["queue"] = list(self.queue)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Stats:
+        return cls(
+            global_episode=int(data.get("global_episode", 0)),
+            global_steps=int(data.get("global_steps", 0)),
+            best_score=data.get("best_score"),
+            moving_average=data.get("moving_average"),
+            last100=deque(data.get("last100", []), maxlen=100),
+            queue=deque(data.get("queue", [])),
+            queue_dropped=int(data.get("queue_dropped", 0)),
+        )
+
+
+class ClusterState:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.store = RunStore(settings.run_dir)
+        self._lock = threading.RLock()
+        self._model_lock = threading.Lock()
+        self._dirty = False
+
+        self.run_id: str | None = None
+        self.run_state: RunState = "idle"
+        self.finish_reason: str | None = None
+        self.config: TrainConfig | None = None
+        self._elapsed_before = 0.0  # seconds run before this process (resume)
+        self._running_since: float | None = None  # monotonic
+        self.stats = Stats()
+        self.workers: dict[str, WorkerRecord] = {}
+        self._pending_rows: list[tuple] = []
+
+        self.model: ActorCritic | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self._spec: dict[str, tuple[int, ...]] = {}
+        self.model_version = 0
+        self.updates_applied = 0
+        self.updates_rejected = 0
+        self._encoded: tuple[int, bytes] | None = None
+        self.temporary: dict[str, bytes] = {}
+
+        self._restore()
+
+    # -- run lifecycle -------------------------------------------------------------------------
+
+    def start_run(self, config: TrainConfig) -> str:
+        """Begin a new run with fresh weights and counters; the previous run's files are archived.
+        Raises StateConflict while a run is running."""
+        config = config.resolved()
+        with torch.random.fork_rng():
+            torch.manual_seed(config.seed)
+            model = build_model(config.env_id, config.env_kwargs, config.hidden_sizes)
+        with self._lock, self._model_lock:
+            if self.run_state == "running":
+                raise StateConflict(f"run {self.run_id} is running: POST /stop it first")
+            if self.run_id is not None:
+                self.store.archive(self.run_id)
+            self.run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+            self.config = config
+            self.run_state = "running"
+            self.finish_reason = None
+            self._elapsed_before = 0.0
+            self._running_since = time.monotonic()
+            self.stats = Stats()
+            self.workers = {}
+            self._pending_rows = []
+            self._set_model(model, optimizer_state=None)
+            self.model_version = 0
+            self.updates_applied = 0
+            self.updates_rejected = 0
+            self.temporary = {}
+            self._dirty = True
+            run_id = self.run_id
+        self.persist()
+        return run_id
+
+    def finish(self, reason: str) -> bool:
+        """End the running run (idempotent); workers learn it at their next exchange."""
+        with self._lock:
+            if self.run_state != "running":
+                return False
+            self._elapsed_before = self.elapsed_s()
+            self._running_since = None
+            self.run_state = "finished"
+            self.finish_reason = reason
+            self._dirty = True
+        self.persist()
+        return True
+
+    def elapsed_s(self) -> float:
+        with self._lock:
+            running = time.monotonic() - self._running_since if self._running_since else 0.0
+            return self._elapsed_before + running
+
+    def _check_run(self, run_id: str | None) -> None:
+        """Refuse worker messages that belong to another run or arrive after the end."""
+        if self.run_state == "idle":
+            raise StateConflict("no run has started: POST /train first", stop=True)
+        if run_id is not None and run_id != self.run_id:
+            raise StateConflict(
+                f"run {run_id} is over; the current run is {self.run_id}", stop=True
+            )
+        if self.run_state != "running":
+            raise StateConflict(f"run {self.run_id} is finished ({self.finish_reason})", stop=True)
+
+    def should_stop(self, run_id: str | None = None) -> bool:
+        with self._lock:
+            return self.run_state != "running" or (run_id is not None and run_id != self.run_id)
+
+    # -- registry ------------------------------------------------------------------------------
+
+    def expect_worker(self, worker_id: str, url: str) -> None:
+        """The master is about to start this worker."""
+        with self._lock:
+            self.workers[worker_id] = WorkerRecord(worker_id, url, "starting", time.time())
+            self._dirty = True
+
+    def _touch(self, worker_id: str, url: str | None = None) -> WorkerRecord:
+        record = self.workers.get(worker_id)
+        if record is None:
+            record = WorkerRecord(worker_id, url, "running", time.time())
+            self.workers[worker_id] = record
+        record.last_seen = time.time()
+        if url:
+            record.url = url
+        if record.state in ("starting", "lost") and self.run_state == "running":
+            record.state = "running"
+        return record
+
+    def worker_started(self, worker_id: str, url: str | None, run_id: str | None = None) -> None:
+        with self._lock:
+            self._check_run(run_id)
+            record = self._touch(worker_id, url)
+            record.state = "running"
+            record.error = None
+            self._dirty = True
+
+    def worker_done(self, worker_id: str, error: str | None, run_id: str | None = None) -> str:
+        with self._lock:
+            if run_id is not None and run_id != self.run_id:
+                raise StateConflict(f"run {run_id} is over; the current run is {self.run_id}")
+            record = self._touch(worker_id)
+            record.state = "failed" if error else "done"
+            record.error = error
+            self._dirty = True
+            self._finish_if_no_worker_left()
+            return record.state
+
+    def heartbeat(self, worker_id: str, stats: dict[str, Any], run_id: str | None = None) -> bool:
+        with self._lock:
+            if self.should_stop(run_id):
+                return True
+            record = self._touch(worker_id)
+            for key in ("steps_per_s", "last_reward"):
+                if stats.get(key) is not None:
+                    setattr(record, key, stats[key])
+            self._dirty = True
+            return False
+
+    def mark_failed(self, worker_id: str, error: str) -> None:
+        with self._lock:
+            record = self.workers.get(worker_id)
+            if record is not None:
+                record.state = "failed"
+                record.error = error
+                self._dirty = True
+
+    def check_liveness(self) -> None:
+        """Mark workers silent past the heartbeat timeout as lost; finish a run nobody runs."""
+        with self._lock:
+            if self.run_state != "running" or self.config is None:
+                return
+            now = time.time()
+            for record in self.workers.values():
+                if record.state in ACTIVE and now - record.last_seen > (
+                    self.config.heartbeat_timeout_s
+                ):
+                    record.state = "lost"
+                    record.error = (
+                        f"no message for {now - record.last_seen:.1f} s "
+                        f"(heartbeat_timeout_s={self.config.heartbeat_timeout_s})"
+                    )
+                    self._dirty = True
+            self._finish_if_no_worker_left()
+
+    def _finish_if_no_worker_left(self) -> None:
+        if self.run_state == "running" and not any(
+            r.state in ACTIVE for r in self.workers.values()
+        ):
+            self.finish("no worker is running any more")
+
+    def active_workers(self) -> int:
+        with self._lock:
+            return sum(r.state in ACTIVE for r in self.workers.values())
+
+    # -- statistics ----------------------------------------------------------------------------
+
+    def report_episode(
+        self, worker_id: str, reward: float, length: int, run_id: str | None = None
+    ) -> dict[str, Any]:
+        """Fold one finished episode into every statistic at once."""
+        with self._lock:
+            self._check_run(run_id)
+            stats = self.stats
+            stats.global_episode += 1
+            stats.global_steps += length
+            average = stats.fold_average(reward)
+            stats.last100.append(reward)
+            self._push_queue(average)
+            improved = stats.raise_best(reward)
+            record = self._touch(worker_id)
+            record.episodes += 1
+            record.steps += length
+            record.last_reward = reward
+            self._pending_rows.append(
+                (stats.global_episode, worker_id, reward, length, round(time.time(), 3))
+            )
+            self._dirty = True
+            reason = self._finish_reason()
+            if reason:
+                self.finish(reason)
+            return {
+                "global_episode": stats.global_episode,
+                "moving_average": average,
+                "best_score": stats.best_score,
+                "improved": improved,
+                "stop": self.run_state != "running",
+            }
+
+    def _finish_reason(self) -> str | None:
+        cfg, stats = self.config, self.stats
+        if cfg is None:
+            return None
+        mean = stats.mean_return_100()
+        if (
+            cfg.target_return is not None
+            and len(stats.last100) == 100
+            and mean is not None
+            and (mean >= cfg.target_return)
+        ):
+            return f"solved: mean return of the last 100 episodes {mean:.1f} >= {cfg.target_return}"
+        if cfg.max_episodes is not None and stats.global_episode >= cfg.max_episodes:
+            return f"max_episodes={cfg.max_episodes} reached"
+        if cfg.max_steps is not None and stats.global_steps >= cfg.max_steps:
+            return f"max_steps={cfg.max_steps} reached"
+        return None
+
+    def solved(self) -> bool:
+        with self._lock:
+            mean = self.stats.mean_return_100()
+            target = self.config.target_return if self.config else None
+            return (
+                target is not None
+                and len(self.stats.last100) == 100
+                and mean is not None
+                and mean >= target
+            )
+
+    def _push_queue(self, value: float) -> None:
+        if len(self.stats.queue) >= self.settings.queue_max:
+            self.stats.queue.popleft()
+            self.stats.queue_dropped += 1
+        self.stats.queue.append(value)
+
+    def push_queue(self, value: float) -> int:
+        with self._lock:
+            self._push_queue(value)
+            self._dirty = True
+            return len(self.stats.queue)
+
+    def pop_queue(self) -> float | None:
+        with self._lock:
+            if not self.stats.queue:
+                return None
+            self._dirty = True
+            return self.stats.queue.popleft()
+
+    def clear_queue(self) -> None:
+        with self._lock:
+            self.stats.queue.clear()
+            self._dirty = True
+
+    def add_episodes(self, n: int) -> int:
+        with self._lock:
+            self.stats.global_episode += n
+            self._dirty = True
+            return self.stats.global_episode
+
+    def fold_average(self, reward: float) -> float:
+        with self._lock:
+            self._dirty = True
+            return self.stats.fold_average(reward)
+
+    def raise_best(self, score: float) -> tuple[float, bool]:
+        with self._lock:
+            raised = self.stats.raise_best(score)
+            self._dirty = self._dirty or raised
+            return self.stats.best_score, raised
+
+    # -- weights -------------------------------------------------------------------------------
+
+    def _set_model(self, model: ActorCritic, optimizer_state: dict | None) -> None:
+        assert self.config is not None
+        self.model = model
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=self.config.lr)
+        if optimizer_state is not None:
+            self.optimizer.load_state_dict(optimizer_state)
+        self._spec = wire.spec_of(model)
+        self._encoded = None
+
+    @property
+    def spec(self) -> dict[str, tuple[int, ...]]:
+        return self._spec
+
+    def _require_model(self) -> ActorCritic:
+        if self.model is None:
+            raise StateConflict("no run has started: POST /train first")
+        return self.model
+
+    def _weights_locked(self) -> tuple[bytes, int]:
+        if self._encoded is None or self._encoded[0] != self.model_version:
+            self._encoded = (self.model_version, wire.encode(self._require_model().state_dict()))
+        return self._encoded[1], self.model_version
+
+    def weights(self) -> tuple[bytes, int]:
+        """The global weights as safetensors bytes, and their version."""
+        with self._model_lock:
+            return self._weights_locked()
+
+    def version(self) -> int:
+        with self._model_lock:
+            return self.model_version
+
+    def apply_gradients(
+        self, worker_id: str, version: int, body: bytes, run_id: str | None = None
+    ) -> tuple[bytes, int]:
+        """Apply one worker's gradients with the master's optimizer; return the new weights.
+        Raises StateConflict (stale, or no running run) or WireError; nothing is applied then."""
+        with self._lock:
+            self._check_run(run_id)
+            self._touch(worker_id)
+            max_staleness = self.config.max_staleness
+        try:
+            grads = wire.decode(body, self._spec)
+        except wire.WireError:
+            with self._model_lock:
+                self.updates_rejected += 1
+            raise
+        with self._model_lock:
+            model = self._require_model()
+            staleness = self.model_version - version
+            if staleness < 0 or staleness > max_staleness:
+                self.updates_rejected += 1
+                why = (
+                    f"{staleness} versions old (max_staleness={max_staleness})"
+                    if staleness >= 0
+                    else "from a version this master never had"
+                )
+                raise StateConflict(
+                    f"gradients computed on version {version} are {why}; current version is "
+                    f"{self.model_version}: pull the weights and compute them again"
+                )
+            for name, param in model.named_parameters():
+                param.grad = grads[name]
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.model_version += 1
+            self.updates_applied += 1
+            self._dirty = True
+            return self._weights_locked()
+
+    def put_weights(self, worker_id: str, body: bytes, temporary: bool) -> int:
+        """A worker's weights: its temporary slot, or (temporary=False) the new global weights."""
+        self._require_model()
+        tensors = wire.decode(body, self._spec)
+        with self._lock:
+            self._touch(worker_id)
+        with self._model_lock:
+            if temporary:
+                self.temporary[worker_id] = body
+            else:
+                self.model.load_state_dict(tensors)
+                self.model_version += 1
+                self.updates_applied += 1
+            self._dirty = True
+            return self.model_version
+
+    # -- status --------------------------------------------------------------------------------
+
+    def workers_public(self) -> list[dict[str, Any]]:
+        now = time.time()
+        with self._lock:
+            return [r.public(now) for r in self.workers.values()]
+
+    def status(self) -> dict[str, Any]:
+        self.check_liveness()
+        with self._lock:
+            mean = self.stats.mean_return_100()
+            out = {
+                "state": self.run_state,
+                "run_id": self.run_id,
+                "finish_reason": self.finish_reason,
+                "env_id": self.config.env_id if self.config else None,
+                "global_episode": self.stats.global_episode,
+                "global_steps": self.stats.global_steps,
+                "best_score": self.stats.best_score,
+                "moving_average": self.stats.moving_average,
+                "mean_return_100": mean,
+                "solved": self.solved(),
+                "queue_length": len(self.stats.queue),
+                "queue_dropped": self.stats.queue_dropped,
+                "elapsed_s": round(self.elapsed_s(), 3),
+                "config": self.config.model_dump() if self.config else None,
+                "workers": self.workers_public(),
+            }
+        with self._model_lock:
+            out["model_version"] = self.model_version
+            out["updates_applied"] = self.updates_applied
+            out["updates_rejected"] = self.updates_rejected
+        return out
+
+    # -- persistence ---------------------------------------------------------------------------
+
+    def persist(self, force: bool = False) -> bool:
+        """Write the state to the run folder if anything changed (or `force`)."""
+        snap = self._snapshot(force)
+        if snap is None:
+            return False
+        try:
+            self.store.save(snap)
+        except BaseException:
+            with self._lock:  # keep the rows for the next attempt
+                self._pending_rows[:0] = snap.new_episodes
+                self._dirty = True
+            raise
+        return True
+
+    def _snapshot(self, force: bool) -> Snapshot | None:
+        with self._lock, self._model_lock:
+            if not (self._dirty or force) or self.run_id is None or self.model is None:
+                return None
+            state = {
+                "run_id": self.run_id,
+                "run_state": self.run_state,
+                "finish_reason": self.finish_reason,
+                "elapsed_s": self.elapsed_s(),
+                "stats": self.stats.to_json(),
+                "global_episode": self.stats.global_episode,
+                "workers": [asdict(r) for r in self.workers.values()],
+                "model_version": self.model_version,
+                "updates_applied": self.updates_applied,
+                "updates_rejected": self.updates_rejected,
+                "saved_at": time.time(),
+            }
+            buf = io.BytesIO()
+            torch.save(self.optimizer.state_dict(), buf)
+            weights, _ = self._weights_locked()
+            snap = Snapshot(
+                config={"run_id": self.run_id, **self.config.model_dump()},
+                state=state,
+                weights=weights,
+                optimizer=buf.getvalue(),
+                new_episodes=self._pending_rows,
+                temporary=dict(self.temporary),
+            )
+            self._pending_rows = []
+            self._dirty = False
+            return snap
+
+    def _restore(self) -> None:
+        snap = self.store.load()
+        if snap is None:
+            return
+        config_data = dict(snap.config)
+        config_data.pop("run_id", None)
+        self.config = TrainConfig(**config_data)
+        state = snap.state
+        self.run_id = state["run_id"]
+        self.run_state = state["run_state"]
+        self.finish_reason = state.get("finish_reason")
+        self._elapsed_before = float(state.get("elapsed_s", 0.0))
+        self._running_since = time.monotonic() if self.run_state == "running" else None
+        self.stats = Stats.from_json(state["stats"])
+        now = time.time()
+        self.workers = {}
+        for data in state.get("workers", []):
+            record = WorkerRecord(**data)
+            if record.state in ACTIVE:
+                record.last_seen = now  # give every worker a full timeout to come back
+            self.workers[record.worker_id] = record
+        model = build_model(self.config.env_id, self.config.env_kwargs, self.config.hidden_sizes)
+        model.load_state_dict(wire.decode(snap.weights, wire.spec_of(model)))
+        optimizer_state = torch.load(io.BytesIO(snap.optimizer), weights_only=True)
+        self._set_model(model, optimizer_state)
+        self.model_version = int(state.get("model_version", 0))
+        self.updates_applied = int(state.get("updates_applied", 0))
+        self.updates_rejected = int(state.get("updates_rejected", 0))
+        self.temporary = dict(snap.temporary)

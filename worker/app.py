@@ -1,0 +1,159 @@
+"""A worker: `uvicorn worker.app:app --port 8001`. It waits for `POST /start_worker` from the
+master, then trains in a background thread until the run ends; it can serve one run after another.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import traceback
+from typing import Any, Literal
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from a3c_http.client import A3CError, MasterClient
+from a3c_http.config import TrainConfig
+from a3c_http.service import install_common, make_auth
+from worker.trainer import Progress, Trainer
+
+WorkerStatus = Literal["idle", "running", "stopping", "done", "failed"]
+
+
+class StartIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    master_url: str = Field(min_length=1, max_length=2048, pattern=r"^https?://")
+    worker_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/-]+$")
+    config: TrainConfig = Field(default_factory=TrainConfig)
+    run_id: str | None = Field(None, max_length=64)
+
+
+class WorkerService:
+    """The worker's one training slot and what /status shows of it."""
+
+    def __init__(self, token: str | None) -> None:
+        self.token = token
+        self._lock = threading.Lock()
+        self.state: WorkerStatus = "idle"
+        self.worker_id: str | None = None
+        self.master_url: str | None = None
+        self.run_id: str | None = None
+        self.error: str | None = None
+        self.progress = Progress()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, body: StartIn, own_url: str) -> None:
+        with self._lock:
+            if self.state in ("running", "stopping"):
+                raise HTTPException(
+                    409, f"already {self.state} for run {self.run_id} of {self.master_url}"
+                )
+            self.state = "running"
+            self.worker_id, self.master_url = body.worker_id, body.master_url
+            self.run_id = body.run_id
+            self.error = None
+            self.progress = Progress()
+            self._stop = threading.Event()
+            self._thread = threading.Thread(
+                target=self._train,
+                args=(body, own_url, self._stop, self.progress),
+                name=f"a3c-trainer-{body.worker_id}",
+                daemon=True,
+            )
+            self._thread.start()
+
+    def _train(
+        self, body: StartIn, own_url: str, stop: threading.Event, progress: Progress
+    ) -> None:
+        retry_s = float(os.environ.get("A3C_MASTER_RETRY_S", "60"))
+        client = MasterClient(
+            body.master_url, self.token, retry_deadline_s=retry_s, run_id=body.run_id
+        )
+        error = None
+        try:
+            Trainer(body.config, client, body.worker_id, own_url, stop, progress).run()
+        except A3CError as exc:
+            error = str(exc)
+        except Exception as exc:  # an environment or model error: report it, keep serving
+            error = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+        try:
+            client.retry_deadline_s = min(retry_s, 10.0)
+            client.worker_done(body.worker_id, error)
+        except A3CError:
+            pass  # the master is gone or the run is over: nothing else to tell
+        finally:
+            client.close()
+        with self._lock:
+            self.state = "failed" if error else "done"
+            self.error = error
+
+    def stop(self) -> None:
+        with self._lock:
+            if self.state == "running":
+                self.state = "stopping"
+            self._stop.set()
+
+    def join(self, timeout: float) -> None:
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def status(self) -> dict[str, Any]:
+        p = self.progress
+        return {
+            "state": self.state,
+            "worker_id": self.worker_id,
+            "master_url": self.master_url,
+            "run_id": self.run_id,
+            "episodes": p.episodes,
+            "steps": p.steps,
+            "last_reward": p.last_reward,
+            "steps_per_s": p.steps_per_s,
+            "error": self.error,
+            "time": {
+                "rollout_s": round(p.time_rollout_s, 3),
+                "learn_s": round(p.time_learn_s, 3),
+                "http_s": round(p.time_http_s, 3),
+            },
+        }
+
+
+def create_app(token: str | None = None) -> FastAPI:
+    token = token if token is not None else (os.environ.get("A3C_TOKEN") or None)
+    service = WorkerService(token)
+    app = FastAPI(title="a3c-http worker", version="0.1.0")
+    app.state.worker = service
+    install_common(app)
+    auth = Depends(make_auth(token))
+
+    @app.get("/status", dependencies=[auth])
+    def status() -> dict[str, Any]:
+        return service.status()
+
+    @app.post("/start_worker", status_code=202, dependencies=[auth])
+    def start_worker(body: StartIn, request: Request) -> dict[str, Any]:
+        service.start(body, str(request.base_url).rstrip("/"))
+        return {"data": {"worker_id": body.worker_id, "state": service.state}}
+
+    @app.post("/stop", status_code=202, dependencies=[auth])
+    def stop() -> dict[str, Any]:
+        service.stop()
+        return {"data": {"state": service.state}}
+
+    @app.on_event("shutdown")
+    def _shutdown() -> None:
+        service.stop()
+        service.join(timeout=15)
+
+    return app
+
+
+def __getattr__(name: str) -> FastAPI:
+    # `uvicorn worker.app:app` builds the app on first access (no side effects on import).
+    if name == "app":
+        global app
+        app = create_app()
+        return app
+    raise AttributeError(name)

@@ -1,0 +1,198 @@
+"""The worker's training loop: collect a rollout, exchange with the master, repeat.
+
+gradients mode (A3C): one round trip per update; the gradients go up, the new global weights come
+back in the same reply. best_weights mode (the original design): the worker learns with its own
+optimizer; when one of its episodes beats the best score it pushes its weights as the global ones,
+and it adopts newer global weights (another worker's best) at each heartbeat.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+
+from a3c_http import wire
+from a3c_http.a3c import a3c_loss, compute_advantages, gradients
+from a3c_http.client import Conflict, MasterClient
+from a3c_http.config import TrainConfig
+from a3c_http.model import ActorCritic, build_model
+from a3c_http.rollout import Rollout, RolloutCollector
+
+
+@dataclass
+class Progress:
+    """What the worker's /status shows; written by the training thread only."""
+
+    episodes: int = 0
+    steps: int = 0
+    last_reward: float | None = None
+    steps_per_s: float | None = None
+    started_at: float = field(default_factory=time.monotonic)
+    # Seconds spent in each phase, for the HTTP-versus-compute figures of the benchmarks.
+    time_rollout_s: float = 0.0
+    time_learn_s: float = 0.0
+    time_http_s: float = 0.0
+
+
+class _Stop(Exception):
+    """The master or the worker's own /stop ended the run."""
+
+
+class Trainer:
+    def __init__(
+        self,
+        config: TrainConfig,
+        client: MasterClient,
+        worker_id: str,
+        worker_url: str | None,
+        stop_event: threading.Event,
+        progress: Progress,
+    ) -> None:
+        self.config = config
+        self.client = client
+        self.worker_id = worker_id
+        self.worker_url = worker_url
+        self.stop_event = stop_event
+        self.progress = progress
+        self.version = 0
+
+    def run(self) -> None:
+        """Train until told to stop. Raises on failure; the caller reports it."""
+        cfg = self.config
+        torch.set_num_threads(int(os.environ.get("A3C_TORCH_THREADS", "1")))
+        seed = ((cfg.seed or 0) + zlib.crc32(self.worker_id.encode())) % 2**31
+        torch.manual_seed(seed)
+        self._http(self.client.worker_started, self.worker_id, self.worker_url)
+        model = build_model(cfg.env_id, cfg.env_kwargs, cfg.hidden_sizes)
+        spec = wire.spec_of(model)
+        collector = RolloutCollector(cfg.env_id, cfg.env_kwargs, cfg.num_envs, seed)
+        try:
+            self._load(model, self._http(self.client.get_weights, spec))
+            optimizer = (
+                torch.optim.Adam(model.parameters(), lr=cfg.lr)
+                if cfg.sync_mode == "best_weights"
+                else None
+            )
+            last_heartbeat = time.monotonic()
+            while not self.stop_event.is_set():
+                started = time.monotonic()
+                rollout = collector.collect(model, cfg.t_max)
+                self.progress.time_rollout_s += time.monotonic() - started
+                improved = self._report(rollout)
+                if optimizer is None:
+                    self._push_gradients(model, rollout, spec)
+                else:
+                    self._learn_locally(model, optimizer, rollout, spec, improved)
+                if time.monotonic() - last_heartbeat >= cfg.heartbeat_interval_s:
+                    last_heartbeat = time.monotonic()
+                    self._heartbeat(model, spec)
+        except _Stop:
+            pass
+        finally:
+            collector.close()
+
+    # -- exchanges with the master --------------------------------------------------------------
+
+    def _http(self, call, *args, **kwargs):
+        started = time.monotonic()
+        try:
+            return call(*args, **kwargs)
+        except Conflict as exc:
+            if exc.stop:
+                raise _Stop from None
+            raise
+        finally:
+            self.progress.time_http_s += time.monotonic() - started
+
+    def _load(self, model: ActorCritic, weights: wire.Weights | None) -> None:
+        if weights is None:
+            return
+        model.load_state_dict(weights.tensors)
+        self.version = weights.version
+        if weights.stop:
+            raise _Stop
+
+    def _report(self, rollout: Rollout) -> bool:
+        """Send each finished episode; True when one of them raised the best score."""
+        improved = False
+        for ep in rollout.episodes:
+            reply = self._http(self.client.episode, self.worker_id, ep.reward, ep.length)
+            progress = self.progress
+            progress.episodes += 1
+            progress.steps += ep.length
+            progress.last_reward = ep.reward
+            improved = improved or bool(reply["improved"])
+            if reply["stop"]:
+                raise _Stop
+        elapsed = time.monotonic() - self.progress.started_at
+        self.progress.steps_per_s = round(self.progress.steps / elapsed, 1) if elapsed else None
+        return improved
+
+    def _loss(self, model: ActorCritic, rollout: Rollout):
+        cfg = self.config
+        advantages, returns = compute_advantages(
+            rollout.rewards,
+            rollout.values,
+            rollout.last_value,
+            rollout.terminated,
+            rollout.truncated,
+            rollout.valid,
+            cfg.gamma,
+            cfg.gae_lambda,
+        )
+        return a3c_loss(
+            model,
+            rollout.obs,
+            rollout.actions,
+            advantages,
+            returns,
+            rollout.valid,
+            cfg.value_coef,
+            cfg.entropy_coef,
+        )
+
+    def _push_gradients(self, model: ActorCritic, rollout: Rollout, spec: wire.Spec) -> None:
+        started = time.monotonic()
+        grads = gradients(model, self._loss(model, rollout).total, self.config.max_grad_norm)
+        self.progress.time_learn_s += time.monotonic() - started
+        try:
+            weights = self._http(
+                self.client.push_gradients, self.worker_id, self.version, grads, spec
+            )
+        except Conflict:
+            # Too stale: drop this rollout's gradients and continue from the current weights.
+            weights = self._http(self.client.get_weights, spec)
+        self._load(model, weights)
+
+    def _learn_locally(self, model, optimizer, rollout: Rollout, spec, improved: bool) -> None:
+        if improved:
+            # The weights that played the record episode become the global weights.
+            reply = self._http(self.client.push_weights, self.worker_id, model.state_dict(), False)
+            self.version = int(reply["data"]["model_version"])
+        started = time.monotonic()
+        optimizer.zero_grad(set_to_none=True)
+        self._loss(model, rollout).total.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), self.config.max_grad_norm)
+        optimizer.step()
+        self.progress.time_learn_s += time.monotonic() - started
+
+    def _heartbeat(self, model: ActorCritic, spec: wire.Spec) -> None:
+        p = self.progress
+        stop = self._http(
+            self.client.heartbeat,
+            self.worker_id,
+            episodes=p.episodes,
+            steps=p.steps,
+            steps_per_s=p.steps_per_s,
+            last_reward=p.last_reward,
+        )
+        if stop:
+            raise _Stop
+        if self.config.sync_mode == "best_weights":
+            self._http(self.client.push_weights, self.worker_id, model.state_dict(), True)
+            self._load(model, self._http(self.client.get_weights, spec, self.version))
