@@ -86,26 +86,20 @@ def _start_one(url: str, body: dict[str, Any], token: str | None, timeout_s: flo
 
 def start_workers(
     state: ClusterState,
-    urls: list[str],
+    workers: dict[str, str],
     run_id: str,
     config: TrainConfig,
     master_url: str,
     token: str | None,
     timeout_s: float = 10.0,
 ) -> list[dict[str, Any]]:
-    """Start every worker at once; register each as `starting` first so that its own
-    /worker_started can only come after."""
-    jobs = []
-    for index, url in enumerate(urls, start=1):
-        worker_id = f"w{index}"
-        state.expect_worker(worker_id, url)
-        body = {
-            "master_url": master_url,
-            "worker_id": worker_id,
-            "run_id": run_id,
-            "config": config.model_dump(),
-        }
-        jobs.append((worker_id, url, body))
+    """POST /start_worker to every worker (id -> URL) at once; a worker that cannot be started is
+    marked failed with the reason."""
+    jobs = [
+        (worker_id, url, {"master_url": master_url, "worker_id": worker_id, "run_id": run_id,
+                          "config": config.model_dump()})
+        for worker_id, url in workers.items()
+    ]
     with ThreadPoolExecutor(max_workers=min(16, len(jobs))) as pool:
         errors = list(pool.map(lambda job: _start_one(job[1], job[2], token, timeout_s), jobs))
     results = []

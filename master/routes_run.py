@@ -31,16 +31,16 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
         raise HTTPException(422, str(exc)) from None
     config = body.config()
     try:
-        run_id = state.start_run(config)
+        run_id, worker_ids = state.start_run(config, urls)
     except (UnsupportedSpace, gym.error.Error, TypeError, ValueError) as exc:
         raise HTTPException(
             422, f"env_id/env_kwargs: cannot build {config.env_id!r}: {exc}"
         ) from None
-    results = launch(state, urls, run_id, state.config, master_url, settings.token)
-    state.check_liveness()
-    started = sum(r["started"] for r in results)
-    if not started:
+    workers = dict(zip(worker_ids, urls, strict=True))
+    results = launch(state, workers, run_id, state.config, master_url, settings.token)
+    if not any(r["started"] for r in results):
         state.finish("no worker could be started")
+    state.check_liveness()
     return JSONResponse(
         {"data": {"run_id": run_id, "master_url": master_url, "workers": results}},
         status_code=202,

@@ -141,8 +141,10 @@ class ClusterState:
 
     # -- run lifecycle -------------------------------------------------------------------------
 
-    def start_run(self, config: TrainConfig) -> str:
+    def start_run(self, config: TrainConfig, worker_urls: list[str]) -> tuple[str, list[str]]:
         """Begin a new run with fresh weights and counters; the previous run's files are archived.
+        The workers the master is about to start are registered as `starting` in the same step, so
+        the run is never seen running with nobody to run it. Returns the run id and the worker ids.
         Raises StateConflict while a run is running."""
         config = config.resolved()
         with torch.random.fork_rng():
@@ -160,7 +162,12 @@ class ClusterState:
             self._elapsed_before = 0.0
             self._running_since = time.monotonic()
             self.stats = Stats()
-            self.workers = {}
+            now = time.time()
+            worker_ids = [f"w{i}" for i in range(1, len(worker_urls) + 1)]
+            self.workers = {
+                wid: WorkerRecord(wid, url, "starting", now)
+                for wid, url in zip(worker_ids, worker_urls, strict=True)
+            }
             self._pending_rows = []
             self._set_model(model, optimizer_state=None)
             self.model_version = 0
@@ -170,7 +177,7 @@ class ClusterState:
             self._dirty = True
             run_id = self.run_id
         self.persist()
-        return run_id
+        return run_id, worker_ids
 
     def finish(self, reason: str) -> bool:
         """End the running run (idempotent); workers learn it at their next exchange."""
@@ -206,12 +213,6 @@ class ClusterState:
             return self.run_state != "running" or (run_id is not None and run_id != self.run_id)
 
     # -- registry ------------------------------------------------------------------------------
-
-    def expect_worker(self, worker_id: str, url: str) -> None:
-        """The master is about to start this worker."""
-        with self._lock:
-            self.workers[worker_id] = WorkerRecord(worker_id, url, "starting", time.time())
-            self._dirty = True
 
     def _touch(self, worker_id: str, url: str | None = None) -> WorkerRecord:
         record = self.workers.get(worker_id)
