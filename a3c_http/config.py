@@ -7,6 +7,7 @@ environment (`target_return`), saves it with the run and sends it to every worke
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 from dataclasses import dataclass
@@ -106,8 +107,7 @@ class TrainConfig(BaseModel):
     @field_validator("env_id")
     @classmethod
     def _registered(cls, v: str) -> str:
-        if v not in gym.registry:
-            raise ValueError(f"unknown gymnasium environment {v!r}")
+        env_spec(v)
         return v
 
     @model_validator(mode="after")
@@ -123,12 +123,33 @@ class TrainConfig(BaseModel):
         """The config with `target_return` and `seed` filled in, as saved with a run."""
         updates: dict[str, Any] = {}
         if self.target_return is None:
-            threshold = gym.spec(self.env_id).reward_threshold
+            threshold = env_spec(self.env_id).reward_threshold
             if threshold is not None:
                 updates["target_return"] = float(threshold)
         if self.seed is None:
             updates["seed"] = int.from_bytes(os.urandom(4), "little") >> 1
         return self.model_copy(update=updates) if updates else self
+
+
+def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
+    """The registered spec of `env_id`. An id of the form `module:EnvName-v0` first imports
+    `module` (which registers the environment, as `gymnasium.make` does), but only when the module
+    is listed in A3C_ENV_MODULES: a training request must not import arbitrary code."""
+    module, _, name = env_id.rpartition(":")
+    if module:
+        allowed = [m.strip() for m in os.environ.get("A3C_ENV_MODULES", "").split(",")]
+        if module not in allowed:
+            raise ValueError(
+                f"module {module!r} is not in A3C_ENV_MODULES, the comma-separated list of modules "
+                "allowed to register environments (set it on the master and every worker)"
+            )
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ValueError(f"cannot import {module!r}: {exc}") from None
+    if name not in gym.registry:
+        raise ValueError(f"unknown gymnasium environment {name!r}")
+    return gym.spec(name)
 
 
 def _env_float(name: str, default: float) -> float:

@@ -96,8 +96,16 @@ def start_workers(
     """POST /start_worker to every worker (id -> URL) at once; a worker that cannot be started is
     marked failed with the reason."""
     jobs = [
-        (worker_id, url, {"master_url": master_url, "worker_id": worker_id, "run_id": run_id,
-                          "config": config.model_dump()})
+        (
+            worker_id,
+            url,
+            {
+                "master_url": master_url,
+                "worker_id": worker_id,
+                "run_id": run_id,
+                "config": config.model_dump(),
+            },
+        )
         for worker_id, url in workers.items()
     ]
     with ThreadPoolExecutor(max_workers=min(16, len(jobs))) as pool:

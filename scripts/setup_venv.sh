@@ -17,8 +17,11 @@ if [ -f "$stamp" ] && [ "$stamp" -nt "$root/pyproject.toml" ]; then
     exit 0
 fi
 echo "[setup] installing torch 2.13.0 (CPU) and the project [$extras] into .venv (first run only)"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-    -c "$root/scripts/constraints.txt" "torch==2.13.0"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-    -c "$root/scripts/constraints.txt" -e "$root[$extras]"
+pip_install() {
+    # This machine's pip config names index folders that may not exist; its warnings are noise.
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+        -c "$root/scripts/constraints.txt" "$@" 2>&1 | { grep -v "is ignored: it is neither" || true; }
+}
+pip_install "torch==2.13.0"
+pip_install -e "$root[$extras]"
 touch "$stamp"

@@ -1,0 +1,191 @@
+"""The main job on one host: a master and the workers of workers.txt, training until the run
+finishes, with progress on screen and a reward plot at the end.
+
+    python scripts/run_local.py [--port 33333] [--time-cap 840] [--config '{"lr": 0.001}']
+
+Exit code: 0 when the run was solved (mean return of the last 100 episodes >= target_return),
+1 when it finished unsolved or hit the time cap, 2 when it could not start. Every process it
+started is ended, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+
+from a3c_http.localcluster import ServiceProcess, port_in_use  # noqa: E402
+from a3c_http.service import is_loopback  # noqa: E402
+from master.launcher import WorkerListError, read_workers_file  # noqa: E402
+from scripts.plot_rewards import plot  # noqa: E402
+
+
+def _fmt(value: float | None, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def progress_line(status: dict) -> str:
+    workers = status.get("workers", [])
+    rate = sum(w.get("steps_per_s") or 0 for w in workers if w.get("state") == "running")
+    states: dict[str, int] = {}
+    for w in workers:
+        states[w["state"]] = states.get(w["state"], 0) + 1
+    ws = ", ".join(f"{n} {s}" for s, n in sorted(states.items())) or "none"
+    return (
+        f"[{status['elapsed_s']:6.0f} s] episodes {status['global_episode']:>6}  "
+        f"steps {status['global_steps']:>9,}  mean100 {_fmt(status['mean_return_100']):>6}  "
+        f"best {_fmt(status['best_score'], '.0f'):>4}  env steps/s {rate:>7,.0f}  "
+        f"updates {status['updates_applied']:>6}  workers: {ws}"
+    )
+
+
+class Stopped(Exception):
+    pass
+
+
+def _on_signal(signum, frame):  # noqa: ANN001
+    raise Stopped(signal.Signals(signum).name)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Run a master and the local workers until solved.")
+    parser.add_argument("--host", default="127.0.0.1", help="master bind address")
+    parser.add_argument("--port", type=int, default=33333, help="master port")
+    parser.add_argument(
+        "--workers-file", type=Path, default=Path(os.environ.get("A3C_WORKERS_FILE", "workers.txt"))
+    )
+    parser.add_argument(
+        "--run-dir", type=Path, default=Path(os.environ.get("A3C_RUN_DIR", "runs/latest"))
+    )
+    parser.add_argument(
+        "--time-cap",
+        type=float,
+        default=840.0,
+        help="seconds of training before the run is stopped (default 840)",
+    )
+    parser.add_argument(
+        "--config", default="{}", help="training config overrides as JSON, e.g. '{\"seed\": 1}'"
+    )
+    parser.add_argument("--every", type=float, default=5.0, help="seconds between progress lines")
+    args = parser.parse_args()
+
+    try:
+        overrides = json.loads(args.config)
+        if not isinstance(overrides, dict):
+            raise ValueError("not a JSON object")
+        urls = read_workers_file(args.workers_file)
+    except (ValueError, WorkerListError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    logs = args.run_dir.parent / "logs"
+    token = os.environ.get("A3C_TOKEN") or None
+    procs: list[ServiceProcess] = []
+    for url in urls:
+        parts = urlsplit(url)
+        if is_loopback(parts.hostname) or parts.hostname == "localhost":
+            procs.append(
+                ServiceProcess(
+                    "worker.app:app",
+                    parts.port,
+                    logs / f"worker-{parts.port}.log",
+                    host=parts.hostname,
+                    token=token,
+                )
+            )
+        else:
+            print(f"note: {url} is not on this host; it must already be running there")
+    master = ServiceProcess(
+        "master.app:app",
+        args.port,
+        logs / "master.log",
+        host=args.host,
+        token=token,
+        env={
+            "A3C_RUN_DIR": str(args.run_dir.resolve()),
+            "A3C_WORKERS_FILE": str(args.workers_file.resolve()),
+        },
+    )
+    busy = [p for p in [master, *procs] if port_in_use(p.host, p.port)]
+    if busy:
+        names = ", ".join(f"{p.host}:{p.port}" for p in busy)
+        print(
+            f"error: port already in use: {names} (another run? stop it, or change the ports "
+            "in workers.txt / --port)",
+            file=sys.stderr,
+        )
+        return 2
+
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    solved = False
+    try:
+        print(
+            f"starting the master on {master.url} and {len(procs)} local worker(s); logs in {logs}/"
+        )
+        for p in [master, *procs]:
+            p.start()
+        for p in [master, *procs]:
+            p.wait_healthy()
+        with httpx.Client(base_url=master.url, headers=headers, timeout=30) as http:
+            reply = http.post("/train", json=overrides)
+            if reply.status_code != 202:
+                print(
+                    f"error: POST /train answered {reply.status_code}: {reply.text}",
+                    file=sys.stderr,
+                )
+                return 2
+            data = reply.json()["data"]
+            print(f"run {data['run_id']} started; run folder {args.run_dir}")
+            for w in data["workers"]:
+                print(
+                    f"  {w['worker_id']} {w['url']}: "
+                    + ("started" if w["started"] else f"NOT started: {w['error']}")
+                )
+            started = time.monotonic()
+            status = http.get("/status").json()
+            while status["state"] == "running":
+                if time.monotonic() - started > args.time_cap:
+                    print(f"time cap of {args.time_cap:.0f} s reached: stopping the run")
+                    http.post("/stop")
+                    break
+                time.sleep(args.every)
+                status = http.get("/status").json()
+                print(progress_line(status), flush=True)
+            status = http.get("/status").json()
+        solved = bool(status["solved"])
+        print(f"run finished: {status.get('finish_reason')}")
+        print(
+            f"  episodes {status['global_episode']}, env steps {status['global_steps']:,}, "
+            f"mean return of the last 100: {_fmt(status['mean_return_100'])}, "
+            f"time {status['elapsed_s']:.0f} s"
+        )
+    except Stopped as exc:
+        print(f"\n{exc}: stopping every process this script started")
+    except (httpx.HTTPError, RuntimeError, TimeoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for p in [*procs, master]:
+            p.stop()
+    try:
+        print(f"reward plot: {plot(args.run_dir)}")
+    except SystemExit as exc:
+        print(f"no plot: {exc}")
+    print("SOLVED" if solved else "not solved")
+    return 0 if solved else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

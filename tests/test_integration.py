@@ -1,0 +1,195 @@
+"""A real master and two real workers, each a uvicorn process on a free loopback port."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from a3c_http import wire
+from a3c_http.config import TrainConfig
+from a3c_http.localcluster import ServiceProcess, free_port
+from a3c_http.model import build_model
+from a3c_http.store import RunStore
+
+pytestmark = pytest.mark.integration
+
+SHORT_RUN = {
+    "num_envs": 2,
+    "t_max": 8,
+    "max_episodes": 40,
+    "max_steps": None,
+    "seed": 7,
+    "heartbeat_interval_s": 0.5,
+    "heartbeat_timeout_s": 20,
+}
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> object:
+    """Poll `condition` until it returns something truthy, or fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+class Cluster:
+    def __init__(self, tmp: Path, n_workers: int = 2, token: str | None = None) -> None:
+        self.run_dir = tmp / "run"
+        self.token = token
+        self.workers = [
+            ServiceProcess("worker.app:app", free_port(), tmp / f"w{i}.log", token=token,
+                           env={"A3C_ENV_MODULES": "tests.envs"})
+            for i in range(n_workers)
+        ]
+        workers_file = tmp / "workers.txt"
+        workers_file.write_text("".join(f"127.0.0.1:{w.port}\n" for w in self.workers))
+        self.master = ServiceProcess(
+            "master.app:app",
+            free_port(),
+            tmp / "master.log",
+            token=token,
+            env={
+                "A3C_RUN_DIR": str(self.run_dir),
+                "A3C_WORKERS_FILE": str(workers_file),
+                "A3C_PERSIST_INTERVAL_S": "1",
+                "A3C_ENV_MODULES": "tests.envs",
+            },
+        )
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(headers=headers, timeout=30)
+
+    @property
+    def processes(self) -> list[ServiceProcess]:
+        return [self.master, *self.workers]
+
+    def start(self) -> Cluster:
+        for p in self.processes:
+            p.start()
+        for p in self.processes:
+            p.wait_healthy()
+        return self
+
+    def status(self) -> dict:
+        return self.http.get(f"{self.master.url}/status").json()
+
+    def worker_status(self, w: ServiceProcess) -> dict:
+        return self.http.get(f"{w.url}/status").json()
+
+    def close(self) -> None:
+        self.http.close()
+        for p in self.processes:
+            p.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path).start()
+    try:
+        yield c
+    finally:
+        c.close()
+        for p in c.processes:
+            assert not p.running(), f"{p.app} on port {p.port} is still running"
+
+
+def test_short_run_adds_up_and_every_process_ends(cluster: Cluster) -> None:
+    reply = cluster.http.post(f"{cluster.master.url}/train", json=SHORT_RUN)
+    assert reply.status_code == 202, reply.text
+    assert all(w["started"] for w in reply.json()["data"]["workers"])
+
+    status = wait_for(
+        lambda: (s := cluster.status())["state"] == "finished" and s, 120, "the run to finish"
+    )
+    assert status["finish_reason"].startswith("max_episodes")
+    # Every worker learns of the end at its next exchange and reports done.
+    def workers_done() -> list[dict] | None:
+        statuses = [cluster.worker_status(p) for p in cluster.workers]
+        return statuses if all(s["state"] == "done" for s in statuses) else None
+
+    workers = wait_for(workers_done, 60, "both workers to be done")
+    master_view = {w["worker_id"]: w for w in cluster.status()["workers"]}
+    assert {w["state"] for w in master_view.values()} == {"done"}
+
+    # The episodes the workers had accepted add up to the global count, and so do the steps.
+    assert sum(w["episodes"] for w in workers) == status["global_episode"] >= 40
+    assert sum(w["steps"] for w in workers) == status["global_steps"]
+    assert all(w["episodes"] > 0 for w in workers), "both workers took part"
+    assert status["updates_applied"] > 0 and status["model_version"] == status["updates_applied"]
+
+    # The global weights moved away from the seeded initial weights and are finite.
+    response = cluster.http.get(f"{cluster.master.url}/global_model_weights")
+    config = TrainConfig(**SHORT_RUN)
+    with torch.random.fork_rng():
+        torch.manual_seed(config.seed)
+        initial = build_model(config.env_id, config.env_kwargs, config.hidden_sizes)
+    final = wire.decode(response.content, wire.spec_of(initial))
+    assert int(response.headers["X-Model-Version"]) == status["model_version"]
+    assert all(torch.isfinite(t).all() for t in final.values())
+    moved = sum(float((final[k] - v).abs().sum()) for k, v in initial.state_dict().items())
+    assert moved > 1e-3
+
+    # The run folder holds one history row per episode once the master has ended.
+    assert cluster.master.stop() == 0
+    rows = RunStore(cluster.run_dir).read_episodes()
+    assert [r["global_episode"] for r in rows] == list(range(1, status["global_episode"] + 1))
+
+
+def test_stop_ends_the_run_and_a_worker_serves_the_next_one(cluster: Cluster) -> None:
+    endless = {**SHORT_RUN, "max_episodes": None, "max_steps": None, "target_return": 1e9}
+    assert cluster.http.post(f"{cluster.master.url}/train", json=endless).status_code == 202
+    wait_for(lambda: cluster.status()["global_episode"] >= 10, 60, "some episodes")
+    assert cluster.http.post(f"{cluster.master.url}/train", json=endless).status_code == 409
+
+    assert cluster.http.post(f"{cluster.master.url}/stop").status_code == 200
+    wait_for(
+        lambda: all(cluster.worker_status(p)["state"] == "done" for p in cluster.workers),
+        60,
+        "the workers to stop",
+    )
+    first = cluster.status()
+    assert first["state"] == "finished"
+
+    # The same worker processes take part in a second run, which starts from zero.
+    reply = cluster.http.post(f"{cluster.master.url}/train", json=SHORT_RUN)
+    assert reply.status_code == 202, reply.text
+    assert reply.json()["data"]["run_id"] != first["run_id"]
+    second = wait_for(
+        lambda: (s := cluster.status())["state"] == "finished" and s, 120, "the second run"
+    )
+    assert second["finish_reason"].startswith("max_episodes")
+    assert (cluster.run_dir / "archive" / first["run_id"] / "episodes.csv").exists()
+
+
+def test_a_worker_whose_environment_fails_is_failed_on_both_sides(cluster: Cluster) -> None:
+    body = {
+        **SHORT_RUN,
+        "env_id": "tests.envs:FailingCartPole-v0",
+        "env_kwargs": {"fail_after": 30},
+    }
+    reply = cluster.http.post(f"{cluster.master.url}/train", json=body)
+    assert reply.status_code == 202, reply.text
+    status = wait_for(
+        lambda: (s := cluster.status())["state"] == "finished" and s, 60, "the run to end"
+    )
+    assert status["finish_reason"] == "no worker is running any more"
+    assert {w["state"] for w in status["workers"]} == {"failed"}
+    for record in status["workers"]:
+        assert "simulator crashed after 30 steps" in record["error"]
+    for p in cluster.workers:
+        ws = cluster.worker_status(p)
+        assert ws["state"] == "failed" and "simulator crashed" in ws["error"], ws
+
+
+def test_a_module_outside_the_allowlist_is_refused(cluster: Cluster) -> None:
+    reply = cluster.http.post(f"{cluster.master.url}/train", json={"env_id": "os:Anything-v0"})
+    assert reply.status_code == 422
+    assert "A3C_ENV_MODULES" in reply.json()["detail"]
+    assert cluster.status()["state"] == "idle"
