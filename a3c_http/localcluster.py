@@ -136,3 +136,81 @@ class ServiceProcess:
         if self.running():
             self.signal(signal.SIGKILL)
             self.proc.wait(timeout=10)
+
+
+class LocalCluster:
+    """A master and workers on this host, each its own uvicorn process. `workers` are the
+    (host, port) of the workers to start; without `workers_file` the master gets a file listing
+    exactly those."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        logs: Path,
+        workers: list[tuple[str, int]],
+        master_port: int | None = None,
+        host: str = "127.0.0.1",
+        token: str | None = None,
+        env: dict[str, str] | None = None,
+        workers_file: Path | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        env = env or {}
+        self.workers = [
+            ServiceProcess(
+                "worker.app:app",
+                port,
+                logs / f"worker-{port}.log",
+                host=w_host,
+                env=env,
+                token=token,
+            )
+            for w_host, port in workers
+        ]
+        if workers_file is None:
+            workers_file = logs / "workers.txt"
+            workers_file.parent.mkdir(parents=True, exist_ok=True)
+            workers_file.write_text("".join(f"{w.host}:{w.port}\n" for w in self.workers))
+        self.master = ServiceProcess(
+            "master.app:app",
+            master_port or free_port(host),
+            logs / "master.log",
+            host=host,
+            token=token,
+            env={
+                **env,
+                "A3C_RUN_DIR": str(self.run_dir.resolve()),
+                "A3C_WORKERS_FILE": str(Path(workers_file).resolve()),
+            },
+        )
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(headers=headers, timeout=30)
+
+    @property
+    def processes(self) -> list[ServiceProcess]:
+        return [self.master, *self.workers]
+
+    def busy_ports(self) -> list[str]:
+        return [f"{p.host}:{p.port}" for p in self.processes if port_in_use(p.host, p.port)]
+
+    def start(self, timeout_s: float = 60.0) -> LocalCluster:
+        for p in self.processes:
+            p.start()
+        for p in self.processes:
+            p.wait_healthy(timeout_s)
+        return self
+
+    def train(self, **config: object) -> httpx.Response:
+        return self.http.post(f"{self.master.url}/train", json=config)
+
+    def status(self) -> dict:
+        return self.http.get(f"{self.master.url}/status").json()
+
+    def worker_status(self, worker: ServiceProcess) -> dict:
+        return self.http.get(f"{worker.url}/status").json()
+
+    def close(self) -> None:
+        """End every process this cluster started (workers first, so the master sees them go)."""
+        self.http.close()
+        for p in [*self.workers, self.master]:
+            p.stop()

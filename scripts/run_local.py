@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from a3c_http.localcluster import ServiceProcess, port_in_use  # noqa: E402
+from a3c_http.localcluster import LocalCluster  # noqa: E402
 from a3c_http.service import is_loopback  # noqa: E402
 from master.launcher import WorkerListError, read_workers_file  # noqa: E402
 from scripts.plot_rewards import plot  # noqa: E402
@@ -90,80 +90,62 @@ def main() -> int:
 
     logs = args.run_dir.parent / "logs"
     token = os.environ.get("A3C_TOKEN") or None
-    procs: list[ServiceProcess] = []
+    local: list[tuple[str, int]] = []
     for url in urls:
         parts = urlsplit(url)
-        if is_loopback(parts.hostname) or parts.hostname == "localhost":
-            procs.append(
-                ServiceProcess(
-                    "worker.app:app",
-                    parts.port,
-                    logs / f"worker-{parts.port}.log",
-                    host=parts.hostname,
-                    token=token,
-                )
-            )
+        if is_loopback(parts.hostname):
+            local.append((parts.hostname, parts.port))
         else:
             print(f"note: {url} is not on this host; it must already be running there")
-    master = ServiceProcess(
-        "master.app:app",
-        args.port,
-        logs / "master.log",
+    cluster = LocalCluster(
+        args.run_dir,
+        logs,
+        local,
+        master_port=args.port,
         host=args.host,
         token=token,
-        env={
-            "A3C_RUN_DIR": str(args.run_dir.resolve()),
-            "A3C_WORKERS_FILE": str(args.workers_file.resolve()),
-        },
+        workers_file=args.workers_file,
     )
-    busy = [p for p in [master, *procs] if port_in_use(p.host, p.port)]
+    busy = cluster.busy_ports()
     if busy:
-        names = ", ".join(f"{p.host}:{p.port}" for p in busy)
         print(
-            f"error: port already in use: {names} (another run? stop it, or change the ports "
-            "in workers.txt / --port)",
+            f"error: port already in use: {', '.join(busy)} (another run? stop it, or change "
+            "the ports in workers.txt / --port)",
             file=sys.stderr,
         )
         return 2
 
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
     solved = False
     try:
         print(
-            f"starting the master on {master.url} and {len(procs)} local worker(s); logs in {logs}/"
+            f"starting the master on {cluster.master.url} and {len(local)} local worker(s); "
+            f"logs in {logs}/"
         )
-        for p in [master, *procs]:
-            p.start()
-        for p in [master, *procs]:
-            p.wait_healthy()
-        with httpx.Client(base_url=master.url, headers=headers, timeout=30) as http:
-            reply = http.post("/train", json=overrides)
-            if reply.status_code != 202:
-                print(
-                    f"error: POST /train answered {reply.status_code}: {reply.text}",
-                    file=sys.stderr,
-                )
-                return 2
-            data = reply.json()["data"]
-            print(f"run {data['run_id']} started; run folder {args.run_dir}")
-            for w in data["workers"]:
-                print(
-                    f"  {w['worker_id']} {w['url']}: "
-                    + ("started" if w["started"] else f"NOT started: {w['error']}")
-                )
-            started = time.monotonic()
-            status = http.get("/status").json()
-            while status["state"] == "running":
-                if time.monotonic() - started > args.time_cap:
-                    print(f"time cap of {args.time_cap:.0f} s reached: stopping the run")
-                    http.post("/stop")
-                    break
-                time.sleep(args.every)
-                status = http.get("/status").json()
-                print(progress_line(status), flush=True)
-            status = http.get("/status").json()
+        cluster.start()
+        reply = cluster.train(**overrides)
+        if reply.status_code != 202:
+            print(f"error: POST /train answered {reply.status_code}: {reply.text}", file=sys.stderr)
+            return 2
+        data = reply.json()["data"]
+        print(f"run {data['run_id']} started; run folder {args.run_dir}")
+        for w in data["workers"]:
+            print(
+                f"  {w['worker_id']} {w['url']}: "
+                + ("started" if w["started"] else f"NOT started: {w['error']}")
+            )
+        started = time.monotonic()
+        status = cluster.status()
+        while status["state"] == "running":
+            if time.monotonic() - started > args.time_cap:
+                print(f"time cap of {args.time_cap:.0f} s reached: stopping the run")
+                cluster.http.post(f"{cluster.master.url}/stop")
+                break
+            time.sleep(args.every)
+            status = cluster.status()
+            print(progress_line(status), flush=True)
+        status = cluster.status()
         solved = bool(status["solved"])
         print(f"run finished: {status.get('finish_reason')}")
         print(
@@ -177,8 +159,7 @@ def main() -> int:
         print(f"error: {exc}", file=sys.stderr)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        for p in [*procs, master]:
-            p.stop()
+        cluster.close()
     try:
         print(f"reward plot: {plot(args.run_dir)}")
     except SystemExit as exc:

@@ -1,0 +1,93 @@
+"""Benchmark: time to solve CartPole-v1 with a master and two workers on this host, and where the
+workers spend their time (HTTP against rollouts and gradients).
+
+    .venv/bin/python scripts/bench_solve.py [--runs 3] [--workers 2] [--config '{"seed": 1}']
+
+Each run starts fresh uvicorn processes on free loopback ports, POSTs /train with the default
+config (plus --config) and waits for the run to finish. Prints one line per run and the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from a3c_http.localcluster import LocalCluster, free_port  # noqa: E402
+
+
+def one_run(index: int, n_workers: int, overrides: dict, cap_s: float) -> dict:
+    with tempfile.TemporaryDirectory(prefix="a3c-bench-") as tmp:
+        cluster = LocalCluster(
+            Path(tmp) / "run",
+            Path(tmp) / "logs",
+            [("127.0.0.1", free_port()) for _ in range(n_workers)],
+        )
+        try:
+            cluster.start()
+            reply = cluster.train(**{"seed": index, **overrides})
+            reply.raise_for_status()
+            started = time.monotonic()
+            status = cluster.status()
+            while status["state"] == "running" and time.monotonic() - started < cap_s:
+                time.sleep(1.0)
+                status = cluster.status()
+            wall = time.monotonic() - started
+            workers = [cluster.worker_status(w) for w in cluster.workers]
+        finally:
+            cluster.close()
+    spent = {k: sum(w["time"][k] for w in workers) for k in ("rollout_s", "learn_s", "http_s")}
+    total = sum(spent.values()) or 1.0
+    return {
+        "solved": status["solved"],
+        "seconds": status["elapsed_s"] if status["solved"] else wall,
+        "episodes": status["global_episode"],
+        "steps": status["global_steps"],
+        "updates": status["updates_applied"],
+        "rejected": status["updates_rejected"],
+        "steps_per_s": status["global_steps"] / max(status["elapsed_s"], 1e-9),
+        "http_share": spent["http_s"] / total,
+        "rollout_share": spent["rollout_s"] / total,
+        "learn_share": spent["learn_s"] / total,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--config", default="{}", help="training config overrides as JSON")
+    parser.add_argument("--cap", type=float, default=600.0, help="seconds before a run gives up")
+    args = parser.parse_args()
+    overrides = json.loads(args.config)
+    results = []
+    for i in range(args.runs):
+        r = one_run(i, args.workers, overrides, args.cap)
+        results.append(r)
+        print(
+            f"run {i}: {'solved' if r['solved'] else 'NOT solved'} in {r['seconds']:.0f} s, "
+            f"{r['episodes']} episodes, {r['steps']:,} env steps ({r['steps_per_s']:,.0f}/s), "
+            f"{r['updates']} updates ({r['rejected']} stale); worker time: "
+            f"HTTP {r['http_share']:.0%}, rollouts {r['rollout_share']:.0%}, "
+            f"gradients {r['learn_share']:.0%}",
+            flush=True,
+        )
+    solved = [r["seconds"] for r in results if r["solved"]]
+    print(
+        f"solved {len(solved)}/{len(results)}; median time to solve: "
+        + (f"{statistics.median(solved):.0f} s" if solved else "-")
+    )
+    for key in ("steps_per_s", "http_share", "rollout_share", "learn_share"):
+        med = statistics.median(r[key] for r in results)
+        print(f"median {key}: " + (f"{med:.0%}" if key.endswith("share") else f"{med:,.0f}"))
+
+
+if __name__ == "__main__":
+    main()
