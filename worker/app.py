@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import threading
 import traceback
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -123,7 +125,14 @@ class WorkerService:
 def create_app(token: str | None = None) -> FastAPI:
     token = token if token is not None else (os.environ.get("A3C_TOKEN") or None)
     service = WorkerService(token)
-    app = FastAPI(title="a3c-http worker", version="0.1.0")
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        # On SIGTERM: tell the trainer to stop and give it time to send POST /worker_done.
+        service.stop()
+        service.join(timeout=15)
+
+    app = FastAPI(title="a3c-http worker", version="0.1.0", lifespan=lifespan)
     app.state.worker = service
     install_common(app)
     auth = Depends(make_auth(token))
@@ -141,11 +150,6 @@ def create_app(token: str | None = None) -> FastAPI:
     def stop() -> dict[str, Any]:
         service.stop()
         return {"data": {"state": service.state}}
-
-    @app.on_event("shutdown")
-    def _shutdown() -> None:
-        service.stop()
-        service.join(timeout=15)
 
     return app
 
