@@ -63,7 +63,7 @@ class LossTerms:
 
     def as_floats(self) -> dict[str, float]:
         return {
-            "train/loss": float(self.total),
+            "train/loss": float(self.total.detach()),
             "train/policy_loss": float(self.policy_loss),
             "train/value_loss": float(self.value_loss),
             "train/entropy": float(self.entropy),

@@ -5,11 +5,11 @@ The error hierarchy (everything a caller needs to catch is an `A3CError`)::
     A3CError
     ├── MasterUnavailable      the master could not be reached, timed out or answered 5xx,
     │                          on every attempt until the retry deadline ran out
+    ├── ProtocolError          a reply that breaks the contract: weights that do not fit the
+    │                          model (the WireError is its cause) or a missing X-Model-Version
     └── MasterRejected         the master answered 4xx: retrying the same request cannot help
         ├── Unauthorized       401/403: the token is missing or wrong
         └── Conflict           409: stale gradients, or a run that is not in the right state
-
-`WireError` (a3c_http.wire) is raised when a weights body from the master does not fit the model.
 
 Retries: connection errors, timeouts and 5xx are retried with exponential backoff and jitter until
 `retry_deadline_s` has passed since the first attempt; 4xx are never retried.
@@ -35,6 +35,10 @@ class A3CError(Exception):
 
 class MasterUnavailable(A3CError):
     """The master could not be reached, or kept failing (5xx), until the retry deadline."""
+
+
+class ProtocolError(A3CError):
+    """The master's reply does not follow the HTTP contract (see the cause)."""
 
 
 class MasterRejected(A3CError):
@@ -187,11 +191,17 @@ class MasterClient:
     # -- tensors --------------------------------------------------------------------------------
 
     def _weights(self, response: httpx.Response, spec: wire.Spec) -> Weights:
-        return Weights(
-            tensors=wire.decode(response.content, spec),
-            version=int(response.headers[wire.VERSION_HEADER]),
-            stop=response.headers.get(STOP_HEADER) == "1",
-        )
+        try:
+            version = int(response.headers[wire.VERSION_HEADER])
+        except (KeyError, ValueError):
+            raise ProtocolError(
+                f"the weights reply has no integer {wire.VERSION_HEADER} header"
+            ) from None
+        try:
+            tensors = wire.decode(response.content, spec)
+        except wire.WireError as exc:
+            raise ProtocolError(f"the master's weights do not fit this model: {exc}") from exc
+        return Weights(tensors, version, stop=response.headers.get(STOP_HEADER) == "1")
 
     def get_weights(self, spec: wire.Spec, if_not_version: int | None = None) -> Weights | None:
         """The global weights, or None when they are still at `if_not_version`."""

@@ -165,6 +165,19 @@ def _env_float(name: str, default: float) -> float:
     return value
 
 
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{name}={raw!r} must be a whole number >= 1")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """Process settings from environment variables (see the README's configuration reference)."""
@@ -184,5 +197,5 @@ class Settings:
             workers_file=Path(os.environ.get("A3C_WORKERS_FILE") or "workers.txt"),
             master_url=os.environ.get("A3C_MASTER_URL") or None,
             persist_interval_s=_env_float("A3C_PERSIST_INTERVAL_S", 5.0),
-            queue_max=int(_env_float("A3C_QUEUE_MAX", 10_000)),
+            queue_max=_env_int("A3C_QUEUE_MAX", 10_000),
         )

@@ -5,7 +5,7 @@
     weights.safetensors      the global weights (the model version in its metadata)
     optimizer.pt             the master optimizer's state (written and read only by the master)
     episodes.csv             one row per episode: global_episode, worker_id, reward, length, time
-    temporary/<worker>.safetensors   each worker's temporary weights slot
+    temporary/               each worker's temporary weights slot (index.json: file -> worker)
     archive/<run_id>/        earlier runs of this folder, moved aside by a new POST /train
 
 Every whole-file write goes to a temporary file, is fsynced and then `os.replace`d, so a kill at
@@ -17,6 +17,7 @@ always matches the counters. All of it happens under a filelock, so two processe
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
@@ -79,8 +80,12 @@ def atomic_write(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
+def _slot_file(worker_id: str) -> str:
+    return hashlib.sha256(worker_id.encode()).hexdigest()[:24] + ".safetensors"
+
+
 def _safe_name(worker_id: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]", "_", worker_id)[:100] or "_"
+    return re.sub(r"[^A-Za-z0-9._-]", "_", worker_id)[:100].lstrip(".") or "_"
 
 
 class RunStore:
@@ -97,12 +102,29 @@ class RunStore:
             atomic_write(self.path("config.json"), _json_bytes(snap.config))
             atomic_write(self.path("weights.safetensors"), snap.weights)
             atomic_write(self.path("optimizer.pt"), snap.optimizer)
-            for worker_id, data in snap.temporary.items():
-                atomic_write(self.path("temporary") / f"{_safe_name(worker_id)}.safetensors", data)
+            if snap.temporary:
+                self._save_temporary(snap.temporary)
             if snap.new_episodes:
                 self._append_episodes(snap.new_episodes)
             # state.json last: it is what says how far the history goes.
             atomic_write(self.path("state.json"), _json_bytes(snap.state))
+
+    def _save_temporary(self, slots: dict[str, bytes]) -> None:
+        # File names come from a hash (worker ids may hold ':' or '/'); index.json maps them back.
+        folder = self.path("temporary")
+        index = {_slot_file(worker_id): worker_id for worker_id in slots}
+        for name, worker_id in index.items():
+            atomic_write(folder / name, slots[worker_id])
+        atomic_write(folder / "index.json", _json_bytes(index))
+
+    def _load_temporary(self) -> dict[str, bytes]:
+        index_path = self.path("temporary") / "index.json"
+        if not index_path.exists():
+            return {}
+        index = json.loads(index_path.read_text())
+        folder = self.path("temporary")
+        return {wid: (folder / name).read_bytes() for name, wid in index.items()
+                if (folder / name).exists()}
 
     def _append_episodes(self, rows: list[tuple]) -> None:
         path = self.path("episodes.csv")
@@ -124,9 +146,7 @@ class RunStore:
             config = json.loads(self.path("config.json").read_text())
             weights = self.path("weights.safetensors").read_bytes()
             optimizer = self.path("optimizer.pt").read_bytes()
-            temporary = {
-                p.stem: p.read_bytes() for p in sorted(self.path("temporary").glob("*.safetensors"))
-            }
+            temporary = self._load_temporary()
             self._trim_episodes(int(state.get("global_episode", 0)))
         return Snapshot(config, state, weights, optimizer, [], temporary)
 

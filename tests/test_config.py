@@ -1,0 +1,197 @@
+"""TrainConfig validation and resolution; Settings read from environment variables."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from a3c_http.config import Settings, TrainConfig
+
+SETTINGS_VARS = (
+    "A3C_TOKEN",
+    "A3C_RUN_DIR",
+    "A3C_WORKERS_FILE",
+    "A3C_MASTER_URL",
+    "A3C_PERSIST_INTERVAL_S",
+    "A3C_QUEUE_MAX",
+)
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in SETTINGS_VARS:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+# -- TrainConfig ----------------------------------------------------------------------------------
+
+
+def test_defaults_are_valid_and_match_the_contract() -> None:
+    cfg = TrainConfig()
+    assert cfg.env_id == "CartPole-v1"
+    assert cfg.sync_mode == "gradients"
+    assert cfg.num_envs >= 1
+    assert cfg.hidden_sizes and all(w >= 1 for w in cfg.hidden_sizes)
+    assert 0 < cfg.lr <= 1
+    assert 0 <= cfg.gamma <= 1
+    assert cfg.heartbeat_timeout_s > cfg.heartbeat_interval_s
+    assert cfg.target_return is None and cfg.seed is None
+    # The defaults survive a JSON round trip, as they do through POST /train.
+    assert TrainConfig.model_validate_json(cfg.model_dump_json()) == cfg
+
+
+def test_config_is_frozen() -> None:
+    cfg = TrainConfig()
+    with pytest.raises(ValidationError):
+        cfg.lr = 0.5  # type: ignore[misc]
+
+
+def test_unknown_field_is_refused_and_named() -> None:
+    with pytest.raises(ValidationError) as info:
+        TrainConfig(learning_rate=0.1)
+    errors = info.value.errors()
+    assert [e["loc"] for e in errors] == [("learning_rate",)]
+    assert errors[0]["type"] == "extra_forbidden"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("lr", 0.0),
+        ("lr", -1e-3),
+        ("lr", math.nan),
+        ("lr", math.inf),
+        ("gamma", 1.01),
+        ("gamma", -0.1),
+        ("gae_lambda", 1.5),
+        ("num_envs", 0),
+        ("t_max", 0),
+        ("hidden_sizes", [64, 0]),
+        ("hidden_sizes", []),
+        ("hidden_sizes", [5000]),
+        ("entropy_coef", math.inf),
+        ("max_grad_norm", 0.0),
+        ("target_return", math.nan),
+        ("env_id", "NoSuchEnv-v0"),
+        ("sync_mode", "weights"),
+        ("seed", -1),
+    ],
+)
+def test_invalid_value_is_refused_naming_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValidationError) as info:
+        TrainConfig(**{field: value})
+    locs = [e["loc"] for e in info.value.errors()]
+    assert locs and all(loc[0] == field for loc in locs), locs
+    assert field in str(info.value)
+
+
+def test_unknown_env_message_names_the_env() -> None:
+    with pytest.raises(ValidationError, match="NoSuchEnv-v0"):
+        TrainConfig(env_id="NoSuchEnv-v0")
+
+
+@pytest.mark.parametrize(("interval", "timeout"), [(2.0, 2.0), (5.0, 1.0)])
+def test_heartbeat_timeout_must_exceed_interval(interval: float, timeout: float) -> None:
+    with pytest.raises(ValidationError) as info:
+        TrainConfig(heartbeat_interval_s=interval, heartbeat_timeout_s=timeout)
+    message = str(info.value)
+    assert "heartbeat_timeout_s" in message and "heartbeat_interval_s" in message
+
+
+def test_heartbeat_timeout_just_above_interval_is_accepted() -> None:
+    cfg = TrainConfig(heartbeat_interval_s=2.0, heartbeat_timeout_s=2.5)
+    assert cfg.heartbeat_timeout_s == 2.5
+
+
+# -- resolved() -----------------------------------------------------------------------------------
+
+
+def test_resolved_fills_target_return_from_reward_threshold_and_a_seed() -> None:
+    cfg = TrainConfig(env_id="CartPole-v1")
+    resolved = cfg.resolved()
+    assert resolved.target_return == 475.0
+    assert isinstance(resolved.seed, int) and 0 <= resolved.seed < 2**31
+    # The original is untouched (frozen model, copy on update).
+    assert cfg.target_return is None and cfg.seed is None
+    # What is saved with a run validates again on resume.
+    assert TrainConfig(**resolved.model_dump()) == resolved
+
+
+def test_resolved_leaves_target_none_for_env_without_threshold() -> None:
+    resolved = TrainConfig(env_id="Pendulum-v1").resolved()
+    assert resolved.target_return is None
+    assert resolved.seed is not None
+
+
+def test_resolved_keeps_explicit_values() -> None:
+    cfg = TrainConfig(target_return=100.0, seed=7)
+    resolved = cfg.resolved()
+    assert resolved.target_return == 100.0
+    assert resolved.seed == 7
+    assert resolved == cfg
+
+
+# -- Settings.from_env ----------------------------------------------------------------------------
+
+
+def test_settings_defaults(clean_env: pytest.MonkeyPatch) -> None:
+    s = Settings.from_env()
+    assert s == Settings()
+    assert s.token is None
+    assert s.run_dir == Path("runs/latest")
+    assert s.workers_file == Path("workers.txt")
+    assert s.master_url is None
+    assert s.persist_interval_s == 5.0
+    assert s.queue_max == 10_000
+
+
+def test_settings_from_env_vars(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    clean_env.setenv("A3C_TOKEN", "s3cret")
+    clean_env.setenv("A3C_RUN_DIR", str(tmp_path / "run"))
+    clean_env.setenv("A3C_WORKERS_FILE", str(tmp_path / "w.txt"))
+    clean_env.setenv("A3C_MASTER_URL", "http://10.0.0.1:33333")
+    clean_env.setenv("A3C_PERSIST_INTERVAL_S", "0.25")
+    clean_env.setenv("A3C_QUEUE_MAX", "50")
+    s = Settings.from_env()
+    assert s.token == "s3cret"
+    assert s.run_dir == tmp_path / "run"
+    assert s.workers_file == tmp_path / "w.txt"
+    assert s.master_url == "http://10.0.0.1:33333"
+    assert s.persist_interval_s == 0.25
+    assert s.queue_max == 50
+    assert isinstance(s.queue_max, int)
+
+
+def test_empty_env_vars_mean_unset(clean_env: pytest.MonkeyPatch) -> None:
+    for name in SETTINGS_VARS:
+        clean_env.setenv(name, "")
+    assert Settings.from_env() == Settings()
+
+
+@pytest.mark.parametrize("raw", ["abc", "0", "-1", "nan", "inf", "5s"])
+def test_bad_persist_interval_raises_naming_the_variable(
+    clean_env: pytest.MonkeyPatch, raw: str
+) -> None:
+    clean_env.setenv("A3C_PERSIST_INTERVAL_S", raw)
+    with pytest.raises(ValueError, match="A3C_PERSIST_INTERVAL_S"):
+        Settings.from_env()
+
+
+def test_bad_queue_max_raises(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("A3C_QUEUE_MAX", "-3")
+    with pytest.raises(ValueError, match="A3C_QUEUE_MAX"):
+        Settings.from_env()
+
+
+def test_fractional_queue_max_below_one_is_refused(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("A3C_QUEUE_MAX", "0.5")
+    try:
+        settings = Settings.from_env()
+    except ValueError as exc:
+        assert "A3C_QUEUE_MAX" in str(exc)
+    else:
+        assert settings.queue_max >= 1

@@ -1,0 +1,150 @@
+"""ActorCritic: heads per action space, unsupported spaces, entropies checked by hand."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from torch.distributions import Categorical, Independent, Normal
+
+from a3c_http.model import ActorCritic, UnsupportedSpace, build_model
+
+CARTPOLE_OBS = gym.spaces.Box(-np.inf, np.inf, shape=(4,), dtype=np.float32)
+PENDULUM_OBS = gym.spaces.Box(-8.0, 8.0, shape=(3,), dtype=np.float32)
+PENDULUM_ACT = gym.spaces.Box(-2.0, 2.0, shape=(1,), dtype=np.float32)
+
+
+def test_cartpole_gets_a_categorical_head() -> None:
+    torch.manual_seed(0)
+    model = ActorCritic.for_spaces(CARTPOLE_OBS, gym.spaces.Discrete(2), [16, 16])
+    assert model.discrete and model.obs_dim == 4 and model.action_dim == 2
+    assert not hasattr(model, "log_std")
+    dist, value = model(torch.randn(5, 4))
+    assert isinstance(dist, Categorical)
+    assert dist.logits.shape == (5, 2)
+    assert value.shape == (5,)
+    actions = dist.sample()
+    assert actions.shape == (5,)
+    assert set(actions.tolist()) <= {0, 1}
+    assert dist.log_prob(actions).shape == (5,)
+    assert dist.entropy().shape == (5,)
+
+
+def test_pendulum_gets_a_gaussian_head_with_log_std() -> None:
+    torch.manual_seed(0)
+    model = ActorCritic.for_spaces(PENDULUM_OBS, PENDULUM_ACT, [16])
+    assert not model.discrete and model.action_dim == 1
+    names = dict(model.named_parameters())
+    assert "log_std" in names and names["log_std"].shape == (1,)
+    dist, value = model(torch.randn(6, 3))
+    assert isinstance(dist, Independent)
+    assert isinstance(dist.base_dist, Normal)
+    assert value.shape == (6,)
+    actions = dist.sample()
+    assert actions.shape == (6, 1)
+    assert dist.log_prob(actions).shape == (6,)
+    assert dist.entropy().shape == (6,)
+
+
+def test_gaussian_entropy_matches_closed_form() -> None:
+    # log_std starts at 0: sigma = 1, so H = 0.5 * log(2 pi e) per dimension.
+    obs_space = gym.spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
+    act_space = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+    model = ActorCritic.for_spaces(obs_space, act_space, [8])
+    dist, _ = model(torch.zeros(4, 3))
+    expected = 2 * 0.5 * math.log(2 * math.pi * math.e)  # two action dimensions: 2.8379...
+    assert torch.allclose(dist.entropy(), torch.full((4,), expected), atol=1e-5)
+    with torch.no_grad():
+        model.log_std.fill_(math.log(2.0))  # sigma = 2 adds log 2 per dimension
+    dist, _ = model(torch.zeros(4, 3))
+    assert torch.allclose(
+        dist.entropy(), torch.full((4,), expected + 2 * math.log(2.0)), atol=1e-5
+    )
+
+
+def test_gaussian_log_std_is_clamped() -> None:
+    model = ActorCritic.for_spaces(PENDULUM_OBS, PENDULUM_ACT, [8])
+    with torch.no_grad():
+        model.log_std.fill_(50.0)
+    dist, _ = model(torch.zeros(2, 3))
+    assert torch.allclose(dist.base_dist.scale, torch.full((2, 1), math.exp(2.0)))
+
+
+def test_categorical_entropy_is_minus_sum_p_log_p() -> None:
+    torch.manual_seed(1)
+    model = ActorCritic.for_spaces(CARTPOLE_OBS, gym.spaces.Discrete(3), [8])
+    with torch.no_grad():
+        # Make the policy far from uniform so a wrong formula cannot pass by accident.
+        model.policy_head.weight.mul_(300.0)
+    obs = torch.randn(7, 4)
+    dist, _ = model(obs)
+    logits = model.policy_head(model.torso(obs)).detach()
+    p = torch.softmax(logits, dim=-1)
+    by_hand = -(p * torch.log(p)).sum(dim=-1)
+    assert torch.allclose(dist.entropy(), by_hand, atol=1e-5)
+    assert (by_hand < math.log(3) - 1e-3).any()  # really non-uniform
+    # The original design's -sum(pi * logits) differs from the true entropy.
+    wrong = -(p * logits).sum(dim=-1)
+    assert not torch.allclose(dist.entropy(), wrong, atol=1e-3)
+
+
+def test_categorical_entropy_known_value() -> None:
+    # Probabilities (1/2, 1/4, 1/4): H = 0.5 ln 2 + 2 * 0.25 ln 4 = 1.5 ln 2 = 1.0397...
+    dist = Categorical(logits=torch.log(torch.tensor([[0.5, 0.25, 0.25]])))
+    assert dist.entropy().item() == pytest.approx(1.5 * math.log(2), abs=1e-6)
+
+
+def test_value_method_matches_forward() -> None:
+    model = ActorCritic.for_spaces(CARTPOLE_OBS, gym.spaces.Discrete(2), [8])
+    obs = torch.randn(3, 4)
+    _, value = model(obs)
+    assert torch.allclose(model.value(obs), value)
+
+
+@pytest.mark.parametrize(
+    ("obs_space", "act_space"),
+    [
+        (gym.spaces.Discrete(5), gym.spaces.Discrete(2)),
+        (CARTPOLE_OBS, gym.spaces.MultiDiscrete([2, 3])),
+        (CARTPOLE_OBS, gym.spaces.Box(-1.0, 1.0, shape=(2, 2), dtype=np.float32)),
+        (CARTPOLE_OBS, gym.spaces.MultiBinary(3)),
+    ],
+)
+def test_unsupported_space_raises(obs_space: gym.Space, act_space: gym.Space) -> None:
+    with pytest.raises(UnsupportedSpace) as info:
+        ActorCritic.for_spaces(obs_space, act_space, [8])
+    assert isinstance(info.value, ValueError)
+    assert "space" in str(info.value)
+
+
+def test_build_model_sizes_from_the_env() -> None:
+    model = build_model("CartPole-v1", {}, [32, 16])
+    assert model.discrete and model.obs_dim == 4 and model.action_dim == 2
+    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    assert shapes == {
+        "torso.0.weight": (32, 4),
+        "torso.0.bias": (32,),
+        "torso.2.weight": (16, 32),
+        "torso.2.bias": (16,),
+        "policy_head.weight": (2, 16),
+        "policy_head.bias": (2,),
+        "value_head.weight": (1, 16),
+        "value_head.bias": (1,),
+    }
+
+
+def test_build_model_continuous_env() -> None:
+    model = build_model("Pendulum-v1", {}, [8])
+    assert not model.discrete and model.obs_dim == 3 and model.action_dim == 1
+    assert "log_std" in model.state_dict()
+
+
+def test_initial_policy_is_near_uniform() -> None:
+    # Policy head gain 0.01: the first CartPole policy is close to 50/50.
+    torch.manual_seed(0)
+    model = build_model("CartPole-v1", {}, [64, 64])
+    dist, _ = model(torch.randn(32, 4))
+    assert torch.allclose(dist.probs, torch.full((32, 2), 0.5), atol=0.05)

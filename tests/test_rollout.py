@@ -1,0 +1,186 @@
+"""RolloutCollector on real gymnasium environments: shapes, the autoreset mask, episode stats."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from a3c_http.model import build_model
+from a3c_http.rollout import Rollout, RolloutCollector
+
+# CartPole-v1 terminates when |x| > 2.4 or |theta| > 12 degrees.
+X_LIMIT = 2.4
+THETA_LIMIT = 12 * 2 * math.pi / 360
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread() -> Iterator[None]:
+    # Tiny batched forwards: intra-op threads only contend (10x slower on a busy 2-core box).
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def cartpole() -> Iterator[RolloutCollector]:
+    collector = RolloutCollector("CartPole-v1", {}, num_envs=3, seed=123)
+    yield collector
+    collector.close()
+
+
+def collect_many(collector: RolloutCollector, model, t_max: int, times: int) -> list[Rollout]:
+    return [collector.collect(model, t_max) for _ in range(times)]
+
+
+def cat(rollouts: list[Rollout], name: str) -> torch.Tensor:
+    return torch.cat([getattr(r, name) for r in rollouts])
+
+
+def test_cartpole_rollout_shapes(cartpole: RolloutCollector) -> None:
+    torch.manual_seed(0)
+    model = build_model("CartPole-v1", {}, [16])
+    r = cartpole.collect(model, t_max=7)
+    assert r.obs.shape == (7, 3, 4) and r.obs.dtype == torch.float32
+    assert r.actions.shape == (7, 3)
+    for name in ("rewards", "values", "terminated", "truncated", "valid"):
+        assert getattr(r, name).shape == (7, 3), name
+    for name in ("terminated", "truncated", "valid"):
+        assert getattr(r, name).dtype == torch.bool, name
+    assert r.last_value.shape == (3,)
+    # The first step after reset is a real transition for every sub-environment.
+    assert r.valid[0].all()
+    # values are V(obs) under the model that acted.
+    with torch.no_grad():
+        _, v = model(r.obs.reshape(-1, 4))
+    assert torch.allclose(r.values.reshape(-1), v, atol=1e-6)
+
+
+def test_cartpole_mask_rewards_and_episode_lengths(cartpole: RolloutCollector) -> None:
+    torch.manual_seed(0)
+    model = build_model("CartPole-v1", {}, [16])
+    rollouts = collect_many(cartpole, model, t_max=200, times=3)
+    valid, term = cat(rollouts, "valid"), cat(rollouts, "terminated")
+    trunc = cat(rollouts, "truncated")
+    rewards, obs = cat(rollouts, "rewards"), cat(rollouts, "obs")
+    episodes = [ep for r in rollouts for ep in r.episodes]
+    ended = term | trunc
+    steps, n = valid.shape
+    assert steps == 600 and n == 3
+
+    # Enough episodes ended in every sub-environment for the checks below to mean something.
+    assert (ended.sum(dim=0) >= 3).all(), ended.sum(dim=0)
+    assert not trunc.any()  # a random policy never lasts 500 steps
+
+    # valid is False exactly on the step after an episode end, also across rollout boundaries.
+    assert valid[0].all()
+    assert torch.equal(valid[1:], ~ended[:-1])
+    # Nothing happens on an autoreset step: no reward, no episode end.
+    assert (rewards[~valid] == 0).all()
+    assert not ended[~valid].any()
+    # CartPole pays 1 per real step.
+    assert (rewards[valid] == 1).all()
+    assert sum(r.num_steps for r in rollouts) == int(valid.sum())
+
+    # NEXT_STEP autoreset: the autoreset step observes the episode's final (failed) state.
+    for t, i in torch.nonzero(term[:-1]).tolist():
+        x, theta = obs[t + 1, i, 0].item(), obs[t + 1, i, 2].item()
+        assert abs(x) > X_LIMIT or abs(theta) > THETA_LIMIT, (t, i, x, theta)
+
+    # Episode lengths equal the count of valid steps of each episode, in order of their end.
+    expected: list[int] = []
+    counts = [0] * n
+    for t in range(steps):
+        for i in range(n):
+            counts[i] += int(valid[t, i])
+            if ended[t, i]:
+                expected.append(counts[i])
+                counts[i] = 0
+    assert [ep.length for ep in episodes] == expected
+    assert [ep.reward for ep in episodes] == [float(x) for x in expected]
+    assert all(ep.length >= 8 for ep in episodes)  # CartPole cannot fail faster
+
+
+def test_rollout_episode_stats_continue_across_rollouts(cartpole: RolloutCollector) -> None:
+    torch.manual_seed(1)
+    model = build_model("CartPole-v1", {}, [16])
+    short = collect_many(cartpole, model, t_max=3, times=40)
+    lengths = [ep.length for r in short for ep in r.episodes]
+    assert lengths, "no episode ended in 120 steps"
+    # Episodes are much longer than one 3-step rollout: their lengths add up over rollouts.
+    assert max(lengths) > 3
+    assert sum(lengths) <= sum(r.num_steps for r in short)
+
+
+def test_truncation_via_max_episode_steps() -> None:
+    collector = RolloutCollector("CartPole-v1", {"max_episode_steps": 5}, num_envs=2, seed=0)
+    try:
+        torch.manual_seed(0)
+        model = build_model("CartPole-v1", {"max_episode_steps": 5}, [16])
+        rollouts = collect_many(collector, model, t_max=10, times=3)
+    finally:
+        collector.close()
+    valid, term = cat(rollouts, "valid"), cat(rollouts, "terminated")
+    trunc = cat(rollouts, "truncated")
+    episodes = [ep for r in rollouts for ep in r.episodes]
+    # Five real steps, a truncation, one autoreset step: period 6.
+    expected_trunc = torch.zeros(30, 2, dtype=torch.bool)
+    expected_trunc[4::6] = True
+    expected_valid = torch.ones(30, 2, dtype=torch.bool)
+    expected_valid[5::6] = False
+    assert not term.any()
+    assert torch.equal(trunc, expected_trunc)
+    assert torch.equal(valid, expected_valid)
+    assert len(episodes) == 2 * 5
+    assert all(ep.length == 5 and ep.reward == 5.0 for ep in episodes)
+
+
+def test_pendulum_box_actions_are_clipped_for_the_env() -> None:
+    collector = RolloutCollector("Pendulum-v1", {}, num_envs=2, seed=0)
+    sent: list[np.ndarray] = []
+    step = collector.envs.step
+
+    def recording_step(actions: np.ndarray):
+        sent.append(np.array(actions, copy=True))
+        return step(actions)
+
+    collector.envs.step = recording_step  # type: ignore[method-assign]
+    try:
+        torch.manual_seed(0)
+        model = build_model("Pendulum-v1", {}, [16])
+        with torch.no_grad():
+            model.log_std.fill_(2.0)  # sigma = e^2 = 7.4: most samples fall outside [-2, 2]
+        r = collector.collect(model, t_max=20)
+    finally:
+        collector.close()
+    assert r.obs.shape == (20, 2, 3)
+    assert r.actions.shape == (20, 2, 1)
+    assert r.rewards.shape == (20, 2)
+    assert r.valid.all()  # Pendulum episodes last 200 steps
+    assert (r.rewards <= 0).all()
+    # The rollout keeps the sampled actions (their log-probabilities are what the loss needs)...
+    assert r.actions.abs().max().item() > 2.0
+    # ...while the environment only ever saw actions inside its bounds.
+    assert len(sent) == 20
+    stacked = np.stack(sent)
+    assert stacked.shape == (20, 2, 1)
+    assert stacked.min() >= -2.0 and stacked.max() <= 2.0
+    assert np.allclose(stacked, np.clip(r.actions.numpy(), -2.0, 2.0))
+
+
+def test_same_seed_same_rollout() -> None:
+    results = []
+    for _ in range(2):
+        collector = RolloutCollector("CartPole-v1", {}, num_envs=2, seed=42)
+        torch.manual_seed(5)
+        model = build_model("CartPole-v1", {}, [16])
+        results.append(collector.collect(model, t_max=30))
+        collector.close()
+    a, b = results
+    assert torch.equal(a.obs, b.obs)
+    assert torch.equal(a.actions, b.actions)
+    assert torch.equal(a.valid, b.valid)
