@@ -128,8 +128,8 @@ class MasterClient:
                 problem = f"{response.status_code}: {_detail(response)}"
             if time.monotonic() + delay > deadline:
                 raise MasterUnavailable(
-                    f"{method} {path} failed {attempt} times over {self.retry_deadline_s:.0f} s, "
-                    f"last: {problem}"
+                    f"the master at {self._http.base_url} is unreachable: {method} {path} failed "
+                    f"{attempt} times over {self.retry_deadline_s:g} s, last: {problem}"
                 )
             time.sleep(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, self.max_backoff_s)

@@ -1,4 +1,4 @@
-"""What the master and the workers share as HTTP services: the auth dependency, the body-size
+"""What the master and the workers share as HTTP services: the auth middleware, the body-size
 limit, readable validation errors and the health route. The services import this module, never
 each other.
 """
@@ -8,7 +8,6 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
-from collections.abc import Callable
 
 from fastapi import APIRouter, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,31 +26,58 @@ def is_loopback(host: str | None) -> bool:
         return host == "localhost"
 
 
-def make_auth(token: str | None) -> Callable[[Request], None]:
-    """A dependency enforcing API.md's rule: with a token, `Authorization: Bearer <token>`;
-    without one, loopback clients only."""
-    expected = token.encode() if token else None
-
-    def require_auth(request: Request) -> None:
-        if expected is not None:
-            scheme, _, given = request.headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), expected):
-                raise HTTPException(
-                    401,
-                    "missing or wrong token: send 'Authorization: Bearer <A3C_TOKEN>'",
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
-            return
-        client = request.client.host if request.client else None
-        if not is_loopback(client):
-            raise HTTPException(
-                403,
-                "A3C_TOKEN is not set, so only loopback clients are served: set the same "
-                "A3C_TOKEN on the master and every worker, and send "
-                "'Authorization: Bearer <token>'",
+def authorize(
+    token: str | None, authorization: str, client_host: str | None
+) -> HTTPException | None:
+    """API.md's rule: with a token, `Authorization: Bearer <token>` (compared in constant time);
+    without one, loopback clients only. Returns the error to answer with, or None."""
+    if token:
+        scheme, _, given = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), token.encode()
+        ):
+            return HTTPException(
+                401,
+                "missing or wrong token: send 'Authorization: Bearer <A3C_TOKEN>'",
+                headers={"WWW-Authenticate": "Bearer"},
             )
+        return None
+    if not is_loopback(client_host):
+        return HTTPException(
+            403,
+            "A3C_TOKEN is not set, so only loopback clients are served: set the same "
+            "A3C_TOKEN on the master and every worker, and send "
+            "'Authorization: Bearer <token>'",
+        )
+    return None
 
-    return require_auth
+
+class Auth:
+    """ASGI middleware enforcing `authorize` on every path and method but `GET /healthz`, before
+    routing or reading the body: an unauthorised request learns nothing but 401/403."""
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or (
+            scope["path"] == "/healthz" and scope["method"] in ("GET", "HEAD")
+        ):
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        client = scope.get("client")
+        problem = authorize(
+            self.token, headers.get("authorization", ""), client[0] if client else None
+        )
+        if problem is None:
+            await self.app(scope, receive, send)
+            return
+        response = JSONResponse(
+            {"detail": problem.detail}, status_code=problem.status_code, headers=problem.headers
+        )
+        await response(scope, receive, send)
 
 
 health_router = APIRouter()
@@ -143,8 +169,11 @@ def max_body_bytes() -> int:
     return int(raw)
 
 
-def install_common(app: FastAPI) -> None:
-    """Health route, body limit and the 422 format shared by both services."""
+def install_common(app: FastAPI, token: str | None) -> None:
+    """Health route, auth, body limit and the 422 format shared by both services."""
     app.include_router(health_router)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes())
+    # Added last, so it runs first: a request without the right token is refused before its body
+    # is read or its size is judged.
+    app.add_middleware(Auth, token=token)

@@ -100,8 +100,9 @@ class RunStore:
     def save(self, snap: Snapshot) -> None:
         with self._lock:
             atomic_write(self.path("config.json"), _json_bytes(snap.config))
-            atomic_write(self.path("weights.safetensors"), snap.weights)
-            atomic_write(self.path("optimizer.pt"), snap.optimizer)
+            if snap.weights:  # an idle master has counters but no network yet
+                atomic_write(self.path("weights.safetensors"), snap.weights)
+                atomic_write(self.path("optimizer.pt"), snap.optimizer)
             if snap.temporary:
                 self._save_temporary(snap.temporary)
             if snap.new_episodes:
@@ -123,8 +124,11 @@ class RunStore:
             return {}
         index = json.loads(index_path.read_text())
         folder = self.path("temporary")
-        return {wid: (folder / name).read_bytes() for name, wid in index.items()
-                if (folder / name).exists()}
+        return {
+            wid: (folder / name).read_bytes()
+            for name, wid in index.items()
+            if (folder / name).exists()
+        }
 
     def _append_episodes(self, rows: list[tuple]) -> None:
         path = self.path("episodes.csv")
@@ -144,8 +148,8 @@ class RunStore:
                 return None
             state = json.loads(self.path("state.json").read_text())
             config = json.loads(self.path("config.json").read_text())
-            weights = self.path("weights.safetensors").read_bytes()
-            optimizer = self.path("optimizer.pt").read_bytes()
+            weights = _read_or_empty(self.path("weights.safetensors"))
+            optimizer = _read_or_empty(self.path("optimizer.pt"))
             temporary = self._load_temporary()
             self._trim_episodes(int(state.get("global_episode", 0)))
         return Snapshot(config, state, weights, optimizer, [], temporary)
@@ -216,6 +220,10 @@ class RunStore:
                 shutil.move(str(extra), target / extra.name)
             _fsync_dir(self.dir)
             return target
+
+
+def _read_or_empty(path: Path) -> bytes:
+    return path.read_bytes() if path.exists() else b""
 
 
 def _json_bytes(obj: Any) -> bytes:

@@ -7,12 +7,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import torch
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from a3c_http.client import STOP_HEADER
 from a3c_http.config import Settings
-from a3c_http.service import install_common, make_auth
+from a3c_http.service import install_common
 from a3c_http.wire import WireError
 from master import routes_run, routes_seed, routes_weights
 from master.state import ClusterState, StateConflict
@@ -54,10 +54,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="a3c-http master", version="0.1.0", lifespan=lifespan)
     app.state.cluster = state
-    install_common(app)
-    auth = [Depends(make_auth(settings.token))]
+    install_common(app, settings.token)
     for module in (routes_seed, routes_weights, routes_run):
-        app.include_router(module.router, dependencies=auth)
+        app.include_router(module.router)
 
     @app.exception_handler(StateConflict)
     async def _conflict(request: Request, exc: StateConflict) -> JSONResponse:

@@ -17,8 +17,9 @@ class WorkerListError(ValueError):
     """workers.txt, or the `workers` of POST /train, holds something that is not a worker URL."""
 
 
-def normalize_url(entry: str) -> str:
-    """`host:port` or `http(s)://host:port` -> `http(s)://host:port`."""
+def normalize_url(entry: str, default_port: bool = False) -> str:
+    """`host:port` or `http(s)://host:port` -> `http(s)://host:port`. With `default_port`, a URL
+    without a port gets its scheme's (80 or 443)."""
     text = entry.strip()
     if "://" not in text:
         text = "http://" + text
@@ -29,6 +30,8 @@ def normalize_url(entry: str) -> str:
         port = parts.port
     except ValueError:
         raise WorkerListError(f"{entry!r}: the port is not a number from 1 to 65535") from None
+    if port is None and default_port:
+        port = 443 if parts.scheme == "https" else 80
     if not parts.hostname or port is None:
         raise WorkerListError(f"{entry!r}: expected host:port, e.g. 127.0.0.1:8001")
     if parts.path not in ("", "/") or parts.query:

@@ -26,9 +26,23 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
             if body.workers is not None
             else read_workers_file(settings.workers_file)
         )
-        master_url = normalize_url(body.master_url or settings.master_url or str(request.base_url))
     except WorkerListError as exc:
         raise HTTPException(422, str(exc)) from None
+    master_url, source = next(
+        (url, name)
+        for url, name in (
+            (body.master_url, "master_url"),
+            (settings.master_url, "A3C_MASTER_URL"),
+            (str(request.base_url), "the base URL of this request"),
+        )
+        if url
+    )
+    try:
+        if "://" not in master_url:
+            raise WorkerListError(f"{master_url!r}: expected a URL such as http://10.0.0.10:33333")
+        master_url = normalize_url(master_url, default_port=True)
+    except WorkerListError as exc:
+        raise HTTPException(422, f"{source}: {exc}") from None
     config = body.config()
     try:
         run_id, worker_ids = state.start_run(config, urls)
@@ -49,10 +63,10 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
 
 @router.post("/stop")
 def stop(state: State) -> dict[str, Any]:
-    if not state.finish("stopped by POST /stop"):
-        raise HTTPException(409, f"no run is running (state: {state.run_state})")
+    """Idempotent: `stopped` says whether this call ended a running run."""
+    stopped = state.finish("stopped by POST /stop")
     state.persist(force=True)
-    return {"data": {"run_id": state.run_id, "state": state.run_state}}
+    return {"data": {"run_id": state.run_id, "state": state.run_state, "stopped": stopped}}
 
 
 @router.get("/status")

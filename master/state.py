@@ -197,14 +197,20 @@ class ClusterState:
             running = time.monotonic() - self._running_since if self._running_since else 0.0
             return self._elapsed_before + running
 
-    def _check_run(self, run_id: str | None) -> None:
-        """Refuse worker messages that belong to another run or arrive after the end."""
-        if self.run_state == "idle":
-            raise StateConflict("no run has started: POST /train first", stop=True)
+    def _check_same_run(self, run_id: str | None) -> None:
+        """Refuse messages that name another run than the current one (a late worker of an
+        earlier run). Messages without a run id (curl, the seed's clients) belong to the current
+        run."""
         if run_id is not None and run_id != self.run_id:
             raise StateConflict(
                 f"run {run_id} is over; the current run is {self.run_id}", stop=True
             )
+
+    def _check_run(self, run_id: str | None) -> None:
+        """Refuse what only a running run can take (gradients, weights)."""
+        if self.run_state == "idle":
+            raise StateConflict("no run has started: POST /train first", stop=True)
+        self._check_same_run(run_id)
         if self.run_state != "running":
             raise StateConflict(f"run {self.run_id} is finished ({self.finish_reason})", stop=True)
 
@@ -215,9 +221,12 @@ class ClusterState:
     # -- registry ------------------------------------------------------------------------------
 
     def _touch(self, worker_id: str, url: str | None = None) -> WorkerRecord:
+        """Note that a worker was heard from. Only a running run brings a worker (back) to
+        `running`; after the end a late message must not make the run look busy again."""
         record = self.workers.get(worker_id)
         if record is None:
-            record = WorkerRecord(worker_id, url, "running", time.time())
+            state = "running" if self.run_state == "running" else "done"
+            record = WorkerRecord(worker_id, url, state, time.time())
             self.workers[worker_id] = record
         record.last_seen = time.time()
         if url:
@@ -227,8 +236,9 @@ class ClusterState:
         return record
 
     def worker_started(self, worker_id: str, url: str | None, run_id: str | None = None) -> None:
+        """Register a worker as running (an explicit registration counts in any state)."""
         with self._lock:
-            self._check_run(run_id)
+            self._check_same_run(run_id)
             record = self._touch(worker_id, url)
             record.state = "running"
             record.error = None
@@ -236,8 +246,7 @@ class ClusterState:
 
     def worker_done(self, worker_id: str, error: str | None, run_id: str | None = None) -> str:
         with self._lock:
-            if run_id is not None and run_id != self.run_id:
-                raise StateConflict(f"run {run_id} is over; the current run is {self.run_id}")
+            self._check_same_run(run_id)
             record = self._touch(worker_id)
             record.state = "failed" if error else "done"
             record.error = error
@@ -297,9 +306,11 @@ class ClusterState:
     def report_episode(
         self, worker_id: str, reward: float, length: int, run_id: str | None = None
     ) -> dict[str, Any]:
-        """Fold one finished episode into every statistic at once."""
+        """Fold one finished episode into every statistic at once. Accepted in any state of the
+        current run (an episode that ended just after the finish still happened); `stop` tells
+        the worker whether to go on."""
         with self._lock:
-            self._check_run(run_id)
+            self._check_same_run(run_id)
             stats = self.stats
             stats.global_episode += 1
             stats.global_steps += length
@@ -315,7 +326,7 @@ class ClusterState:
                 (stats.global_episode, worker_id, reward, length, round(time.time(), 3))
             )
             self._dirty = True
-            reason = self._finish_reason()
+            reason = self._finish_reason() if self.run_state == "running" else None
             if reason:
                 self.finish(reason)
             return {
@@ -470,10 +481,10 @@ class ClusterState:
 
     def put_weights(self, worker_id: str, body: bytes, temporary: bool) -> int:
         """A worker's weights: its temporary slot, or (temporary=False) the new global weights."""
-        self._require_model()
-        tensors = wire.decode(body, self._spec)
         with self._lock:
+            self._check_run(None)
             self._touch(worker_id)
+        tensors = wire.decode(body, self._spec)
         with self._model_lock:
             if temporary:
                 self.temporary[worker_id] = body
@@ -536,7 +547,7 @@ class ClusterState:
 
     def _snapshot(self, force: bool) -> Snapshot | None:
         with self._lock, self._model_lock:
-            if not (self._dirty or force) or self.run_id is None or self.model is None:
+            if not (self._dirty or force):
                 return None
             state = {
                 "run_id": self.run_id,
@@ -551,14 +562,17 @@ class ClusterState:
                 "updates_rejected": self.updates_rejected,
                 "saved_at": time.time(),
             }
-            buf = io.BytesIO()
-            torch.save(self.optimizer.state_dict(), buf)
-            weights, _ = self._weights_locked()
+            weights, optimizer = b"", b""
+            if self.model is not None:
+                buf = io.BytesIO()
+                torch.save(self.optimizer.state_dict(), buf)
+                weights, optimizer = self._weights_locked()[0], buf.getvalue()
+            config = self.config.model_dump() if self.config else {}
             snap = Snapshot(
-                config={"run_id": self.run_id, **self.config.model_dump()},
+                config={"run_id": self.run_id, **config},
                 state=state,
                 weights=weights,
-                optimizer=buf.getvalue(),
+                optimizer=optimizer,
                 new_episodes=self._pending_rows,
                 temporary=dict(self.temporary),
             )
@@ -572,7 +586,6 @@ class ClusterState:
             return
         config_data = dict(snap.config)
         config_data.pop("run_id", None)
-        self.config = TrainConfig(**config_data)
         state = snap.state
         self.run_id = state["run_id"]
         self.run_state = state["run_state"]
@@ -587,6 +600,10 @@ class ClusterState:
             if record.state in ACTIVE:
                 record.last_seen = now  # give every worker a full timeout to come back
             self.workers[record.worker_id] = record
+        self.temporary = dict(snap.temporary)
+        if not snap.weights:
+            return  # the state of an idle master: counters, no run
+        self.config = TrainConfig(**config_data)
         model = build_model(self.config.env_id, self.config.env_kwargs, self.config.hidden_sizes)
         model.load_state_dict(wire.decode(snap.weights, wire.spec_of(model)))
         optimizer_state = torch.load(io.BytesIO(snap.optimizer), weights_only=True)
@@ -594,4 +611,3 @@ class ClusterState:
         self.model_version = int(state.get("model_version", 0))
         self.updates_applied = int(state.get("updates_applied", 0))
         self.updates_rejected = int(state.get("updates_rejected", 0))
-        self.temporary = dict(snap.temporary)

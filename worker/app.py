@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from a3c_http.client import A3CError, MasterClient
 from a3c_http.config import TrainConfig
-from a3c_http.service import install_common, make_auth
+from a3c_http.service import install_common
 from worker.trainer import Progress, Trainer
 
 WorkerStatus = Literal["idle", "running", "stopping", "done", "failed"]
@@ -125,6 +125,7 @@ class WorkerService:
 def create_app(token: str | None = None) -> FastAPI:
     token = token if token is not None else (os.environ.get("A3C_TOKEN") or None)
     service = WorkerService(token)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
@@ -134,19 +135,18 @@ def create_app(token: str | None = None) -> FastAPI:
 
     app = FastAPI(title="a3c-http worker", version="0.1.0", lifespan=lifespan)
     app.state.worker = service
-    install_common(app)
-    auth = Depends(make_auth(token))
+    install_common(app, token)
 
-    @app.get("/status", dependencies=[auth])
+    @app.get("/status")
     def status() -> dict[str, Any]:
         return service.status()
 
-    @app.post("/start_worker", status_code=202, dependencies=[auth])
+    @app.post("/start_worker", status_code=202)
     def start_worker(body: StartIn, request: Request) -> dict[str, Any]:
         service.start(body, str(request.base_url).rstrip("/"))
         return {"data": {"worker_id": body.worker_id, "state": service.state}}
 
-    @app.post("/stop", status_code=202, dependencies=[auth])
+    @app.post("/stop", status_code=202)
     def stop() -> dict[str, Any]:
         service.stop()
         return {"data": {"state": service.state}}

@@ -1,0 +1,310 @@
+"""The worker's HTTP API, in-process through TestClient, checked against /work/shared/API.md.
+
+Training itself is replaced by a fake `worker.app.Trainer` where a test needs a worker that stays
+running; the master it reports to is a closed loopback port, so every call to it fails fast.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+import worker.app as worker_app
+from worker.app import create_app
+
+LOOPBACK = ("127.0.0.1", 50000)
+REMOTE = ("10.1.2.3", 5)
+STATUS_FIELDS = {
+    "state",
+    "worker_id",
+    "master_url",
+    "episodes",
+    "steps",
+    "last_reward",
+    "steps_per_s",
+    "error",
+}
+ROUTES = [("GET", "/status"), ("POST", "/start_worker"), ("POST", "/stop")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(
+    c: TestClient, predicate: Callable[[dict[str, Any]], bool], timeout_s: float = 15.0
+) -> dict[str, Any]:
+    """Poll GET /status until `predicate` holds; fail with the last status at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = c.get("/status")
+        assert r.status_code == 200, r.text
+        status = r.json()
+        if predicate(status):
+            return status
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout_s} s; last status: {status}")
+        time.sleep(0.02)  # polling interval, not synchronisation
+
+
+def wait_until(condition: Callable[[], Any], timeout_s: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (result := condition()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout_s} s")
+        time.sleep(0.01)  # polling interval, not synchronisation
+    return result
+
+
+@contextmanager
+def worker(
+    token: str | None = None, client: tuple[str, int] = LOOPBACK, **kwargs: Any
+) -> Iterator[TestClient]:
+    with TestClient(create_app(token=token), client=client, **kwargs) as c:
+        yield c
+
+
+def start_body(master_port: int, **overrides: Any) -> dict[str, Any]:
+    return {"master_url": f"http://127.0.0.1:{master_port}", "worker_id": "w1", **overrides}
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("A3C_TOKEN", "A3C_MAX_BODY_BYTES"):
+        monkeypatch.delenv(name, raising=False)
+    # The master of these tests is never there: give up on it quickly.
+    monkeypatch.setenv("A3C_MASTER_RETRY_S", "0.5")
+
+
+@pytest.fixture
+def client() -> Iterator[TestClient]:
+    with worker() as c:
+        yield c
+
+
+class FakeTrainer:
+    """Stands in for worker.trainer.Trainer: reports some progress, then blocks until stopped."""
+
+    instances: list[FakeTrainer] = []
+
+    def __init__(self, config, client, worker_id, worker_url, stop_event, progress) -> None:
+        self.config = config
+        self.worker_id = worker_id
+        self.stop_event = stop_event
+        self.progress = progress
+        self.running = threading.Event()
+        FakeTrainer.instances.append(self)
+
+    def run(self) -> None:
+        self.progress.episodes = 3
+        self.progress.steps = 120
+        self.progress.last_reward = 42.0
+        self.progress.steps_per_s = 99.5
+        self.running.set()
+        if not self.stop_event.wait(30):
+            raise RuntimeError("FakeTrainer was never stopped")
+
+
+@pytest.fixture
+def fake_trainer(monkeypatch: pytest.MonkeyPatch) -> type[FakeTrainer]:
+    monkeypatch.setattr(FakeTrainer, "instances", [])
+    monkeypatch.setattr(worker_app, "Trainer", FakeTrainer)
+    return FakeTrainer
+
+
+# -- health and status -----------------------------------------------------------------------
+
+
+def test_healthz(client: TestClient) -> None:
+    r = client.get("/healthz")
+    assert r.status_code == 200
+    assert r.json() == {"status": "ok"}
+
+
+def test_status_idle(client: TestClient) -> None:
+    r = client.get("/status")
+    assert r.status_code == 200
+    status = r.json()
+    assert set(status) >= STATUS_FIELDS
+    assert status["state"] == "idle"
+    assert status["worker_id"] is None and status["master_url"] is None
+    assert status["episodes"] == 0 and status["steps"] == 0
+    assert status["last_reward"] is None and status["error"] is None
+
+
+def test_stop_while_idle_is_202_and_stays_idle(client: TestClient) -> None:
+    r = client.post("/stop")
+    assert r.status_code == 202
+    assert client.get("/status").json()["state"] == "idle"
+
+
+# -- start_worker ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"worker_id": "w1"}, "master_url"),
+        ({"master_url": "http://127.0.0.1:1"}, "worker_id"),
+        ({"master_url": "ftp://127.0.0.1:1", "worker_id": "w1"}, "master_url"),
+        ({"master_url": "http://127.0.0.1:1", "worker_id": "w 1"}, "worker_id"),
+        ({"master_url": "http://127.0.0.1:1", "worker_id": "w1", "bogus": 1}, "bogus"),
+        ({"master_url": "http://127.0.0.1:1", "worker_id": "w1", "config": {"lr": -1}}, "lr"),
+        (
+            {
+                "master_url": "http://127.0.0.1:1",
+                "worker_id": "w1",
+                "config": {"env_id": "NoSuchEnv-v9"},
+            },
+            "env_id",
+        ),
+    ],
+)
+def test_start_worker_bad_body_is_422(client: TestClient, body: dict, field: str) -> None:
+    r = client.post("/start_worker", json=body)
+    assert r.status_code == 422, r.text
+    assert field in r.json()["detail"]
+    assert client.get("/status").json()["state"] == "idle"
+
+
+def test_start_worker_non_finite_config_is_422(client: TestClient) -> None:
+    r = client.post(
+        "/start_worker",
+        content=b'{"master_url": "http://127.0.0.1:1", "worker_id": "w1", "config": {"lr": NaN}}',
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 422
+    assert client.get("/status").json()["state"] == "idle"
+
+
+def test_unreachable_master_fails_the_worker(client: TestClient) -> None:
+    port = free_port()
+    r = client.post("/start_worker", json=start_body(port, worker_id="w7"))
+    assert r.status_code == 202, r.text
+    assert r.json()["data"]["worker_id"] == "w7"
+    status = wait_for(client, lambda s: s["state"] not in ("running", "stopping"))
+    assert status["state"] == "failed"
+    assert status["worker_id"] == "w7"
+    assert status["master_url"] == f"http://127.0.0.1:{port}"
+    assert status["error"]
+    assert "worker_started" in status["error"]  # the call that could not reach the master
+    # A failed worker can be started again.
+    again = client.post("/start_worker", json=start_body(port, worker_id="w8"))
+    assert again.status_code == 202
+    assert wait_for(client, lambda s: s["state"] == "failed")["worker_id"] == "w8"
+
+
+def test_unreachable_master_error_mentions_the_master(client: TestClient) -> None:
+    port = free_port()
+    assert client.post("/start_worker", json=start_body(port)).status_code == 202
+    status = wait_for(client, lambda s: s["state"] == "failed")
+    error = status["error"].lower()
+    assert "master" in error or f"127.0.0.1:{port}" in error, status["error"]
+
+
+def test_second_start_while_running_is_409_and_stop_ends_it(
+    client: TestClient, fake_trainer: type[FakeTrainer]
+) -> None:
+    port = free_port()
+    body = start_body(port, config={"lr": 0.005, "num_envs": 2}, run_id="run-1")
+    r = client.post("/start_worker", json=body)
+    assert r.status_code == 202, r.text
+    assert r.json()["data"]["state"] == "running"
+    (trainer,) = wait_until(lambda: fake_trainer.instances)
+    assert trainer.running.wait(10), "the trainer thread never ran"
+    assert trainer.worker_id == "w1"
+    assert trainer.config.lr == 0.005 and trainer.config.num_envs == 2
+
+    status = client.get("/status").json()
+    assert status["state"] == "running"
+    assert status["master_url"] == f"http://127.0.0.1:{port}"
+    assert (status["episodes"], status["steps"], status["last_reward"]) == (3, 120, 42.0)
+    assert status["steps_per_s"] == 99.5
+
+    second = client.post("/start_worker", json=start_body(port, worker_id="w2"))
+    assert second.status_code == 409
+    assert "running" in second.json()["detail"]
+    assert len(fake_trainer.instances) == 1
+    assert client.get("/status").json()["worker_id"] == "w1"
+
+    stop = client.post("/stop")
+    assert stop.status_code == 202
+    assert stop.json()["data"]["state"] in ("stopping", "done")
+    assert trainer.stop_event.is_set()
+    status = wait_for(client, lambda s: s["state"] not in ("running", "stopping"))
+    assert status["state"] == "done"
+    assert status["error"] is None
+    assert status["episodes"] == 3
+
+    # Done: the slot is free for the next run.
+    third = client.post("/start_worker", json=start_body(port, worker_id="w3"))
+    assert third.status_code == 202
+    wait_until(lambda: len(fake_trainer.instances) == 2)
+    client.post("/stop")
+    assert wait_for(client, lambda s: s["state"] == "done")["worker_id"] == "w3"
+
+
+def test_trainer_exception_fails_the_worker(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Exploding(FakeTrainer):
+        def run(self) -> None:
+            raise RuntimeError("environment exploded")
+
+    monkeypatch.setattr(worker_app, "Trainer", Exploding)
+    assert client.post("/start_worker", json=start_body(free_port())).status_code == 202
+    status = wait_for(client, lambda s: s["state"] == "failed")
+    assert "environment exploded" in status["error"]
+    assert "RuntimeError" in status["error"]
+
+
+# -- auth ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method_path", ROUTES)
+def test_token_is_required(method_path: tuple[str, str]) -> None:
+    method, path = method_path
+    with worker(token="s3cret") as c:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret"}):
+            r = c.request(method, path, headers=headers)
+            assert r.status_code == 401, (headers, r.text)
+            assert r.headers.get("www-authenticate") == "Bearer"
+        assert c.get("/status").status_code == 401
+        assert c.get("/healthz").status_code == 200
+
+
+def test_right_token_is_served_from_anywhere(fake_trainer: type[FakeTrainer]) -> None:
+    auth = {"Authorization": "Bearer s3cret"}
+    with worker(token="s3cret", client=REMOTE, headers=auth) as c:
+        assert c.get("/status").json()["state"] == "idle"
+        r = c.post("/start_worker", json=start_body(free_port()))
+        assert r.status_code == 202
+        assert c.post("/stop").status_code == 202
+        wait_for(c, lambda s: s["state"] == "done")
+
+
+def test_token_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("A3C_TOKEN", "from-env")
+    with worker(token=None) as c:
+        assert c.get("/status").status_code == 401
+        ok = c.get("/status", headers={"Authorization": "Bearer from-env"})
+        assert ok.status_code == 200
+
+
+@pytest.mark.parametrize("method_path", ROUTES)
+def test_without_token_remote_clients_get_403(method_path: tuple[str, str]) -> None:
+    method, path = method_path
+    with worker(client=REMOTE) as c:
+        r = c.request(method, path)
+        assert r.status_code == 403
+        assert "A3C_TOKEN" in r.json()["detail"]
+        assert c.get("/healthz").status_code == 200
