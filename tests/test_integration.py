@@ -56,8 +56,11 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
             assert not p.running(), f"{p.app} on port {p.port} is still running"
 
 
-def test_short_run_adds_up_and_every_process_ends(cluster: LocalCluster) -> None:
-    reply = cluster.http.post(f"{cluster.master.url}/train", json=SHORT_RUN)
+@pytest.mark.parametrize("sync_mode", ["gradients", "best_weights"])
+def test_short_run_adds_up_and_every_process_ends(cluster: LocalCluster, sync_mode: str) -> None:
+    reply = cluster.http.post(
+        f"{cluster.master.url}/train", json={**SHORT_RUN, "sync_mode": sync_mode}
+    )
     assert reply.status_code == 202, reply.text
     assert all(w["started"] for w in reply.json()["data"]["workers"])
 
@@ -82,7 +85,7 @@ def test_short_run_adds_up_and_every_process_ends(cluster: LocalCluster) -> None
 
     # The global weights moved away from the seeded initial weights and are finite.
     response = cluster.http.get(f"{cluster.master.url}/global_model_weights")
-    config = TrainConfig(**SHORT_RUN)
+    config = TrainConfig(**SHORT_RUN, sync_mode=sync_mode)
     with torch.random.fork_rng():
         torch.manual_seed(config.seed)
         initial = build_model(config.env_id, config.env_kwargs, config.hidden_sizes)
