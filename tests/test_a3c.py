@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -14,14 +12,6 @@ from a3c_http.model import ActorCritic
 
 F = torch.float64
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> Iterator[None]:
-    # Tiny tensors: intra-op threads only contend on a busy machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 # compute_advantages turns the episode flags into float32, so gamma * lambda is rounded to float32

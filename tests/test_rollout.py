@@ -17,14 +17,6 @@ X_LIMIT = 2.4
 THETA_LIMIT = 12 * 2 * math.pi / 360
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> Iterator[None]:
-    # Tiny batched forwards: intra-op threads only contend (10x slower on a busy 2-core box).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture
 def cartpole() -> Iterator[RolloutCollector]:
