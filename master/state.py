@@ -341,14 +341,11 @@ class ClusterState:
         cfg, stats = self.config, self.stats
         if cfg is None:
             return None
-        mean = stats.mean_return_100()
-        if (
-            cfg.target_return is not None
-            and len(stats.last100) == 100
-            and mean is not None
-            and (mean >= cfg.target_return)
-        ):
-            return f"solved: mean return of the last 100 episodes {mean:.1f} >= {cfg.target_return}"
+        if self.solved():
+            return (
+                f"solved: mean return of the last 100 episodes {stats.mean_return_100():.1f} "
+                f">= {cfg.target_return}"
+            )
         if cfg.max_episodes is not None and stats.global_episode >= cfg.max_episodes:
             return f"max_episodes={cfg.max_episodes} reached"
         if cfg.max_steps is not None and stats.global_steps >= cfg.max_steps:
@@ -356,14 +353,13 @@ class ClusterState:
         return None
 
     def solved(self) -> bool:
+        """The mean return of the last 100 episodes reached the target (100 episodes needed)."""
         with self._lock:
-            mean = self.stats.mean_return_100()
             target = self.config.target_return if self.config else None
             return (
                 target is not None
                 and len(self.stats.last100) == 100
-                and mean is not None
-                and mean >= target
+                and self.stats.mean_return_100() >= target
             )
 
     def _push_queue(self, value: float) -> None:

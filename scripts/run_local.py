@@ -11,6 +11,7 @@ started is ended, also on Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -125,6 +126,12 @@ def main() -> int:
         )
         cluster.start()
         reply = cluster.train(**overrides)
+        if reply.status_code == 409:
+            # The run folder holds a run left running (an earlier quickstart was killed): the
+            # master resumed it; end it (it is archived) and start the new one.
+            print(f"note: {reply.json()['detail']}; stopping that run and starting a new one")
+            cluster.http.post(f"{cluster.master.url}/stop")
+            reply = cluster.train(**overrides)
         if reply.status_code != 202:
             print(f"error: POST /train answered {reply.status_code}: {reply.text}", file=sys.stderr)
             return 2
@@ -159,6 +166,10 @@ def main() -> int:
         print(f"error: {exc}", file=sys.stderr)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if cluster.master.running():
+            # Leave the run folder finished, not "running" for the next master to resume.
+            with contextlib.suppress(httpx.HTTPError):
+                cluster.http.post(f"{cluster.master.url}/stop", timeout=10)
         cluster.close()
     try:
         print(f"reward plot: {plot(args.run_dir)}")

@@ -1,0 +1,146 @@
+"""Benchmark: latency of the exchanges a worker makes, against a real master on loopback, next to
+the compute they wrap (a rollout and its gradients), with the default network.
+
+    .venv/bin/python scripts/bench_http.py [--n 300]
+
+Prints the median and 90th percentile of each, in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from a3c_http import wire  # noqa: E402
+from a3c_http.a3c import a3c_loss, compute_advantages, gradients  # noqa: E402
+from a3c_http.client import MasterClient  # noqa: E402
+from a3c_http.config import TrainConfig  # noqa: E402
+from a3c_http.localcluster import LocalCluster  # noqa: E402
+from a3c_http.model import build_model  # noqa: E402
+from a3c_http.rollout import RolloutCollector  # noqa: E402
+
+
+def timed(fn, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        started = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - started) * 1000)
+    return out
+
+
+def report(name: str, ms: list[float]) -> None:
+    q = statistics.quantiles(ms, n=10)
+    print(f"{name:<34} median {statistics.median(ms):7.2f} ms   p90 {q[-1]:7.2f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=300, help="repetitions of each exchange")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    # A day-long heartbeat timeout: the stand-in worker below never heart-beats.
+    cfg = TrainConfig(seed=0, max_steps=None, target_return=1e9, heartbeat_timeout_s=86_400)
+    with tempfile.TemporaryDirectory(prefix="a3c-bench-") as tmp, stand_in_worker() as worker:
+        # This process plays the worker; the stand-in only accepts POST /start_worker.
+        cluster = LocalCluster(Path(tmp) / "run", Path(tmp) / "logs", workers=[])
+        try:
+            cluster.start()
+            body = {**cfg.model_dump(), "workers": [worker]}
+            reply = cluster.http.post(f"{cluster.master.url}/train", json=body)
+            reply.raise_for_status()
+            run_id = reply.json()["data"]["run_id"]
+            model = build_model(cfg.env_id, cfg.env_kwargs, cfg.hidden_sizes)
+            spec = wire.spec_of(model)
+            collector = RolloutCollector(cfg.env_id, cfg.env_kwargs, cfg.num_envs, 0)
+            rollout = collector.collect(model, cfg.t_max)
+
+            def learn():
+                adv, ret = compute_advantages(
+                    rollout.rewards,
+                    rollout.values,
+                    rollout.last_value,
+                    rollout.terminated,
+                    rollout.truncated,
+                    rollout.valid,
+                    cfg.gamma,
+                    cfg.gae_lambda,
+                )
+                loss = a3c_loss(
+                    model,
+                    rollout.obs,
+                    rollout.actions,
+                    adv,
+                    ret,
+                    rollout.valid,
+                    cfg.value_coef,
+                    cfg.entropy_coef,
+                )
+                return gradients(model, loss.total, cfg.max_grad_norm)
+
+            grads = learn()
+            print(
+                f"model: {sum(p.numel() for p in model.parameters()):,} parameters, "
+                f"{len(wire.encode(grads)):,} bytes on the wire; rollout of "
+                f"{cfg.t_max} x {cfg.num_envs} steps"
+            )
+            report("rollout (compute)", timed(lambda: collector.collect(model, cfg.t_max), args.n))
+            report("loss + gradients (compute)", timed(learn, args.n))
+            report(
+                "encode + decode (safetensors)",
+                timed(lambda: wire.decode(wire.encode(grads), spec), args.n),
+            )
+            with MasterClient(cluster.master.url, run_id=run_id) as client:
+                report("GET /healthz", timed(client.healthz, args.n))
+                report("POST /episode", timed(lambda: client.episode("bench", 10.0, 10), args.n))
+                report("GET /global_model_weights", timed(lambda: client.get_weights(spec), args.n))
+                version = [client.get_weights(spec).version]
+
+                def push() -> None:
+                    version[0] = client.push_gradients("bench", version[0], grads, spec).version
+
+                report("POST /gradients (round trip)", timed(push, args.n))
+            collector.close()
+        finally:
+            cluster.close()
+
+
+@contextlib.contextmanager
+def stand_in_worker() -> Iterator[str]:
+    """A loopback HTTP server that answers 202 to everything: a worker that never trains."""
+
+    class Accept(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(202)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Accept)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+if __name__ == "__main__":
+    main()
