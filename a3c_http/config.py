@@ -52,7 +52,7 @@ class TrainConfig(BaseModel):
         1.0, ge=0, le=1, description="GAE lambda; 1.0 gives plain n-step returns as in A3C."
     )
     t_max: int = Field(8, ge=1, le=10_000, description="Steps per environment in one rollout.")
-    entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
+    entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
     value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
     max_grad_norm: float = Field(
         0.5, gt=0, description="Gradients are clipped to this global L2 norm before they are sent."
