@@ -51,6 +51,9 @@ class HeartbeatIn(BaseModel):
     steps: int | None = Field(None, ge=0)
     steps_per_s: Finite | None = Field(None, ge=0)
     last_reward: Finite | None = None
+    metrics: dict[Annotated[str, Field(max_length=64)], Finite] | None = Field(
+        None, max_length=32, description="train/policy_loss, train/entropy, time/fps, ..."
+    )
 
 
 class EpisodeIn(Strict):

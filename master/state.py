@@ -53,6 +53,7 @@ class WorkerRecord:
     steps_per_s: float | None = None
     last_reward: float | None = None
     error: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
 
     def public(self, now: float) -> dict[str, Any]:
         out = asdict(self)
@@ -259,7 +260,7 @@ class ClusterState:
             if self.should_stop(run_id):
                 return True
             record = self._touch(worker_id)
-            for key in ("steps_per_s", "last_reward"):
+            for key in ("steps_per_s", "last_reward", "metrics"):
                 if stats.get(key) is not None:
                     setattr(record, key, stats[key])
             self._dirty = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -81,6 +82,13 @@ def test_short_run_adds_up_and_every_process_ends(cluster: LocalCluster, sync_mo
     assert sum(w["episodes"] for w in workers) == status["global_episode"] >= 40
     assert sum(w["steps"] for w in workers) == status["global_steps"]
     assert all(w["episodes"] > 0 for w in workers), "both workers took part"
+    for w in workers:
+        metrics = w["metrics"]
+        names = {"train/policy_loss", "train/value_loss", "train/entropy", "time/fps",
+                 "rollout/ep_rew_mean"}
+        assert names <= set(metrics), metrics
+        assert all(math.isfinite(v) for v in metrics.values()), metrics
+        assert 0 < metrics["train/entropy"] <= math.log(2) + 1e-6  # two actions
     assert status["updates_applied"] > 0 and status["model_version"] == status["updates_applied"]
 
     # The global weights moved away from the seeded initial weights and are finite.

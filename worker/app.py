@@ -114,6 +114,7 @@ class WorkerService:
             "last_reward": p.last_reward,
             "steps_per_s": p.steps_per_s,
             "error": self.error,
+            "metrics": {k: round(v, 6) for k, v in p.metrics.items()},
             "time": {
                 "rollout_s": round(p.time_rollout_s, 3),
                 "learn_s": round(p.time_learn_s, 3),

@@ -12,6 +12,7 @@ import os
 import threading
 import time
 import zlib
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -37,6 +38,9 @@ class Progress:
     time_rollout_s: float = 0.0
     time_learn_s: float = 0.0
     time_http_s: float = 0.0
+    # The latest training metrics under the names SB3 and TensorBoard users chart.
+    metrics: dict[str, float] = field(default_factory=dict)
+    recent_returns: deque = field(default_factory=lambda: deque(maxlen=100))
 
 
 class _Stop(Exception):
@@ -129,8 +133,14 @@ class Trainer:
             improved = improved or bool(reply["improved"])
             if reply["stop"]:
                 raise _Stop
-        elapsed = time.monotonic() - self.progress.started_at
-        self.progress.steps_per_s = round(self.progress.steps / elapsed, 1) if elapsed else None
+        p = self.progress
+        p.recent_returns.extend(ep.reward for ep in rollout.episodes)
+        elapsed = time.monotonic() - p.started_at
+        p.steps_per_s = round(p.steps / elapsed, 1) if elapsed else None
+        if p.recent_returns:
+            p.metrics["rollout/ep_rew_mean"] = sum(p.recent_returns) / len(p.recent_returns)
+        if p.steps_per_s is not None:
+            p.metrics["time/fps"] = p.steps_per_s
         return improved
 
     def _loss(self, model: ActorCritic, rollout: Rollout):
@@ -145,7 +155,7 @@ class Trainer:
             cfg.gamma,
             cfg.gae_lambda,
         )
-        return a3c_loss(
+        loss = a3c_loss(
             model,
             rollout.obs,
             rollout.actions,
@@ -155,6 +165,8 @@ class Trainer:
             cfg.value_coef,
             cfg.entropy_coef,
         )
+        self.progress.metrics.update(loss.as_floats())
+        return loss
 
     def _push_gradients(self, model: ActorCritic, rollout: Rollout, spec: wire.Spec) -> None:
         started = time.monotonic()
@@ -190,6 +202,7 @@ class Trainer:
             steps=p.steps,
             steps_per_s=p.steps_per_s,
             last_reward=p.last_reward,
+            metrics=p.metrics,
         )
         if stop:
             raise _Stop
