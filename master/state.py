@@ -154,7 +154,8 @@ class ClusterState:
         with self._lock, self._model_lock:
             if self.run_state == "running":
                 raise StateConflict(f"run {self.run_id} is running: POST /stop it first")
-            if self.run_id is not None:
+            earlier_run = self.run_id is not None
+            if earlier_run:
                 self.store.archive(self.run_id)
             self.run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
             self.config = config
@@ -171,7 +172,9 @@ class ClusterState:
             }
             self._pending_rows = []
             self._set_model(model, optimizer_state=None)
-            self.model_version = 0
+            # Versions go on rising across the runs of a run folder, so a version (or an ETag a
+            # client cached) from an earlier run never names the new run's weights.
+            self.model_version += 1 if earlier_run else 0
             self.updates_applied = 0
             self.updates_rejected = 0
             self.temporary = {}
@@ -275,9 +278,11 @@ class ClusterState:
                 self._dirty = True
 
     def check_liveness(self) -> None:
-        """Mark workers silent past the heartbeat timeout as lost; finish a run nobody runs."""
+        """Mark workers silent past the heartbeat timeout as lost (also after the end of a run:
+        a worker that never said it stopped must not look active for ever); finish a run that
+        nobody runs any more."""
         with self._lock:
-            if self.run_state != "running" or self.config is None:
+            if self.config is None:
                 return
             now = time.time()
             for record in self.workers.values():
