@@ -18,7 +18,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from a3c_http.config import TrainConfig
 from a3c_http.model import ActorCritic
+from a3c_http.rollout import Rollout
 
 
 def compute_advantages(
@@ -95,6 +97,30 @@ def a3c_loss(
     value_loss = (returns.reshape(-1)[mask].detach() - values).pow(2).mean()
     total = policy_loss + value_coef * value_loss - entropy_coef * entropy
     return LossTerms(total, policy_loss.detach(), value_loss.detach(), entropy.detach())
+
+
+def rollout_loss(model: ActorCritic, rollout: Rollout, cfg: TrainConfig) -> LossTerms:
+    """The loss of one collected rollout under `cfg`'s coefficients."""
+    advantages, returns = compute_advantages(
+        rollout.rewards,
+        rollout.values,
+        rollout.last_value,
+        rollout.terminated,
+        rollout.truncated,
+        rollout.valid,
+        cfg.gamma,
+        cfg.gae_lambda,
+    )
+    return a3c_loss(
+        model,
+        rollout.obs,
+        rollout.actions,
+        advantages,
+        returns,
+        rollout.valid,
+        cfg.value_coef,
+        cfg.entropy_coef,
+    )
 
 
 def gradients(

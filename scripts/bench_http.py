@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from a3c_http import wire  # noqa: E402
-from a3c_http.a3c import a3c_loss, compute_advantages, gradients  # noqa: E402
+from a3c_http.a3c import gradients, rollout_loss  # noqa: E402
 from a3c_http.client import MasterClient  # noqa: E402
 from a3c_http.config import TrainConfig  # noqa: E402
 from a3c_http.localcluster import LocalCluster  # noqa: E402
@@ -68,28 +68,8 @@ def main() -> None:
             collector = RolloutCollector(cfg.env_id, cfg.env_kwargs, cfg.num_envs, 0)
             rollout = collector.collect(model, cfg.t_max)
 
-            def learn():
-                adv, ret = compute_advantages(
-                    rollout.rewards,
-                    rollout.values,
-                    rollout.last_value,
-                    rollout.terminated,
-                    rollout.truncated,
-                    rollout.valid,
-                    cfg.gamma,
-                    cfg.gae_lambda,
-                )
-                loss = a3c_loss(
-                    model,
-                    rollout.obs,
-                    rollout.actions,
-                    adv,
-                    ret,
-                    rollout.valid,
-                    cfg.value_coef,
-                    cfg.entropy_coef,
-                )
-                return gradients(model, loss.total, cfg.max_grad_norm)
+            def learn() -> dict[str, torch.Tensor]:
+                return gradients(model, rollout_loss(model, rollout, cfg).total, cfg.max_grad_norm)
 
             grads = learn()
             print(

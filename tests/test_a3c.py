@@ -382,3 +382,26 @@ def test_gradients_are_copies() -> None:
     model.zero_grad(set_to_none=False)
     for name in grads:
         assert torch.equal(grads[name], snapshot[name])
+
+
+def test_rollout_loss_is_the_loss_of_the_rollouts_advantages() -> None:
+    from a3c_http.a3c import rollout_loss
+    from a3c_http.config import TrainConfig
+    from a3c_http.model import build_model
+    from a3c_http.rollout import RolloutCollector
+
+    cfg = TrainConfig(seed=0, num_envs=2, t_max=30, gae_lambda=0.9, entropy_coef=0.05)
+    torch.manual_seed(0)
+    model = build_model(cfg.env_id, cfg.env_kwargs, cfg.hidden_sizes)
+    collector = RolloutCollector(cfg.env_id, cfg.env_kwargs, cfg.num_envs, seed=0)
+    try:
+        r = collector.collect(model, cfg.t_max)
+    finally:
+        collector.close()
+    adv, ret = compute_advantages(r.rewards, r.values, r.last_value, r.terminated, r.truncated,
+                                  r.valid, cfg.gamma, cfg.gae_lambda)
+    expected = a3c_loss(model, r.obs, r.actions, adv, ret, r.valid, cfg.value_coef,
+                        cfg.entropy_coef)
+    got = rollout_loss(model, r, cfg)
+    assert torch.allclose(got.total, expected.total)
+    assert torch.allclose(got.entropy, expected.entropy)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from a3c_http import wire
-from a3c_http.a3c import a3c_loss, compute_advantages, gradients
+from a3c_http.a3c import LossTerms, gradients, rollout_loss
 from a3c_http.client import Conflict, MasterClient
 from a3c_http.config import TrainConfig
 from a3c_http.model import ActorCritic, build_model
@@ -143,28 +143,8 @@ class Trainer:
             p.metrics["time/fps"] = p.steps_per_s
         return improved
 
-    def _loss(self, model: ActorCritic, rollout: Rollout):
-        cfg = self.config
-        advantages, returns = compute_advantages(
-            rollout.rewards,
-            rollout.values,
-            rollout.last_value,
-            rollout.terminated,
-            rollout.truncated,
-            rollout.valid,
-            cfg.gamma,
-            cfg.gae_lambda,
-        )
-        loss = a3c_loss(
-            model,
-            rollout.obs,
-            rollout.actions,
-            advantages,
-            returns,
-            rollout.valid,
-            cfg.value_coef,
-            cfg.entropy_coef,
-        )
+    def _loss(self, model: ActorCritic, rollout: Rollout) -> LossTerms:
+        loss = rollout_loss(model, rollout, self.config)
         self.progress.metrics.update(loss.as_floats())
         return loss
 
