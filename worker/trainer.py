@@ -8,6 +8,7 @@ and it adopts newer global weights (another worker's best) at each heartbeat.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -19,7 +20,7 @@ import torch
 
 from a3c_http import wire
 from a3c_http.a3c import LossTerms, gradients, rollout_loss
-from a3c_http.client import Conflict, MasterClient
+from a3c_http.client import Conflict, MasterClient, Weights
 from a3c_http.config import TrainConfig
 from a3c_http.model import ActorCritic, build_model
 from a3c_http.rollout import Rollout, RolloutCollector
@@ -67,6 +68,11 @@ class Trainer:
 
     def run(self) -> None:
         """Train until told to stop. Raises on failure; the caller reports it."""
+        # _Stop: the master ended the run, or this worker's /stop: a clean end.
+        with contextlib.suppress(_Stop):
+            self._train()
+
+    def _train(self) -> None:
         cfg = self.config
         torch.set_num_threads(int(os.environ.get("A3C_TORCH_THREADS", "1")))
         seed = ((cfg.seed or 0) + zlib.crc32(self.worker_id.encode())) % 2**31
@@ -95,8 +101,6 @@ class Trainer:
                 if time.monotonic() - last_heartbeat >= cfg.heartbeat_interval_s:
                     last_heartbeat = time.monotonic()
                     self._heartbeat(model, spec)
-        except _Stop:
-            pass
         finally:
             collector.close()
 
@@ -113,7 +117,7 @@ class Trainer:
         finally:
             self.progress.time_http_s += time.monotonic() - started
 
-    def _load(self, model: ActorCritic, weights: wire.Weights | None) -> None:
+    def _load(self, model: ActorCritic, weights: Weights | None) -> None:
         if weights is None:
             return
         model.load_state_dict(weights.tensors)
