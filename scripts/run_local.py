@@ -35,9 +35,14 @@ def _fmt(value: float | None, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def progress_line(status: dict) -> str:
+def progress_line(status: dict, previous: dict | None) -> str:
+    """One line of progress; the rate is measured between this status and the previous one."""
+    rate = 0.0
+    if previous is not None:
+        dt = status["elapsed_s"] - previous["elapsed_s"]
+        if dt > 0:
+            rate = (status["global_steps"] - previous["global_steps"]) / dt
     workers = status.get("workers", [])
-    rate = sum(w.get("steps_per_s") or 0 for w in workers if w.get("state") == "running")
     states: dict[str, int] = {}
     for w in workers:
         states[w["state"]] = states.get(w["state"], 0) + 1
@@ -144,6 +149,7 @@ def main() -> int:
             )
         started = time.monotonic()
         status = cluster.status()
+        previous = status
         while status["state"] == "running":
             if time.monotonic() - started > args.time_cap:
                 print(f"time cap of {args.time_cap:.0f} s reached: stopping the run")
@@ -151,7 +157,8 @@ def main() -> int:
                 break
             time.sleep(args.every)
             status = cluster.status()
-            print(progress_line(status), flush=True)
+            print(progress_line(status, previous), flush=True)
+            previous = status
         status = cluster.status()
         solved = bool(status["solved"])
         print(f"run finished: {status.get('finish_reason')}")

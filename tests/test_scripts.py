@@ -1,0 +1,40 @@
+"""The quickstart's progress line and the reward plot, on made-up data."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from scripts.plot_rewards import plot
+from scripts.run_local import progress_line
+
+
+def status(elapsed: float, steps: int, **extra: object) -> dict:
+    return {
+        "elapsed_s": elapsed, "global_episode": 12, "global_steps": steps,
+        "mean_return_100": 41.5, "best_score": 120.0, "updates_applied": 33,
+        "workers": [{"state": "running"}, {"state": "running"}, {"state": "lost"}], **extra,
+    }
+
+
+def test_progress_line_measures_the_rate_between_two_statuses() -> None:
+    line = progress_line(status(12.0, 30_000), status(10.0, 20_000))
+    assert "env steps/s   5,000" in line
+    assert "mean100   41.5" in line and "best  120" in line
+    assert "workers: 1 lost, 2 running" in line
+    assert "env steps/s       0" in progress_line(status(1.0, 0), None)
+
+
+def test_plot_writes_a_png_with_every_episode(tmp_path: Path) -> None:
+    with (tmp_path / "episodes.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["global_episode", "worker_id", "reward", "length", "time"])
+        for i in range(1, 151):
+            writer.writerow([i, f"w{i % 2 + 1}", float(i), i, 1000.0 + i])
+    (tmp_path / "config.json").write_text(json.dumps({"env_id": "CartPole-v1",
+                                                     "target_return": 475.0}))
+    out = plot(tmp_path)
+    assert out == tmp_path / "rewards.png"
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out.stat().st_size > 10_000
