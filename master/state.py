@@ -17,8 +17,7 @@ import io
 import threading
 import time
 import uuid
-from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any, Literal
 
 import torch
@@ -27,11 +26,9 @@ from a3c_http import wire
 from a3c_http.config import Settings, TrainConfig
 from a3c_http.model import ActorCritic, build_model
 from a3c_http.store import RunStore, Snapshot
+from master.records import ACTIVE, Stats, WorkerRecord
 
 RunState = Literal["idle", "running", "finished"]
-WorkerState = Literal["starting", "running", "done", "lost", "failed"]
-ACTIVE = ("starting", "running")
-MOVING_AVERAGE_DECAY = 0.99
 
 
 class StateConflict(Exception):
@@ -40,75 +37,6 @@ class StateConflict(Exception):
     def __init__(self, message: str, stop: bool = False) -> None:
         super().__init__(message)
         self.stop = stop
-
-
-@dataclass
-class WorkerRecord:
-    worker_id: str
-    url: str | None
-    state: WorkerState
-    last_seen: float  # wall clock, so it survives a restart
-    episodes: int = 0
-    steps: int = 0
-    steps_per_s: float | None = None
-    last_reward: float | None = None
-    error: str | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-
-    def public(self, now: float) -> dict[str, Any]:
-        out = asdict(self)
-        del out["last_seen"]
-        out["last_seen_s"] = round(max(0.0, now - self.last_seen), 3)
-        return out
-
-
-@dataclass
-class Stats:
-    """The run's counters: all guarded by ClusterState._lock."""
-
-    global_episode: int = 0
-    global_steps: int = 0
-    best_score: float | None = None
-    moving_average: float | None = None
-    last100: deque = field(default_factory=lambda: deque(maxlen=100))
-    queue: deque = field(default_factory=deque)
-    queue_dropped: int = 0
-
-    def fold_average(self, reward: float) -> float:
-        if self.moving_average is None:
-            self.moving_average = reward
-        else:
-            self.moving_average = (
-                MOVING_AVERAGE_DECAY * self.moving_average + (1 - MOVING_AVERAGE_DECAY) * reward
-            )
-        return self.moving_average
-
-    def raise_best(self, score: float) -> bool:
-        if self.best_score is None or score > self.best_score:
-            self.best_score = score
-            return True
-        return False
-
-    def mean_return_100(self) -> float | None:
-        return sum(self.last100) / len(self.last100) if self.last100 else None
-
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["last100"] = list(self.last100)
-        out["queue"] = list(self.queue)
-        return out
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Stats:
-        return cls(
-            global_episode=int(data.get("global_episode", 0)),
-            global_steps=int(data.get("global_steps", 0)),
-            best_score=data.get("best_score"),
-            moving_average=data.get("moving_average"),
-            last100=deque(data.get("last100", []), maxlen=100),
-            queue=deque(data.get("queue", [])),
-            queue_dropped=int(data.get("queue_dropped", 0)),
-        )
 
 
 class ClusterState:
@@ -184,16 +112,24 @@ class ClusterState:
         return run_id, worker_ids
 
     def finish(self, reason: str) -> bool:
-        """End the running run (idempotent); workers learn it at their next exchange."""
+        """End the running run (idempotent) and persist it; workers learn it at their next
+        exchange."""
         with self._lock:
-            if self.run_state != "running":
-                return False
-            self._elapsed_before = self.elapsed_s()
-            self._running_since = None
-            self.run_state = "finished"
-            self.finish_reason = reason
-            self._dirty = True
-        self.persist()
+            finished = self._finish_locked(reason)
+        if finished:
+            self.persist()
+        return finished
+
+    def _finish_locked(self, reason: str) -> bool:
+        """The state change of `finish`, for callers that hold `_lock`; they persist after
+        releasing it, so no file is written under the lock."""
+        if self.run_state != "running":
+            return False
+        self._elapsed_before = self.elapsed_s()
+        self._running_since = None
+        self.run_state = "finished"
+        self.finish_reason = reason
+        self._dirty = True
         return True
 
     def elapsed_s(self) -> float:
@@ -255,8 +191,11 @@ class ClusterState:
             record.state = "failed" if error else "done"
             record.error = error
             self._dirty = True
-            self._finish_if_no_worker_left()
-            return record.state
+            finished = self._finish_if_no_worker_left()
+            worker_state = record.state
+        if finished:
+            self.persist()
+        return worker_state
 
     def heartbeat(self, worker_id: str, stats: dict[str, Any], run_id: str | None = None) -> bool:
         with self._lock:
@@ -295,13 +234,14 @@ class ClusterState:
                         f"(heartbeat_timeout_s={self.config.heartbeat_timeout_s})"
                     )
                     self._dirty = True
-            self._finish_if_no_worker_left()
+            finished = self._finish_if_no_worker_left()
+        if finished:
+            self.persist()
 
-    def _finish_if_no_worker_left(self) -> None:
-        if self.run_state == "running" and not any(
-            r.state in ACTIVE for r in self.workers.values()
-        ):
-            self.finish("no worker is running any more")
+    def _finish_if_no_worker_left(self) -> bool:
+        if any(r.state in ACTIVE for r in self.workers.values()):
+            return False
+        return self._finish_locked("no worker is running any more")
 
     def active_workers(self) -> int:
         with self._lock:
@@ -333,15 +273,17 @@ class ClusterState:
             )
             self._dirty = True
             reason = self._finish_reason() if self.run_state == "running" else None
-            if reason:
-                self.finish(reason)
-            return {
+            finished = bool(reason) and self._finish_locked(reason)
+            reply = {
                 "global_episode": stats.global_episode,
                 "moving_average": average,
                 "best_score": stats.best_score,
                 "improved": improved,
                 "stop": self.run_state != "running",
             }
+        if finished:
+            self.persist()
+        return reply
 
     def _finish_reason(self) -> str | None:
         cfg, stats = self.config, self.stats
