@@ -75,8 +75,12 @@ def test_short_run_adds_up_and_every_process_ends(cluster: LocalCluster, sync_mo
         return statuses if all(s["state"] == "done" for s in statuses) else None
 
     workers = wait_for(workers_done, 60, "both workers to be done")
-    master_view = {w["worker_id"]: w for w in cluster.status()["workers"]}
-    assert {w["state"] for w in master_view.values()} == {"done"}
+    # ...and each then tells the master, whose registry shows them done.
+    wait_for(
+        lambda: {w["state"] for w in cluster.status()["workers"]} == {"done"},
+        30,
+        "the master to see both workers done",
+    )
 
     # The episodes the workers had accepted add up to the global count, and so do the steps.
     assert sum(w["episodes"] for w in workers) == status["global_episode"] >= 40

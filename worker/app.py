@@ -80,6 +80,10 @@ class WorkerService:
         except Exception as exc:  # an environment or model error: report it, keep serving
             error = f"{type(exc).__name__}: {exc}"
             traceback.print_exc()
+        # Our own state first: whoever sees the master's record of this end must see ours too.
+        with self._lock:
+            self.state = "failed" if error else "done"
+            self.error = error
         try:
             client.retry_deadline_s = min(retry_s, 10.0)
             client.worker_done(body.worker_id, error)
@@ -87,9 +91,6 @@ class WorkerService:
             pass  # the master is gone or the run is over: nothing else to tell
         finally:
             client.close()
-        with self._lock:
-            self.state = "failed" if error else "done"
-            self.error = error
 
     def stop(self) -> None:
         with self._lock:
