@@ -132,11 +132,6 @@ class ServiceProcess:
                 self.proc.wait(timeout=10)
         return self.proc.returncode
 
-    def kill(self) -> None:
-        if self.running():
-            self.signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
 
 class LocalCluster:
     """A master and workers on this host, each its own uvicorn process. `workers` are the

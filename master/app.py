@@ -75,6 +75,9 @@ def __getattr__(name: str) -> FastAPI:
     # tools) has no side effects such as creating the run folder.
     if name == "app":
         global app
-        app = create_app()
+        try:
+            app = create_app()
+        except ValueError as exc:  # a bad setting: say which, without a traceback
+            raise SystemExit(f"a3c-http master: {exc}") from None
         return app
     raise AttributeError(name)

@@ -381,10 +381,6 @@ class ClusterState:
         with self._model_lock:
             return self._weights_locked()
 
-    def version(self) -> int:
-        with self._model_lock:
-            return self.model_version
-
     def apply_gradients(
         self, worker_id: str, version: int, body: bytes, run_id: str | None = None
     ) -> tuple[bytes, int]:

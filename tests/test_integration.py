@@ -13,7 +13,7 @@ import torch
 
 from a3c_http import wire
 from a3c_http.config import TrainConfig
-from a3c_http.localcluster import LocalCluster, free_port
+from a3c_http.localcluster import LocalCluster, ServiceProcess, free_port
 from a3c_http.model import build_model
 from a3c_http.store import RunStore
 
@@ -165,3 +165,24 @@ def test_a_module_outside_the_allowlist_is_refused(cluster: LocalCluster) -> Non
     assert reply.status_code == 422
     assert "A3C_ENV_MODULES" in reply.json()["detail"]
     assert cluster.status()["state"] == "idle"
+
+
+@pytest.mark.parametrize(
+    ("app", "env", "message"),
+    [
+        ("master.app:app", {"A3C_PERSIST_INTERVAL_S": "abc"}, "A3C_PERSIST_INTERVAL_S='abc'"),
+        ("worker.app:app", {"A3C_MAX_BODY_BYTES": "12"}, "A3C_MAX_BODY_BYTES='12'"),
+    ],
+)
+def test_a_bad_setting_stops_the_service_with_a_message_not_a_traceback(
+    tmp_path: Path, app: str, env: dict, message: str
+) -> None:
+    proc = ServiceProcess(app, free_port(), tmp_path / "out.log", env=env).start()
+    try:
+        wait_for(lambda: not proc.running(), 30, "the service to refuse to start")
+    finally:
+        proc.stop()
+    log = (tmp_path / "out.log").read_text()
+    assert proc.proc.returncode == 1
+    assert message in log
+    assert "Traceback" not in log

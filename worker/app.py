@@ -160,6 +160,9 @@ def __getattr__(name: str) -> FastAPI:
     # `uvicorn worker.app:app` builds the app on first access (no side effects on import).
     if name == "app":
         global app
-        app = create_app()
+        try:
+            app = create_app()
+        except ValueError as exc:  # a bad setting: say which, without a traceback
+            raise SystemExit(f"a3c-http worker: {exc}") from None
         return app
     raise AttributeError(name)
