@@ -93,16 +93,26 @@ class RunStore:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = FileLock(str(self.dir / ".a3c.lock"), timeout=30)
+        # Digest of what this store last wrote to each path: a periodic save skips the files that
+        # did not change (config.json, idle temporary slots), sparing their fsyncs.
+        self._written: dict[Path, bytes] = {}
 
     def path(self, name: str) -> Path:
         return self.dir / name
 
+    def _write(self, path: Path, data: bytes) -> None:
+        digest = hashlib.sha256(data).digest()
+        if self._written.get(path) == digest and path.exists():
+            return
+        atomic_write(path, data)
+        self._written[path] = digest
+
     def save(self, snap: Snapshot) -> None:
         with self._lock:
-            atomic_write(self.path("config.json"), _json_bytes(snap.config))
+            self._write(self.path("config.json"), _json_bytes(snap.config))
             if snap.weights:  # an idle master has counters but no network yet
-                atomic_write(self.path("weights.safetensors"), snap.weights)
-                atomic_write(self.path("optimizer.pt"), snap.optimizer)
+                self._write(self.path("weights.safetensors"), snap.weights)
+                self._write(self.path("optimizer.pt"), snap.optimizer)
             if snap.temporary:
                 self._save_temporary(snap.temporary)
             if snap.new_episodes:
@@ -115,8 +125,8 @@ class RunStore:
         folder = self.path("temporary")
         index = {_slot_file(worker_id): worker_id for worker_id in slots}
         for name, worker_id in index.items():
-            atomic_write(folder / name, slots[worker_id])
-        atomic_write(folder / "index.json", _json_bytes(index))
+            self._write(folder / name, slots[worker_id])
+        self._write(folder / "index.json", _json_bytes(index))
 
     def _load_temporary(self) -> dict[str, bytes]:
         index_path = self.path("temporary") / "index.json"
@@ -216,6 +226,7 @@ class RunStore:
             target.mkdir(parents=True, exist_ok=True)
             for name in present:
                 os.replace(self.path(name), target / name)
+            self._written.clear()
             for extra in self.dir.glob("*.png"):
                 shutil.move(str(extra), target / extra.name)
             _fsync_dir(self.dir)

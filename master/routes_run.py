@@ -28,15 +28,12 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
         )
     except WorkerListError as exc:
         raise HTTPException(422, str(exc)) from None
-    master_url, source = next(
-        (url, name)
-        for url, name in (
-            (body.master_url, "master_url"),
-            (settings.master_url, "A3C_MASTER_URL"),
-            (str(request.base_url), "the base URL of this request"),
-        )
-        if url
-    )
+    if body.master_url:
+        master_url, source = body.master_url, "master_url"
+    elif settings.master_url:
+        master_url, source = settings.master_url, "A3C_MASTER_URL"
+    else:
+        master_url, source = str(request.base_url), "the base URL of this request"
     try:
         if "://" not in master_url:
             raise WorkerListError(f"{master_url!r}: expected a URL such as http://10.0.0.10:33333")
@@ -63,9 +60,8 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
 
 @router.post("/stop")
 def stop(state: State) -> dict[str, Any]:
-    """Idempotent: `stopped` says whether this call ended a running run."""
+    """Idempotent: `stopped` says whether this call ended a running run (and persisted it)."""
     stopped = state.finish("stopped by POST /stop")
-    state.persist(force=True)
     return {"data": {"run_id": state.run_id, "state": state.run_state, "stopped": stopped}}
 
 

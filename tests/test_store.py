@@ -204,3 +204,23 @@ def test_temporary_slots_keep_their_worker_ids(tmp_path: Path) -> None:
     loaded = rs.load()
     assert loaded is not None
     assert loaded.temporary == temporary
+
+
+def test_a_periodic_save_rewrites_only_what_changed(tmp_path: Path) -> None:
+    rs = RunStore(tmp_path)
+    rs.save(snapshot(1, temporary={"w1": b"slot-a", "w2": b"slot-b"}))
+    inode = {name: (tmp_path / name).stat().st_ino
+             for name in ("config.json", "weights.safetensors", "state.json")}
+    slots = {p.name: p.stat().st_ino for p in (tmp_path / "temporary").iterdir()}
+
+    changed = snapshot(2, temporary={"w1": b"slot-a", "w2": b"slot-c"})
+    changed.weights = b"new-weights"
+    rs.save(changed)
+    assert (tmp_path / "config.json").stat().st_ino == inode["config.json"]  # unchanged
+    assert (tmp_path / "weights.safetensors").stat().st_ino != inode["weights.safetensors"]
+    assert (tmp_path / "state.json").stat().st_ino != inode["state.json"]
+    after = {p.name: p.stat().st_ino for p in (tmp_path / "temporary").iterdir()}
+    assert sum(after[n] != slots[n] for n in slots) == 1  # only w2's slot was rewritten
+    loaded = RunStore(tmp_path).load()
+    assert loaded.weights == b"new-weights"
+    assert loaded.temporary == {"w1": b"slot-a", "w2": b"slot-c"}
