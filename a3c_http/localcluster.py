@@ -37,7 +37,12 @@ def port_in_use(host: str, port: int) -> bool:
 
 
 class ServiceProcess:
-    """One `uvicorn <app>` process on host:port, its output in a log file."""
+    """One `uvicorn <app>` process on host:port, its output in a log file.
+
+    `wrapper`, when given, is prepended to the command, e.g. `["ip", "netns", "exec", "ns1"]` to
+    run the service in a network namespace. It must exec the command (not fork it), so that the
+    pid this class signals stays the uvicorn process's.
+    """
 
     def __init__(
         self,
@@ -47,9 +52,11 @@ class ServiceProcess:
         host: str = "127.0.0.1",
         env: dict[str, str] | None = None,
         token: str | None = None,
+        wrapper: list[str] | None = None,
     ) -> None:
         self.app = app
         self.host = host
+        self.wrapper = list(wrapper or [])
         self.port = port
         self.log_path = Path(log_path)
         self.token = token
@@ -66,6 +73,7 @@ class ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         cmd = [
+            *self.wrapper,
             sys.executable,
             "-m",
             "uvicorn",
