@@ -12,11 +12,14 @@ The error hierarchy (everything a caller needs to catch is an `A3CError`)::
         └── Conflict           409: stale gradients, or a run that is not in the right state
 
 Retries: connection errors, timeouts and 5xx are retried with exponential backoff and jitter until
-`retry_deadline_s` has passed since the first attempt; 4xx are never retried.
+`retry_deadline_s` has passed since the first attempt; 4xx are never retried. Episode reports,
+gradients and weights carry `X-A3C-Seq`, a number that rises with each call and stays the same on
+its retries, so a retry of a request whose reply was lost is not counted twice by the master.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from collections.abc import Mapping
@@ -60,6 +63,8 @@ class Conflict(MasterRejected):
 
 
 STOP_HEADER = "X-A3C-Stop"
+SEQ_HEADER = "X-A3C-Seq"
+DUPLICATE_HEADER = "X-A3C-Duplicate"
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,7 @@ class Weights:
     tensors: dict[str, torch.Tensor]
     version: int
     stop: bool = False
+    duplicate: bool = False  # a retry of gradients the master had applied already
 
 
 def _detail(response: httpx.Response) -> str:
@@ -100,6 +106,11 @@ class MasterClient:
         self.retry_deadline_s = retry_deadline_s
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
+        self._seq = itertools.count(1)
+        self.retries = 0  # attempts beyond the first, over the client's life
+
+    def _seq_header(self) -> dict[str, str]:
+        return {SEQ_HEADER: str(next(self._seq))}
 
     def close(self) -> None:
         self._http.close()
@@ -133,6 +144,7 @@ class MasterClient:
                 )
             time.sleep(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, self.max_backoff_s)
+            self.retries += 1
 
     @staticmethod
     def _check(response: httpx.Response) -> httpx.Response:
@@ -186,7 +198,7 @@ class MasterClient:
 
     def episode(self, worker_id: str, reward: float, length: int) -> dict[str, Any]:
         body = {"worker_id": worker_id, "reward": reward, "length": length, "run_id": self.run_id}
-        return self._json("POST", "/episode", json=body)["data"]
+        return self._json("POST", "/episode", json=body, headers=self._seq_header())["data"]
 
     # -- tensors --------------------------------------------------------------------------------
 
@@ -201,7 +213,12 @@ class MasterClient:
             tensors = wire.decode(response.content, spec)
         except wire.WireError as exc:
             raise ProtocolError(f"the master's weights do not fit this model: {exc}") from exc
-        return Weights(tensors, version, stop=response.headers.get(STOP_HEADER) == "1")
+        return Weights(
+            tensors,
+            version,
+            stop=response.headers.get(STOP_HEADER) == "1",
+            duplicate=response.headers.get(DUPLICATE_HEADER) == "1",
+        )
 
     def get_weights(self, spec: wire.Spec, if_not_version: int | None = None) -> Weights | None:
         """The global weights, or None when they are still at `if_not_version`."""
@@ -224,6 +241,7 @@ class MasterClient:
                 "Content-Type": wire.CONTENT_TYPE,
                 "X-Worker-Id": worker_id,
                 wire.VERSION_HEADER: str(version),
+                **self._seq_header(),
                 **({"X-Run-Id": self.run_id} if self.run_id else {}),
             },
         )
@@ -237,7 +255,7 @@ class MasterClient:
             "/local_model_weights",
             params={"worker_id": worker_id, "temporary": str(temporary).lower()},
             content=wire.encode(tensors),
-            headers={"Content-Type": wire.CONTENT_TYPE},
+            headers={"Content-Type": wire.CONTENT_TYPE, **self._seq_header()},
         )
 
     def best_score(self) -> float | None:

@@ -8,10 +8,17 @@
     temporary/               each worker's temporary weights slot (index.json: file -> worker)
     archive/<run_id>/        earlier runs of this folder, moved aside by a new POST /train
 
-Every whole-file write goes to a temporary file, is fsynced and then `os.replace`d, so a kill at
-any moment leaves the old or the new version of each file, never a torn one. `episodes.csv` is
-appended; a torn last line, or rows newer than `state.json`, are dropped on load so the history
-always matches the counters. All of it happens under a filelock, so two processes never interleave.
+A save is all or nothing, so a kill at any moment leaves the previous snapshot or the new one,
+never a torn file nor a mix of the two (new weights with old counters):
+
+1. every changed file is written to `<name>.pending`, fsynced;
+2. `commit.json`, the list of those files, is written atomically: the snapshot is now committed;
+3. each `<name>.pending` is renamed over `<name>`, then `commit.json` is removed.
+
+A load that finds `commit.json` finishes step 3 first (roll forward); pending files without it are
+an unfinished save and are deleted (roll back). `episodes.csv` is appended before the commit; a torn
+last line, or rows newer than `state.json`, are dropped on load so the history always matches the
+counters. All of it happens under a filelock, so two processes never interleave.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ RUN_FILES = (
     "episodes.csv",
     "temporary",
 )
+COMMIT = "commit.json"
+PENDING = ".pending"
 
 
 @dataclass
@@ -80,6 +89,10 @@ def atomic_write(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
+def _pending(path: Path) -> Path:
+    return path.with_name(path.name + PENDING)
+
+
 def _slot_file(worker_id: str) -> str:
     return hashlib.sha256(worker_id.encode()).hexdigest()[:24] + ".safetensors"
 
@@ -100,33 +113,66 @@ class RunStore:
     def path(self, name: str) -> Path:
         return self.dir / name
 
-    def _write(self, path: Path, data: bytes) -> None:
+    def _stage(self, staged: dict[Path, bytes], path: Path, data: bytes) -> None:
+        """Write `data` to `<path>.pending` unless `path` already holds exactly these bytes."""
         digest = hashlib.sha256(data).digest()
         if self._written.get(path) == digest and path.exists():
             return
-        atomic_write(path, data)
-        self._written[path] = digest
+        pending = _pending(path)
+        pending.parent.mkdir(parents=True, exist_ok=True)
+        with pending.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        staged[path] = digest
 
     def save(self, snap: Snapshot) -> None:
         with self._lock:
-            self._write(self.path("config.json"), _json_bytes(snap.config))
+            staged: dict[Path, bytes] = {}
+            self._stage(staged, self.path("config.json"), _json_bytes(snap.config))
             if snap.weights:  # an idle master has counters but no network yet
-                self._write(self.path("weights.safetensors"), snap.weights)
-                self._write(self.path("optimizer.pt"), snap.optimizer)
+                self._stage(staged, self.path("weights.safetensors"), snap.weights)
+                self._stage(staged, self.path("optimizer.pt"), snap.optimizer)
             if snap.temporary:
-                self._save_temporary(snap.temporary)
+                self._stage_temporary(staged, snap.temporary)
+            self._stage(staged, self.path("state.json"), _json_bytes(snap.state))
+            # The rows go first: state.json, once committed, says how far the history goes.
             if snap.new_episodes:
                 self._append_episodes(snap.new_episodes)
-            # state.json last: it is what says how far the history goes.
-            atomic_write(self.path("state.json"), _json_bytes(snap.state))
+            for folder in {path.parent for path in staged}:
+                _fsync_dir(folder)
+            names = [str(path.relative_to(self.dir)) for path in staged]
+            atomic_write(self.path(COMMIT), _json_bytes(names))  # the commit point
+            self._apply_commit(names)
+            for path, digest in staged.items():
+                self._written[path] = digest
 
-    def _save_temporary(self, slots: dict[str, bytes]) -> None:
+    def _apply_commit(self, names: list[str]) -> None:
+        """Step 3: move the committed pending files into place (idempotent), drop the record."""
+        for name in names:
+            path = self.dir / name
+            if _pending(path).exists():
+                os.replace(_pending(path), path)
+        for folder in {(self.dir / name).parent for name in names}:
+            _fsync_dir(folder)
+        self.path(COMMIT).unlink(missing_ok=True)
+        _fsync_dir(self.dir)
+
+    def _recover(self) -> None:
+        """Finish a committed save, or throw away an unfinished one (see the module docstring)."""
+        commit = self.path(COMMIT)
+        if commit.exists():
+            self._apply_commit(json.loads(commit.read_text()))
+        for stray in self.dir.rglob("*" + PENDING):
+            stray.unlink(missing_ok=True)
+
+    def _stage_temporary(self, staged: dict[Path, bytes], slots: dict[str, bytes]) -> None:
         # File names come from a hash (worker ids may hold ':' or '/'); index.json maps them back.
         folder = self.path("temporary")
         index = {_slot_file(worker_id): worker_id for worker_id in slots}
         for name, worker_id in index.items():
-            self._write(folder / name, slots[worker_id])
-        self._write(folder / "index.json", _json_bytes(index))
+            self._stage(staged, folder / name, slots[worker_id])
+        self._stage(staged, folder / "index.json", _json_bytes(index))
 
     def _load_temporary(self) -> dict[str, bytes]:
         index_path = self.path("temporary") / "index.json"
@@ -154,6 +200,7 @@ class RunStore:
     def load(self) -> Snapshot | None:
         """The last persisted state, or None for a folder that holds no run."""
         with self._lock:
+            self._recover()
             if not self.path("state.json").exists():
                 return None
             state = json.loads(self.path("state.json").read_text())

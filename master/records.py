@@ -24,6 +24,10 @@ class WorkerRecord:
     last_reward: float | None = None
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    # The highest X-A3C-Seq of an episode report taken from this worker, and how many retries of
+    # requests already taken were answered without being counted again.
+    last_seq: int = 0
+    duplicates: int = 0
 
     def public(self, now: float) -> dict[str, Any]:
         out = asdict(self)

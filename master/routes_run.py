@@ -12,7 +12,7 @@ from a3c_http.model import UnsupportedSpace
 from master.deps import State
 from master.launcher import WorkerListError, normalize_url, parse_workers, read_workers_file
 from master.launcher import start_workers as launch
-from master.schemas import EpisodeIn, HeartbeatIn, TrainIn
+from master.schemas import EpisodeIn, HeartbeatIn, Seq, TrainIn
 
 router = APIRouter(tags=["run"])
 
@@ -77,5 +77,6 @@ def heartbeat(body: HeartbeatIn, state: State) -> dict[str, Any]:
 
 
 @router.post("/episode")
-def episode(body: EpisodeIn, state: State) -> dict[str, Any]:
-    return {"data": state.report_episode(body.worker_id, body.reward, body.length, body.run_id)}
+def episode(body: EpisodeIn, state: State, x_a3c_seq: Seq = None) -> dict[str, Any]:
+    reply = state.report_episode(body.worker_id, body.reward, body.length, body.run_id, x_a3c_seq)
+    return {"data": reply}

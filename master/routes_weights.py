@@ -7,10 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from a3c_http.client import STOP_HEADER
+from a3c_http.client import DUPLICATE_HEADER
 from a3c_http.wire import CONTENT_TYPE, VERSION_HEADER
 from master.deps import State
-from master.schemas import WorkerId
+from master.schemas import Seq, WorkerId
 
 router = APIRouter(tags=["weights"])
 
@@ -20,10 +20,10 @@ _TENSOR_BODY = {
 }
 
 
-def _weights_response(body: bytes, version: int, stop: bool = False) -> Response:
+def _weights_response(body: bytes, version: int, duplicate: bool = False) -> Response:
     headers = {VERSION_HEADER: str(version), "ETag": f'"{version}"'}
-    if stop:
-        headers[STOP_HEADER] = "1"
+    if duplicate:
+        headers[DUPLICATE_HEADER] = "1"
     return Response(body, media_type=CONTENT_TYPE, headers=headers)
 
 
@@ -54,10 +54,13 @@ async def local_model_weights(
     state: State,
     worker_id: Annotated[WorkerId, Query()],
     temporary: Annotated[bool, Query()] = False,
+    x_a3c_seq: Seq = None,
 ) -> dict:
     body = await request.body()
-    version = await run_in_threadpool(state.put_weights, worker_id, body, temporary)
-    return {"data": {"model_version": version, "temporary": temporary}}
+    version, duplicate = await run_in_threadpool(
+        state.put_weights, worker_id, body, temporary, x_a3c_seq
+    )
+    return {"data": {"model_version": version, "temporary": temporary, "duplicate": duplicate}}
 
 
 @router.post(
@@ -72,9 +75,10 @@ async def gradients(
     x_worker_id: Annotated[WorkerId, Header()],
     x_model_version: Annotated[int, Header(ge=0)],
     x_run_id: Annotated[str | None, Header(max_length=64)] = None,
+    x_a3c_seq: Seq = None,
 ) -> Response:
     body = await request.body()
-    weights, version = await run_in_threadpool(
-        state.apply_gradients, x_worker_id, x_model_version, body, x_run_id
+    weights, version, duplicate = await run_in_threadpool(
+        state.apply_gradients, x_worker_id, x_model_version, body, x_run_id, x_a3c_seq
     )
-    return _weights_response(weights, version)
+    return _weights_response(weights, version, duplicate)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+from fastapi import Header
 from pydantic import BaseModel, ConfigDict, Field
 
 from a3c_http.config import TrainConfig
@@ -12,6 +13,12 @@ from a3c_http.config import TrainConfig
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 WorkerId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/-]+$")]
 RunId = Annotated[str | None, Field(None, max_length=64)]
+# X-A3C-Seq: a worker's own rising number for its episode reports, gradients and weights; a retry
+# keeps the number of its first attempt, so the master never counts it twice.
+Seq = Annotated[
+    int | None,
+    Header(ge=1, le=2**62, description="The worker's rising request number; retries keep it."),
+]
 
 
 class Strict(BaseModel):

@@ -9,6 +9,13 @@ Two locks, so that episode reports never wait behind an optimizer step:
 
 When both are needed, `_lock` is taken first. Persistence takes a snapshot under the locks and
 writes it outside them (see `a3c_http.store`).
+
+Retries are never counted twice. A worker numbers its episode reports, gradients and weights with
+one rising sequence number (`X-A3C-Seq`) and a retry keeps the number of the first attempt. The
+master remembers, per worker, the last number it counted: an episode under `_lock`, an update under
+`_model_lock`, checked and recorded in the same critical section as the change itself. A retry of
+a request already taken (its reply was lost) is answered without counting it again; a retry of a
+refused request is judged again and refused again.
 """
 
 from __future__ import annotations
@@ -65,6 +72,10 @@ class ClusterState:
         self.updates_rejected = 0
         self._encoded: tuple[int, bytes] | None = None
         self.temporary: dict[str, bytes] = {}
+        # The last X-A3C-Seq of an update applied for each worker (guarded by _model_lock), and
+        # the reply to each worker's last counted episode report (guarded by _lock).
+        self._update_seq: dict[str, int] = {}
+        self._episode_replies: dict[str, tuple[int, dict[str, Any]]] = {}
 
         self._restore()
 
@@ -106,6 +117,8 @@ class ClusterState:
             self.updates_applied = 0
             self.updates_rejected = 0
             self.temporary = {}
+            self._update_seq = {}
+            self._episode_replies = {}
             self._dirty = True
             run_id = self.run_id
         self.persist()
@@ -250,13 +263,22 @@ class ClusterState:
     # -- statistics ----------------------------------------------------------------------------
 
     def report_episode(
-        self, worker_id: str, reward: float, length: int, run_id: str | None = None
+        self,
+        worker_id: str,
+        reward: float,
+        length: int,
+        run_id: str | None = None,
+        seq: int | None = None,
     ) -> dict[str, Any]:
         """Fold one finished episode into every statistic at once. Accepted in any state of the
         current run (an episode that ended just after the finish still happened); `stop` tells
-        the worker whether to go on."""
+        the worker whether to go on. A report whose `seq` this worker already used is a retry:
+        answered like the first time (`duplicate: true`), counted once."""
         with self._lock:
             self._check_same_run(run_id)
+            record = self._touch(worker_id)
+            if seq is not None and seq <= record.last_seq:
+                return self._duplicate_episode(record, seq)
             stats = self.stats
             stats.global_episode += 1
             stats.global_steps += length
@@ -264,10 +286,11 @@ class ClusterState:
             stats.last100.append(reward)
             self._push_queue(average)
             improved = stats.raise_best(reward)
-            record = self._touch(worker_id)
             record.episodes += 1
             record.steps += length
             record.last_reward = reward
+            if seq is not None:
+                record.last_seq = seq
             self._pending_rows.append(
                 (stats.global_episode, worker_id, reward, length, round(time.time(), 3))
             )
@@ -280,10 +303,27 @@ class ClusterState:
                 "best_score": stats.best_score,
                 "improved": improved,
                 "stop": self.run_state != "running",
+                "duplicate": False,
             }
+            if seq is not None:
+                self._episode_replies[worker_id] = (seq, reply)
         if finished:
             self.persist()
         return reply
+
+    def _duplicate_episode(self, record: WorkerRecord, seq: int) -> dict[str, Any]:
+        record.duplicates += 1
+        self._dirty = True
+        last_seq, reply = self._episode_replies.get(record.worker_id, (None, None))
+        if last_seq != seq or reply is None:  # an older retry, or the reply was not kept
+            stats = self.stats
+            reply = {
+                "global_episode": stats.global_episode,
+                "moving_average": stats.moving_average,
+                "best_score": stats.best_score,
+                "improved": False,
+            }
+        return {**reply, "stop": self.run_state != "running", "duplicate": True}
 
     def _finish_reason(self) -> str | None:
         cfg, stats = self.config, self.stats
@@ -381,11 +421,29 @@ class ClusterState:
         with self._model_lock:
             return self._weights_locked()
 
+    def _seen_update(self, worker_id: str, seq: int | None) -> bool:
+        """Under `_model_lock`: True when this worker's update `seq` was applied already."""
+        return seq is not None and seq <= self._update_seq.get(worker_id, 0)
+
+    def _count_duplicate(self, worker_id: str) -> None:
+        with self._lock:
+            record = self.workers.get(worker_id)
+            if record is not None:
+                record.duplicates += 1
+                self._dirty = True
+
     def apply_gradients(
-        self, worker_id: str, version: int, body: bytes, run_id: str | None = None
-    ) -> tuple[bytes, int]:
-        """Apply one worker's gradients with the master's optimizer; return the new weights.
-        Raises StateConflict (stale, or no running run) or WireError; nothing is applied then."""
+        self,
+        worker_id: str,
+        version: int,
+        body: bytes,
+        run_id: str | None = None,
+        seq: int | None = None,
+    ) -> tuple[bytes, int, bool]:
+        """Apply one worker's gradients with the master's optimizer; return the new weights, their
+        version and whether the request was a retry of gradients already applied (then they are
+        not applied again). Raises StateConflict (stale, or no running run) or WireError; nothing
+        is applied then."""
         with self._lock:
             self._check_run(run_id)
             self._touch(worker_id)
@@ -398,42 +456,63 @@ class ClusterState:
             raise
         with self._model_lock:
             model = self._require_model()
-            staleness = self.model_version - version
-            if staleness < 0 or staleness > max_staleness:
-                self.updates_rejected += 1
-                why = (
-                    f"{staleness} versions old (max_staleness={max_staleness})"
-                    if staleness >= 0
-                    else "from a version this master never had"
-                )
-                raise StateConflict(
-                    f"gradients computed on version {version} are {why}; current version is "
-                    f"{self.model_version}: pull the weights and compute them again"
-                )
-            for name, param in model.named_parameters():
-                param.grad = grads[name]
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.model_version += 1
-            self.updates_applied += 1
-            self._dirty = True
-            return self._weights_locked()
+            if self._seen_update(worker_id, seq):
+                body, version = self._weights_locked()
+                duplicate = True
+            else:
+                staleness = self.model_version - version
+                if staleness < 0 or staleness > max_staleness:
+                    self.updates_rejected += 1
+                    why = (
+                        f"{staleness} versions old (max_staleness={max_staleness})"
+                        if staleness >= 0
+                        else "from a version this master never had"
+                    )
+                    raise StateConflict(
+                        f"gradients computed on version {version} are {why}; current version "
+                        f"is {self.model_version}: pull the weights and compute them again"
+                    )
+                for name, param in model.named_parameters():
+                    param.grad = grads[name]
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self._applied(worker_id, seq)
+                body, version = self._weights_locked()
+                duplicate = False
+        if duplicate:
+            self._count_duplicate(worker_id)
+        return body, version, duplicate
 
-    def put_weights(self, worker_id: str, body: bytes, temporary: bool) -> int:
-        """A worker's weights: its temporary slot, or (temporary=False) the new global weights."""
+    def _applied(self, worker_id: str, seq: int | None) -> None:
+        """Under `_model_lock`: a new version of the global weights from this worker."""
+        self.model_version += 1
+        self.updates_applied += 1
+        if seq is not None:
+            self._update_seq[worker_id] = seq
+        self._dirty = True
+
+    def put_weights(
+        self, worker_id: str, body: bytes, temporary: bool, seq: int | None = None
+    ) -> tuple[int, bool]:
+        """A worker's weights: its temporary slot, or (temporary=False) the new global weights.
+        Returns the model version and whether this was a retry of weights already taken."""
         with self._lock:
             self._check_run(None)
             self._touch(worker_id)
         tensors = wire.decode(body, self._spec)
         with self._model_lock:
+            # A temporary slot is simply overwritten, so a retry of it is harmless as it is.
+            duplicate = not temporary and self._seen_update(worker_id, seq)
             if temporary:
                 self.temporary[worker_id] = body
-            else:
+                self._dirty = True
+            elif not duplicate:
                 self.model.load_state_dict(tensors)
-                self.model_version += 1
-                self.updates_applied += 1
-            self._dirty = True
-            return self.model_version
+                self._applied(worker_id, seq)
+            version = self.model_version
+        if duplicate:
+            self._count_duplicate(worker_id)
+        return version, duplicate
 
     # -- status --------------------------------------------------------------------------------
 
@@ -500,6 +579,7 @@ class ClusterState:
                 "model_version": self.model_version,
                 "updates_applied": self.updates_applied,
                 "updates_rejected": self.updates_rejected,
+                "update_seq": dict(self._update_seq),
                 "saved_at": time.time(),
             }
             weights, optimizer = b"", b""
@@ -551,3 +631,4 @@ class ClusterState:
         self.model_version = int(state.get("model_version", 0))
         self.updates_applied = int(state.get("updates_applied", 0))
         self.updates_rejected = int(state.get("updates_rejected", 0))
+        self._update_seq = {str(k): int(v) for k, v in state.get("update_seq", {}).items()}

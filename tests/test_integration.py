@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import math
 import signal
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,29 +15,9 @@ from a3c_http.config import TrainConfig
 from a3c_http.localcluster import LocalCluster, ServiceProcess, free_port
 from a3c_http.model import build_model
 from a3c_http.store import RunStore
+from tests.support import SHORT_RUN, wait_for
 
 pytestmark = pytest.mark.integration
-
-SHORT_RUN = {
-    "num_envs": 2,
-    "t_max": 8,
-    "max_episodes": 40,
-    "max_steps": None,
-    "seed": 7,
-    "heartbeat_interval_s": 0.5,
-    "heartbeat_timeout_s": 20,
-}
-
-
-def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> object:
-    """Poll `condition` until it returns something truthy, or fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 @pytest.fixture
@@ -76,8 +55,9 @@ def test_short_run_adds_up_and_every_process_ends(cluster: LocalCluster, sync_mo
 
     workers = wait_for(workers_done, 60, "both workers to be done")
     # ...and each then tells the master, whose registry shows them done.
-    wait_for(
-        lambda: {w["state"] for w in cluster.status()["workers"]} == {"done"},
+    # An episode that ended just after the finish still counts, so the totals are read now.
+    status = wait_for(
+        lambda: {w["state"] for w in (s := cluster.status())["workers"]} == {"done"} and s,
         30,
         "the master to see both workers done",
     )

@@ -859,7 +859,7 @@ def test_local_weights_temporary_keeps_the_global_ones(running: TestClient) -> N
         headers=OCTET,
     )
     assert r.status_code == 200, r.text
-    assert r.json()["data"] == {"model_version": version, "temporary": True}
+    assert r.json()["data"] == {"model_version": version, "temporary": True, "duplicate": False}
     _, after_version, after_body = weights(running)
     assert after_version == version and after_body == body
 
@@ -873,7 +873,11 @@ def test_local_weights_become_global(running: TestClient) -> None:
         headers=OCTET,
     )
     assert r.status_code == 200, r.text
-    assert r.json()["data"] == {"model_version": version + 1, "temporary": False}
+    assert r.json()["data"] == {
+        "model_version": version + 1,
+        "temporary": False,
+        "duplicate": False,
+    }
     after, after_version, _ = weights(running)
     assert after_version == version + 1
     for name, t in after.items():
@@ -896,6 +900,120 @@ def test_local_weights_are_validated(running: TestClient) -> None:
         assert r.status_code == 422, (url, r.text)
     _, after_version, after_body = weights(running)
     assert after_version == version and after_body == body
+
+
+# -- retries are counted once (X-A3C-Seq) ---------------------------------------------------
+
+
+def seq_episode(c: TestClient, seq: int, reward: float, length: int = 10, worker_id: str = "w1"):
+    return c.post(
+        "/episode",
+        json={"worker_id": worker_id, "reward": reward, "length": length},
+        headers={"X-A3C-Seq": str(seq)},
+    )
+
+
+def worker_record(c: TestClient, worker_id: str) -> dict[str, Any]:
+    return next(w for w in status(c)["workers"] if w["worker_id"] == worker_id)
+
+
+def test_a_retried_episode_is_counted_once(running: TestClient) -> None:
+    first = seq_episode(running, 1, 10.0, 12)
+    assert first.status_code == 200
+    assert first.json()["data"]["duplicate"] is False
+    again = seq_episode(running, 1, 10.0, 12)  # the reply was lost; the worker retries
+    assert again.status_code == 200
+    assert again.json()["data"] == {**first.json()["data"], "duplicate": True}
+    older = seq_episode(running, 1, 99.0, 50)  # any number already used is not counted
+    assert older.json()["data"]["duplicate"] is True
+    s = status(running)
+    assert (s["global_episode"], s["global_steps"], s["best_score"]) == (1, 12, 10.0)
+    assert s["queue_length"] == 1
+    record = worker_record(running, "w1")
+    assert (record["episodes"], record["last_seq"], record["duplicates"]) == (1, 1, 2)
+    # The next number is counted, and numbers are per worker.
+    assert seq_episode(running, 2, 20.0, 5).json()["data"]["global_episode"] == 2
+    assert seq_episode(running, 1, 30.0, 5, worker_id="w2").json()["data"]["global_episode"] == 3
+    assert status(running)["best_score"] == 30.0
+
+
+def test_a_retried_gradient_is_applied_once(running: TestClient) -> None:
+    tensors, version, _ = weights(running)
+    body = wire.encode(ones_like(tensors))
+    headers = {**OCTET, "X-Worker-Id": "w1", "X-Model-Version": str(version), "X-A3C-Seq": "5"}
+    first = running.post("/gradients", content=body, headers=headers)
+    assert first.status_code == 200 and "X-A3C-Duplicate" not in first.headers
+    again = running.post("/gradients", content=body, headers=headers)
+    assert again.status_code == 200
+    assert again.headers["X-A3C-Duplicate"] == "1"
+    assert again.headers["X-Model-Version"] == first.headers["X-Model-Version"] == "1"
+    assert again.content == first.content
+    s = status(running)
+    assert (s["model_version"], s["updates_applied"], s["updates_rejected"]) == (1, 1, 0)
+    assert worker_record(running, "w1")["duplicates"] == 1
+    # Another worker's number 5 is its own.
+    other = {**headers, "X-Worker-Id": "w2", "X-Model-Version": "1"}
+    assert running.post("/gradients", content=body, headers=other).status_code == 200
+    assert status(running)["updates_applied"] == 2
+
+
+def test_a_retried_stale_gradient_is_refused_again(client: TestClient, launched: list) -> None:
+    start_run(client, max_staleness=0)
+    tensors, _, _ = weights(client)
+    body = wire.encode(ones_like(tensors))
+    headers = {**OCTET, "X-Worker-Id": "w1", "X-Model-Version": "0"}
+    assert client.post("/gradients", content=body, headers=headers).status_code == 200
+    stale = {**headers, "X-A3C-Seq": "2"}
+    assert client.post("/gradients", content=body, headers=stale).status_code == 409
+    assert client.post("/gradients", content=body, headers=stale).status_code == 409
+    s = status(client)
+    assert (s["updates_applied"], s["updates_rejected"]) == (1, 2)
+
+
+def test_retried_global_weights_are_taken_once(running: TestClient) -> None:
+    tensors, version, _ = weights(running)
+    body = wire.encode(ones_like(tensors, 0.5))
+    params = {"worker_id": "w1", "temporary": "false"}
+    for duplicate in (False, True):
+        r = running.post(
+            "/local_model_weights", params=params, content=body, headers={**OCTET, "X-A3C-Seq": "3"}
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["data"] == {
+            "model_version": version + 1,
+            "temporary": False,
+            "duplicate": duplicate,
+        }
+    assert status(running)["updates_applied"] == 1
+
+
+@pytest.mark.parametrize("seq", ["0", "-1", "x", "1.5", str(2**63)])
+def test_a_bad_seq_is_422_and_counts_nothing(running: TestClient, seq: str) -> None:
+    r = running.post(
+        "/episode",
+        json={"worker_id": "w1", "reward": 1.0, "length": 1},
+        headers={"X-A3C-Seq": seq},
+    )
+    assert r.status_code == 422
+    assert "x-a3c-seq" in r.json()["detail"]
+    assert status(running)["global_episode"] == 0
+
+
+def test_sequence_numbers_survive_a_restart(tmp_path: Path, launched: list) -> None:
+    settings = make_settings(tmp_path)
+    with master(settings) as c:
+        start_run(c)
+        assert seq_episode(c, 1, 10.0).status_code == 200
+        tensors, version, _ = weights(c)
+        headers = {**OCTET, "X-Worker-Id": "w1", "X-Model-Version": str(version), "X-A3C-Seq": "2"}
+        body = wire.encode(ones_like(tensors))
+        assert c.post("/gradients", content=body, headers=headers).status_code == 200
+    with master(settings) as c:
+        assert seq_episode(c, 1, 10.0).json()["data"]["duplicate"] is True
+        r = c.post("/gradients", content=body, headers=headers)
+        assert r.headers["X-A3C-Duplicate"] == "1"
+        s = status(c)
+        assert (s["global_episode"], s["updates_applied"]) == (1, 1)
 
 
 # -- persistence -----------------------------------------------------------------------------

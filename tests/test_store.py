@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from a3c_http import store
+from a3c_http.localcluster import ROOT
 from a3c_http.store import EPISODE_FIELDS, RunStore, Snapshot, atomic_write
 
 HEADER = ",".join(EPISODE_FIELDS)
@@ -224,3 +230,123 @@ def test_a_periodic_save_rewrites_only_what_changed(tmp_path: Path) -> None:
     loaded = RunStore(tmp_path).load()
     assert loaded.weights == b"new-weights"
     assert loaded.temporary == {"w1": b"slot-a", "w2": b"slot-c"}
+
+
+# -- a save is all or nothing ---------------------------------------------------------------------
+
+
+def numbered(n: int) -> Snapshot:
+    """A snapshot whose every file says `n`, so a mix of two saves is visible."""
+    return Snapshot(
+        config={"run_id": "r1"},
+        state={"run_id": "r1", "global_episode": n, "n": n},
+        weights=f"weights-{n};".encode() * 1000,
+        optimizer=f"optimizer-{n};".encode() * 1000,
+        new_episodes=rows(n, n),
+        temporary={"w1": f"slot-{n};".encode()},
+    )
+
+
+def number(data: bytes) -> int:
+    return int(data.split(b";")[0].split(b"-")[1])
+
+
+def numbers_in(folder: Path) -> set[int]:
+    loaded = RunStore(folder).load()
+    assert loaded is not None
+    found = {
+        loaded.state["n"],
+        number(loaded.weights),
+        number(loaded.optimizer),
+        number(loaded.temporary["w1"]),
+    }
+    episodes = RunStore(folder).read_episodes()
+    assert [e["global_episode"] for e in episodes] == list(range(1, loaded.state["n"] + 1))
+    return found
+
+
+def test_a_save_cut_before_its_commit_is_rolled_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = RunStore(tmp_path)
+    s.save(numbered(1))
+    real = store.atomic_write
+
+    def crash_at_commit(path: Path, data: bytes) -> None:
+        if path.name == store.COMMIT:
+            raise KeyboardInterrupt("killed")
+        real(path, data)
+
+    monkeypatch.setattr(store, "atomic_write", crash_at_commit)
+    with pytest.raises(KeyboardInterrupt):
+        s.save(numbered(2))
+    monkeypatch.setattr(store, "atomic_write", real)
+    assert list(tmp_path.rglob("*.pending"))  # the cut save left its staged files
+    assert numbers_in(tmp_path) == {1}
+    assert not list(tmp_path.rglob("*.pending"))
+
+
+def test_a_save_cut_after_its_commit_is_rolled_forward(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = RunStore(tmp_path)
+    s.save(numbered(1))
+    real = os.replace
+    moved: list[str] = []
+
+    def crash_after_one_replace(src, dst) -> None:
+        if str(src).endswith(".pending") and moved:
+            raise KeyboardInterrupt("killed")
+        moved.append(str(dst))
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", crash_after_one_replace)
+    with pytest.raises(KeyboardInterrupt):
+        s.save(numbered(2))
+    monkeypatch.setattr(os, "replace", real)
+    assert (tmp_path / store.COMMIT).exists()
+    assert numbers_in(tmp_path) == {2}
+    assert not (tmp_path / store.COMMIT).exists()
+
+
+KILL_LOOP = """
+import sys
+sys.path.insert(0, sys.argv[2])
+from pathlib import Path
+from tests.test_store import numbered
+from a3c_http.store import RunStore
+s = RunStore(Path(sys.argv[1]))
+loaded = s.load()
+n = loaded.state["n"] if loaded else 0
+print("ready", flush=True)
+while True:
+    n += 1
+    s.save(numbered(n))
+"""
+
+
+def test_kill_9_in_the_middle_of_saves_leaves_one_whole_snapshot(tmp_path: Path) -> None:
+    """SIGKILL a process that saves snapshots as fast as it can, at seeded random moments, again
+    and again: every time, what is on disk loads as one whole snapshot."""
+    rng = random.Random(3)
+    seen: list[int] = []
+    for _ in range(12):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", KILL_LOOP, str(tmp_path), str(ROOT)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout.readline().strip() == "ready"
+            time.sleep(rng.uniform(0.0, 0.08))  # a random moment to kill at, not a synchronisation
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+            proc.stdout.close()
+        if RunStore(tmp_path).load() is None:
+            assert not seen, "a saved snapshot disappeared"
+            continue  # killed before its first save was committed
+        found = numbers_in(tmp_path)
+        assert len(found) == 1, f"a mix of snapshots {found}"
+        seen.append(found.pop())
+    assert seen == sorted(seen) and seen[-1] > seen[0], seen  # it saved, and never went back

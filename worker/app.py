@@ -44,6 +44,7 @@ class WorkerService:
         self.progress = Progress()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._client: MasterClient | None = None
 
     def start(self, body: StartIn, own_url: str) -> None:
         with self._lock:
@@ -72,6 +73,7 @@ class WorkerService:
         client = MasterClient(
             body.master_url, self.token, retry_deadline_s=retry_s, run_id=body.run_id
         )
+        self._client = client
         error = None
         try:
             Trainer(body.config, client, body.worker_id, own_url, stop, progress).run()
@@ -114,6 +116,8 @@ class WorkerService:
             "steps": p.steps,
             "last_reward": p.last_reward,
             "steps_per_s": p.steps_per_s,
+            "updates": p.updates,
+            "http_retries": self._client.retries if self._client else 0,
             "error": self.error,
             "metrics": {k: round(v, 6) for k, v in p.metrics.items()},
             "time": {

@@ -34,6 +34,7 @@ class Progress:
     steps: int = 0
     last_reward: float | None = None
     steps_per_s: float | None = None
+    updates: int = 0  # gradients or global weights the master took from this worker
     started_at: float = field(default_factory=time.monotonic)
     # Seconds spent in each phase, for the HTTP-versus-compute figures of the benchmarks.
     time_rollout_s: float = 0.0
@@ -163,6 +164,8 @@ class Trainer:
         except Conflict:
             # Too stale: drop this rollout's gradients and continue from the current weights.
             weights = self._http(self.client.get_weights, spec)
+        else:
+            self.progress.updates += 1
         self._load(model, weights)
 
     def _learn_locally(self, model, optimizer, rollout: Rollout, spec, improved: bool) -> None:
@@ -170,6 +173,7 @@ class Trainer:
             # The weights that played the record episode become the global weights.
             reply = self._http(self.client.push_weights, self.worker_id, model.state_dict(), False)
             self.version = int(reply["data"]["model_version"])
+            self.progress.updates += 1
         started = time.monotonic()
         optimizer.zero_grad(set_to_none=True)
         self._loss(model, rollout).total.backward()
