@@ -1,6 +1,6 @@
 """What the master and the workers share as HTTP services: the auth middleware, the body-size
-limit, readable validation errors and the health route. The services import this module, never
-each other.
+limit, readable validation errors, the errors their OpenAPI schemas declare and the health route.
+The services import this module, never each other.
 """
 
 from __future__ import annotations
@@ -8,10 +8,16 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, HTTPException, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -160,6 +166,89 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     return JSONResponse({"detail": message, "errors": safe}, status_code=422)
 
 
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    """FastAPI's answer, but a 405's `Allow` lists every method the path takes: Starlette lists
+    only those of the first route it tried (`GET` for /best_score, which also takes POST)."""
+    if exc.status_code == 405:
+        allowed = [
+            method
+            for method in _METHODS
+            if any(
+                route.matches({**request.scope, "method": method})[0] is Match.FULL
+                for route in request.app.router.routes
+            )
+        ]
+        if allowed:
+            headers = {**(exc.headers or {}), "Allow": ", ".join(allowed)}
+            exc = StarletteHTTPException(405, exc.detail, headers=headers)
+    return await http_exception_handler(request, exc)
+
+
+class FieldError(BaseModel):
+    """One problem of a request that does not fit the schema: where, what, of which kind."""
+
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ErrorBody(BaseModel):
+    """The JSON body of every error: `detail` says what was wrong. The 422 of a request that does
+    not fit the schema also lists each problem in `errors`."""
+
+    detail: str
+    errors: list[FieldError] | None = None
+
+
+def _declare_errors(app: FastAPI, conflicts: dict[str, str]) -> None:
+    """Declare in the app's OpenAPI schema the errors it answers, with the body they really have
+    (`ErrorBody`): 401 and 403 on every operation but `GET /healthz` (`Auth`); 413 on those that
+    take a body (`BodyLimit`); 400 on those that take JSON (FastAPI's answer to a body it cannot
+    parse, e.g. one that is not UTF-8); 422 where FastAPI declares it, but with our body instead
+    of FastAPI's; 409 on the `conflicts` ("METHOD /path" -> when)."""
+    generate: Callable[[], dict[str, Any]] = app.openapi
+    ref = {"$ref": "#/components/schemas/ErrorBody"}
+
+    def error(description: str) -> dict[str, Any]:
+        return {"description": description, "content": {"application/json": {"schema": ref}}}
+
+    def with_errors() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()
+        error_body = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.update(error_body.pop("$defs", {}), ErrorBody=error_body)
+        for name in ("HTTPValidationError", "ValidationError"):
+            components.pop(name, None)
+        for path, operations in schema.get("paths", {}).items():
+            for method, operation in operations.items():
+                responses = operation.setdefault("responses", {})
+                if "422" in responses:
+                    responses["422"] = error("the request is invalid; `detail` says how")
+                if (method, path) == ("get", "/healthz"):
+                    continue
+                responses["401"] = {
+                    **error("missing or wrong token: send `Authorization: Bearer <A3C_TOKEN>`"),
+                    "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
+                }
+                responses["403"] = error("A3C_TOKEN is not set and the client is not loopback")
+                content = operation.get("requestBody", {}).get("content", {})
+                if content:
+                    responses["413"] = error("the body is larger than A3C_MAX_BODY_BYTES")
+                if "application/json" in content:
+                    responses["400"] = error("the body cannot be parsed")
+                when = conflicts.get(f"{method.upper()} {path}")
+                if when:
+                    responses["409"] = error(when)
+        return schema
+
+    app.openapi = with_errors  # type: ignore[method-assign]
+
+
 def max_body_bytes() -> int:
     raw = os.environ.get("A3C_MAX_BODY_BYTES", "")
     if not raw:
@@ -169,10 +258,16 @@ def max_body_bytes() -> int:
     return int(raw)
 
 
-def install_common(app: FastAPI, token: str | None) -> None:
-    """Health route, auth, body limit and the 422 format shared by both services."""
+def install_common(
+    app: FastAPI, token: str | None, conflicts: dict[str, str] | None = None
+) -> None:
+    """Health route, auth, body limit, the 422 format and the 405's `Allow` shared by both
+    services, and the errors they answer declared in the OpenAPI schema (`_declare_errors`;
+    `conflicts`: the operations that may answer 409)."""
     app.include_router(health_router)
+    _declare_errors(app, conflicts or {})
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes())
     # Added last, so it runs first: a request without the right token is refused before its body
     # is read or its size is judged.

@@ -17,6 +17,18 @@ from a3c_http.wire import WireError
 from master import routes_run, routes_seed, routes_weights
 from master.state import ClusterState, StateConflict
 
+# The operations that answer 409 (StateConflict), and when.
+CONFLICTS = {
+    "POST /train": "a run is running: POST /stop it first",
+    "POST /worker_started": "`run_id` names another run than the current one",
+    "POST /worker_done": "`run_id` names another run than the current one",
+    "POST /episode": "`run_id` names another run than the current one",
+    "GET /global_model_weights": "no run has started: POST /train first",
+    "POST /local_model_weights": "no run is running",
+    "POST /gradients": "no run is running, `X-Run-Id` names another run, or the gradients are "
+    "more than `max_staleness` versions old (nothing applied)",
+}
+
 
 def _housekeeping(state: ClusterState, stop: threading.Event) -> None:
     """Mark silent workers lost, and persist at most `persist_interval_s` after a change."""
@@ -54,7 +66,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="a3c-http master", version="0.1.0", lifespan=lifespan)
     app.state.cluster = state
-    install_common(app, settings.token)
+    install_common(app, settings.token, CONFLICTS)
     for module in (routes_seed, routes_weights, routes_run):
         app.include_router(module.router)
 

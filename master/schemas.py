@@ -1,5 +1,6 @@
 """Request bodies of the master's JSON endpoints. Unknown fields are refused (422) except in
-heartbeats, whose statistics may grow."""
+heartbeats, whose statistics may grow. Every value must have the JSON type the schema gives it
+(strict models): `true` or `"1"` where a number is expected is a 422, not 1."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ Seq = Annotated[
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ScoreIn(Strict):
@@ -51,7 +52,7 @@ class WorkerDoneIn(Strict):
 
 
 class HeartbeatIn(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     worker_id: WorkerId
     run_id: RunId = None
     episodes: int | None = Field(None, ge=0)
@@ -72,6 +73,8 @@ class EpisodeIn(Strict):
 
 class TrainIn(TrainConfig):
     """The training config plus where to find the workers and how they reach the master."""
+
+    model_config = ConfigDict(strict=True)
 
     workers: list[str] | None = Field(
         None, max_length=1024, description="Worker URLs; default: the lines of A3C_WORKERS_FILE."
