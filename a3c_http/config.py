@@ -12,7 +12,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import gymnasium as gym
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -34,7 +34,7 @@ class TrainConfig(BaseModel):
     num_envs: int = Field(
         8, ge=1, le=256, description="Environments each worker steps in one batch."
     )
-    hidden_sizes: list[int] = Field(
+    hidden_sizes: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
         default_factory=lambda: [64, 64],
         min_length=1,
         max_length=8,
@@ -87,13 +87,14 @@ class TrainConfig(BaseModel):
     heartbeat_timeout_s: float = Field(
         30.0, gt=0, le=86_400, description="A worker silent for longer than this is marked lost."
     )
-
-    @field_validator("hidden_sizes")
-    @classmethod
-    def _positive_widths(cls, v: list[int]) -> list[int]:
-        if any(w < 1 or w > 4096 for w in v):
-            raise ValueError("every hidden size must be between 1 and 4096")
-        return v
+    start_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        le=86_400,
+        description="A worker that accepted POST /start_worker but has not sent its first "
+        "message within this is marked lost; unset: heartbeat_timeout_s. Raise it when starting "
+        "a worker takes longer than a short heartbeat timeout.",
+    )
 
     @field_validator(
         "lr", "gamma", "gae_lambda", "entropy_coef", "value_coef", "max_grad_norm", "target_return"

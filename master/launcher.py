@@ -117,6 +117,8 @@ def start_workers(
     for (worker_id, url, _), error in zip(jobs, errors, strict=True):
         if error:
             state.mark_failed(worker_id, error)
+        else:
+            state.worker_accepted(worker_id)
         results.append(
             {"url": url, "worker_id": worker_id, "started": error is None, "error": error}
         )

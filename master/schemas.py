@@ -16,8 +16,9 @@ WorkerId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z
 RunId = Annotated[str | None, Field(None, max_length=64)]
 # X-A3C-Seq: a worker's own rising number for its episode reports, gradients and weights; a retry
 # keeps the number of its first attempt, so the master never counts it twice.
+# Optional (the routes default it to None), but never null: the schema says integer.
 Seq = Annotated[
-    int | None,
+    int,
     Header(ge=1, le=2**62, description="The worker's rising request number; retries keep it."),
 ]
 

@@ -221,6 +221,13 @@ class ClusterState:
             self._dirty = True
             return False
 
+    def worker_accepted(self, worker_id: str) -> None:
+        """The worker accepted POST /start_worker: its silence counts from now."""
+        with self._lock:
+            record = self.workers.get(worker_id)
+            if record is not None and record.state == "starting":
+                record.last_seen = time.time()
+
     def mark_failed(self, worker_id: str, error: str) -> None:
         with self._lock:
             record = self.workers.get(worker_id)
@@ -230,7 +237,8 @@ class ClusterState:
                 self._dirty = True
 
     def check_liveness(self) -> None:
-        """Mark workers silent past the heartbeat timeout as lost (also after the end of a run:
+        """Mark workers silent past the heartbeat timeout (or, before their first message, the start
+        timeout) as lost (also after the end of a run:
         a worker that never said it stopped must not look active for ever); finish a run that
         nobody runs any more."""
         with self._lock:
@@ -238,14 +246,15 @@ class ClusterState:
                 return
             now = time.time()
             for record in self.workers.values():
-                if record.state in ACTIVE and now - record.last_seen > (
-                    self.config.heartbeat_timeout_s
-                ):
+                if record.state not in ACTIVE:
+                    continue
+                name = "heartbeat_timeout_s"
+                if record.state == "starting" and self.config.start_timeout_s is not None:
+                    name = "start_timeout_s"
+                limit = getattr(self.config, name)
+                if now - record.last_seen > limit:
                     record.state = "lost"
-                    record.error = (
-                        f"no message for {now - record.last_seen:.1f} s "
-                        f"(heartbeat_timeout_s={self.config.heartbeat_timeout_s})"
-                    )
+                    record.error = f"no message for {now - record.last_seen:.1f} s ({name}={limit})"
                     self._dirty = True
             finished = self._finish_if_no_worker_left()
         if finished:
@@ -432,6 +441,25 @@ class ClusterState:
                 record.duplicates += 1
                 self._dirty = True
 
+    def _earlier_update(
+        self, worker_id: str, seq: int | None, run_id: str | None
+    ) -> tuple[bytes, int] | None:
+        """The current weights and version when `seq` is a retry of an update this worker had
+        applied already, else None. Judged before the run's state: a retry whose first attempt
+        was taken just before the finish must still learn that it was taken."""
+        if seq is None:
+            return None
+        with self._lock:
+            if self.run_state == "idle":
+                return None
+            self._check_same_run(run_id)
+            with self._model_lock:
+                if not self._seen_update(worker_id, seq):
+                    return None
+                weights = self._weights_locked()
+        self._count_duplicate(worker_id)
+        return weights
+
     def apply_gradients(
         self,
         worker_id: str,
@@ -444,6 +472,9 @@ class ClusterState:
         version and whether the request was a retry of gradients already applied (then they are
         not applied again). Raises StateConflict (stale, or no running run) or WireError; nothing
         is applied then."""
+        earlier = self._earlier_update(worker_id, seq, run_id)
+        if earlier is not None:
+            return *earlier, True
         with self._lock:
             self._check_run(run_id)
             self._touch(worker_id)
@@ -456,7 +487,7 @@ class ClusterState:
             raise
         with self._model_lock:
             model = self._require_model()
-            if self._seen_update(worker_id, seq):
+            if self._seen_update(worker_id, seq):  # its first attempt was applied meanwhile
                 body, version = self._weights_locked()
                 duplicate = True
             else:
@@ -496,6 +527,9 @@ class ClusterState:
     ) -> tuple[int, bool]:
         """A worker's weights: its temporary slot, or (temporary=False) the new global weights.
         Returns the model version and whether this was a retry of weights already taken."""
+        earlier = None if temporary else self._earlier_update(worker_id, seq, None)
+        if earlier is not None:
+            return earlier[1], True
         with self._lock:
             self._check_run(None)
             self._touch(worker_id)

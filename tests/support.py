@@ -64,3 +64,9 @@ class StandInWorker:
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(timeout=5)
+
+
+def master_sees_every_worker_done(status_of: Callable[[], dict]) -> dict | None:
+    """The master's status once its registry shows every worker done, else None (for wait_for)."""
+    status = status_of()
+    return status if {w["state"] for w in status["workers"]} == {"done"} else None

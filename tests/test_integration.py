@@ -15,7 +15,7 @@ from a3c_http.config import TrainConfig
 from a3c_http.localcluster import LocalCluster, ServiceProcess, free_port
 from a3c_http.model import build_model
 from a3c_http.store import RunStore
-from tests.support import SHORT_RUN, wait_for
+from tests.support import SHORT_RUN, master_sees_every_worker_done, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +57,7 @@ def test_short_run_adds_up_and_every_process_ends(cluster: LocalCluster, sync_mo
     # ...and each then tells the master, whose registry shows them done.
     # An episode that ended just after the finish still counts, so the totals are read now.
     status = wait_for(
-        lambda: {w["state"] for w in (s := cluster.status())["workers"]} == {"done"} and s,
+        lambda: master_sees_every_worker_done(cluster.status),
         30,
         "the master to see both workers done",
     )

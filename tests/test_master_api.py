@@ -902,6 +902,61 @@ def test_local_weights_are_validated(running: TestClient) -> None:
     assert after_version == version and after_body == body
 
 
+# -- liveness (a controlled clock) -----------------------------------------------------------
+
+
+class Clock:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import master.state
+
+        self.now = 1_000_000.0
+        monkeypatch.setattr(master.state.time, "time", lambda: self.now)
+
+
+def worker_states(c: TestClient) -> dict[str, str]:
+    return {w["worker_id"]: w["state"] for w in status(c)["workers"]}
+
+
+def test_silent_workers_are_lost_and_the_run_ends(
+    client: TestClient, launched: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock(monkeypatch)
+    start_run(client, heartbeat_interval_s=1, heartbeat_timeout_s=5)
+    clock.now += 4
+    client.post("/heartbeat", json={"worker_id": "w1"})
+    assert worker_states(client) == {"w1": "running", "w2": "starting"}
+    clock.now += 2  # w2 silent for 6 s, w1 for 2 s
+    s = status(client)
+    assert {w["worker_id"]: w["state"] for w in s["workers"]} == {"w1": "running", "w2": "lost"}
+    w2 = next(w for w in s["workers"] if w["worker_id"] == "w2")
+    assert "heartbeat_timeout_s=5" in w2["error"]
+    assert s["state"] == "running"
+    # A late message of a lost worker brings it back while the run goes on, counted once.
+    assert client.post("/episode", json={"worker_id": "w2", "reward": 1.0, "length": 3},
+                       headers={"X-A3C-Seq": "1"}).status_code == 200
+    assert worker_states(client)["w2"] == "running"
+    clock.now += 6
+    s = status(client)
+    assert s["state"] == "finished" and s["finish_reason"] == "no worker is running any more"
+    assert set(worker_states(client).values()) == {"lost"}
+    assert s["global_episode"] == 1
+
+
+def test_start_timeout_gives_starting_workers_longer(
+    client: TestClient, launched: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock(monkeypatch)
+    start_run(client, heartbeat_interval_s=0.5, heartbeat_timeout_s=2, start_timeout_s=30)
+    clock.now += 10
+    assert worker_states(client) == {"w1": "starting", "w2": "starting"}
+    client.post("/heartbeat", json={"worker_id": "w1"})
+    clock.now += 3  # w1 now runs: its heartbeat timeout applies
+    assert worker_states(client) == {"w1": "lost", "w2": "starting"}
+    clock.now += 18
+    assert worker_states(client) == {"w1": "lost", "w2": "lost"}
+    assert "start_timeout_s=30" in status(client)["workers"][1]["error"]
+
+
 # -- retries are counted once (X-A3C-Seq) ---------------------------------------------------
 
 
@@ -955,6 +1010,19 @@ def test_a_retried_gradient_is_applied_once(running: TestClient) -> None:
     other = {**headers, "X-Worker-Id": "w2", "X-Model-Version": "1"}
     assert running.post("/gradients", content=body, headers=other).status_code == 200
     assert status(running)["updates_applied"] == 2
+
+
+def test_a_retry_after_the_finish_still_learns_its_update_was_taken(running: TestClient) -> None:
+    tensors, version, _ = weights(running)
+    body = wire.encode(ones_like(tensors))
+    headers = {**OCTET, "X-Worker-Id": "w1", "X-Model-Version": str(version), "X-A3C-Seq": "1"}
+    assert running.post("/gradients", content=body, headers=headers).status_code == 200
+    assert running.post("/stop").status_code == 200
+    again = running.post("/gradients", content=body, headers=headers)
+    assert again.status_code == 200 and again.headers["X-A3C-Duplicate"] == "1"
+    later = running.post("/gradients", content=body, headers={**headers, "X-A3C-Seq": "2"})
+    assert later.status_code == 409 and later.headers["X-A3C-Stop"] == "1"
+    assert status(running)["updates_applied"] == 1
 
 
 def test_a_retried_stale_gradient_is_refused_again(client: TestClient, launched: list) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from a3c_http.client import A3CError, MasterClient
+from a3c_http.client import A3CError, MasterClient, MasterUnavailable
 from a3c_http.config import TrainConfig
 from a3c_http.service import install_common
 from worker.trainer import Progress, Trainer
@@ -77,6 +77,8 @@ class WorkerService:
         error = None
         try:
             Trainer(body.config, client, body.worker_id, own_url, stop, progress).run()
+        except MasterUnavailable as exc:
+            error = f"{exc} (gave up after A3C_MASTER_RETRY_S={retry_s:g} s)"
         except A3CError as exc:
             error = str(exc)
         except Exception as exc:  # an environment or model error: report it, keep serving
