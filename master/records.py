@@ -9,7 +9,9 @@ from typing import Any, Literal
 
 WorkerState = Literal["starting", "running", "done", "lost", "failed"]
 ACTIVE = ("starting", "running")
-MOVING_AVERAGE_DECAY = 0.99
+# API.md's avg = 0.99*avg + 0.01*r, with these very constants (1 - 0.99 is not 0.01 in floats), so
+# anyone who folds the history again gets exactly the master's value.
+MOVING_AVERAGE_DECAY, MOVING_AVERAGE_WEIGHT = 0.99, 0.01
 
 
 @dataclass
@@ -53,7 +55,7 @@ class Stats:
             self.moving_average = reward
         else:
             self.moving_average = (
-                MOVING_AVERAGE_DECAY * self.moving_average + (1 - MOVING_AVERAGE_DECAY) * reward
+                MOVING_AVERAGE_DECAY * self.moving_average + MOVING_AVERAGE_WEIGHT * reward
             )
         return self.moving_average
 
