@@ -137,12 +137,14 @@ class MasterClient:
                 if response.status_code < 500:
                     return self._check(response)
                 problem = f"{response.status_code}: {_detail(response)}"
-            if time.monotonic() + delay > deadline:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 raise MasterUnavailable(
                     f"the master at {self._http.base_url} is unreachable: {method} {path} failed "
                     f"{attempt} times over {self.retry_deadline_s:g} s, last: {problem}"
                 )
-            time.sleep(delay * random.uniform(0.5, 1.0))
+            # The last wait ends at the deadline, for one more attempt there.
+            time.sleep(min(delay * random.uniform(0.5, 1.0), remaining))
             delay = min(delay * 2, self.max_backoff_s)
             self.retries += 1
 

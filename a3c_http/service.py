@@ -94,9 +94,16 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
+@health_router.head("/healthz", include_in_schema=False)
+def healthz_head() -> dict[str, str]:
+    return {"status": "ok"}  # uvicorn sends the headers only
+
+
 class BodyLimit:
     """ASGI middleware: 413 for bodies over `max_bytes`, before they are read whole, whether they
-    announce a Content-Length or arrive chunked."""
+    announce a Content-Length or arrive chunked. A chunked body is cut off as soon as it passes the
+    limit: the 413 is sent at once, and whatever the app does with the cut body (FastAPI would
+    answer 400 to a JSON body it could not read) is dropped."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -111,28 +118,33 @@ class BodyLimit:
             await self._reject(send)
             return
         seen = 0
-        started = False
+        started = rejected = False
 
         async def limited_receive() -> Message:
-            nonlocal seen
+            nonlocal seen, rejected
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
+                    if not started and not rejected:
+                        rejected = True
+                        await self._reject(send)
                     raise _TooLarge
             return message
 
-        async def tracking_send(message: Message) -> None:
+        async def guarded_send(message: Message) -> None:
             nonlocal started
+            if rejected:
+                return  # the 413 went out already
             if message["type"] == "http.response.start":
                 started = True
             await send(message)
 
         try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge:
-            if not started:
-                await self._reject(send)
+            await self.app(scope, limited_receive, guarded_send)
+        except Exception:
+            if not rejected:
+                raise
 
     async def _reject(self, send: Send) -> None:
         response = JSONResponse(
@@ -205,10 +217,10 @@ class ErrorBody(BaseModel):
 
 def _declare_errors(app: FastAPI, conflicts: dict[str, str]) -> None:
     """Declare in the app's OpenAPI schema the errors it answers, with the body they really have
-    (`ErrorBody`): 401 and 403 on every operation but `GET /healthz` (`Auth`); 413 on those that
-    take a body (`BodyLimit`); 400 on those that take JSON (FastAPI's answer to a body it cannot
-    parse, e.g. one that is not UTF-8); 422 where FastAPI declares it, but with our body instead
-    of FastAPI's; 409 on the `conflicts` ("METHOD /path" -> when)."""
+    (`ErrorBody`): 401 and 403 on every operation but GET and HEAD /healthz (`Auth`); 413 on
+    those that take a body (`BodyLimit`); 400 on those that take JSON (FastAPI's answer to a body
+    it cannot parse, e.g. one that is not UTF-8); 422 where FastAPI declares it, but with our body
+    instead of FastAPI's; 409 on the `conflicts` ("METHOD /path" -> when)."""
     generate: Callable[[], dict[str, Any]] = app.openapi
     ref = {"$ref": "#/components/schemas/ErrorBody"}
 
@@ -229,7 +241,7 @@ def _declare_errors(app: FastAPI, conflicts: dict[str, str]) -> None:
                 responses = operation.setdefault("responses", {})
                 if "422" in responses:
                     responses["422"] = error("the request is invalid; `detail` says how")
-                if (method, path) == ("get", "/healthz"):
+                if path == "/healthz" and method in ("get", "head"):
                     continue
                 responses["401"] = {
                     **error("missing or wrong token: send `Authorization: Bearer <A3C_TOKEN>`"),

@@ -30,10 +30,13 @@ class WorkerRecord:
     # requests already taken were answered without being counted again.
     last_seq: int = 0
     duplicates: int = 0
+    # The master is still waiting for this worker's answer to POST /start_worker: its silence
+    # does not count yet (the launch has its own timeout).
+    launching: bool = False
 
     def public(self, now: float) -> dict[str, Any]:
         out = asdict(self)
-        del out["last_seen"]
+        del out["last_seen"], out["launching"]
         out["last_seen_s"] = round(max(0.0, now - self.last_seen), 3)
         return out
 

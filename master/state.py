@@ -106,7 +106,7 @@ class ClusterState:
             now = time.time()
             worker_ids = [f"w{i}" for i in range(1, len(worker_urls) + 1)]
             self.workers = {
-                wid: WorkerRecord(wid, url, "starting", now)
+                wid: WorkerRecord(wid, url, "starting", now, launching=True)
                 for wid, url in zip(worker_ids, worker_urls, strict=True)
             }
             self._pending_rows = []
@@ -225,8 +225,10 @@ class ClusterState:
         """The worker accepted POST /start_worker: its silence counts from now."""
         with self._lock:
             record = self.workers.get(worker_id)
-            if record is not None and record.state == "starting":
-                record.last_seen = time.time()
+            if record is not None:
+                record.launching = False
+                if record.state == "starting":
+                    record.last_seen = time.time()
 
     def mark_failed(self, worker_id: str, error: str) -> None:
         with self._lock:
@@ -234,6 +236,7 @@ class ClusterState:
             if record is not None:
                 record.state = "failed"
                 record.error = error
+                record.launching = False
                 self._dirty = True
 
     def check_liveness(self) -> None:
@@ -246,7 +249,7 @@ class ClusterState:
                 return
             now = time.time()
             for record in self.workers.values():
-                if record.state not in ACTIVE:
+                if record.state not in ACTIVE or record.launching:
                     continue
                 name = "heartbeat_timeout_s"
                 if record.state == "starting" and self.config.start_timeout_s is not None:
@@ -651,6 +654,7 @@ class ClusterState:
         self.workers = {}
         for data in state.get("workers", []):
             record = WorkerRecord(**data)
+            record.launching = False  # a launch does not survive the process that made it
             if record.state in ACTIVE:
                 record.last_seen = now  # give every worker a full timeout to come back
             self.workers[record.worker_id] = record

@@ -94,6 +94,18 @@ def test_gives_up_after_the_retry_deadline() -> None:
     assert f"failed {handler.calls} times" in message
 
 
+def test_retries_go_on_until_the_deadline_not_just_before_it() -> None:
+    """A backoff longer than the time left is cut short for one last attempt at the deadline."""
+    handler = Recorder(httpx.ConnectError("refused"))
+    client = make_client(handler, backoff_s=10.0, max_backoff_s=10.0, retry_deadline_s=0.3)
+    start = time.monotonic()
+    with pytest.raises(MasterUnavailable):
+        client.healthz()
+    assert time.monotonic() - start >= 0.3
+    assert handler.calls >= 2
+    assert client.retries == handler.calls - 1
+
+
 def test_zero_deadline_means_a_single_attempt() -> None:
     handler = Recorder(httpx.Response(500))
     with pytest.raises(MasterUnavailable):

@@ -157,6 +157,8 @@ def launched(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
                 "token": token,
             }
         )
+        for wid in workers:
+            state.worker_accepted(wid)
         return [
             {"url": url, "worker_id": wid, "started": True, "error": None}
             for wid, url in workers.items()
@@ -233,6 +235,19 @@ def test_oversized_body_is_413(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         assert r.status_code == 413
         assert "A3C_MAX_BODY_BYTES" in r.json()["detail"]
         assert c.post("/queue", json={"data": 1.0}).status_code == 200
+
+
+def test_an_oversized_chunked_json_body_is_413_not_400(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("A3C_MAX_BODY_BYTES", "1024")
+    with master(make_settings(tmp_path)) as c:
+        before = status(c)
+        pieces = iter([b'{"data": 1.0, "pad": "', b"x" * 2048, b'"}'])  # no Content-Length
+        r = c.post("/queue", content=pieces, headers={"content-type": "application/json"})
+        assert r.status_code == 413, r.text
+        assert "A3C_MAX_BODY_BYTES" in r.json()["detail"]
+        assert status(c)["queue_length"] == before["queue_length"]
 
 
 # -- seed-compatible scalars -----------------------------------------------------------------
@@ -940,6 +955,30 @@ def test_silent_workers_are_lost_and_the_run_ends(
     assert s["state"] == "finished" and s["finish_reason"] == "no worker is running any more"
     assert set(worker_states(client).values()) == {"lost"}
     assert s["global_episode"] == 1
+
+
+def test_a_worker_is_not_judged_while_the_master_waits_for_its_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock(monkeypatch)
+    answered = []
+
+    def slow_launch(state, workers, run_id, config, master_url, token, timeout_s=10.0):
+        clock.now += 50  # /start_worker takes longer than the heartbeat timeout
+        state.check_liveness()
+        answered.append(dict(state.status()["workers"][0]))
+        for wid in workers:
+            state.worker_accepted(wid)
+        return [{"url": u, "worker_id": w, "started": True, "error": None}
+                for w, u in workers.items()]
+
+    monkeypatch.setattr(routes_run, "launch", slow_launch)
+    with master(make_settings(tmp_path)) as c:
+        start_run(c, workers=["127.0.0.1:9001"], heartbeat_interval_s=1, heartbeat_timeout_s=5)
+        assert answered[0]["state"] == "starting"
+        assert status(c)["state"] == "running"
+        clock.now += 6  # it accepted, then said nothing for longer than the timeout
+        assert worker_states(c) == {"w1": "lost"}
 
 
 def test_start_timeout_gives_starting_workers_longer(
