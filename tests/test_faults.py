@@ -120,18 +120,24 @@ def test_lost_replies_are_retried_and_counted_once(
     assert status["global_episode"] >= 60
 
 
-def test_a_frozen_worker_is_lost_then_folded_back_in_once(
-    make_cluster: Callable[..., LocalCluster],
-) -> None:
+def start_fast_failing_run(make_cluster: Callable[..., LocalCluster]) -> LocalCluster:
+    """A cluster whose endless run marks a silent worker lost after 2 s, once both train."""
     cluster = make_cluster()
     run = {**ENDLESS_RUN, "heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 2, **STARTUP}
     assert cluster.train(**run).status_code == 202
-    frozen, other = cluster.workers
     wait_for(
         lambda: all(w["episodes"] > 0 for w in cluster.status()["workers"]),
         60,
         "both workers to report episodes",
     )
+    return cluster
+
+
+def test_a_frozen_worker_is_lost_then_folded_back_in_once(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    cluster = start_fast_failing_run(make_cluster)
+    frozen, other = cluster.workers
     frozen.signal(signal.SIGSTOP)
     try:
         stopped_at = time.monotonic()
@@ -166,15 +172,8 @@ def test_a_frozen_worker_is_lost_then_folded_back_in_once(
 def test_killed_workers_are_lost_and_the_run_ends_without_them(
     make_cluster: Callable[..., LocalCluster],
 ) -> None:
-    cluster = make_cluster()
-    run = {**ENDLESS_RUN, "heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 2, **STARTUP}
-    assert cluster.train(**run).status_code == 202
+    cluster = start_fast_failing_run(make_cluster)
     first, second = cluster.workers
-    wait_for(
-        lambda: all(w["episodes"] > 0 for w in cluster.status()["workers"]),
-        60,
-        "both workers to report episodes",
-    )
     first.signal(signal.SIGKILL)
     killed_at = time.monotonic()
     status = wait_for(

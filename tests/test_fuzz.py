@@ -26,10 +26,8 @@ fuzzed worker URL to a loopback port where nobody listens.
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
-import threading
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 
@@ -42,6 +40,7 @@ from safetensors.torch import load, save
 from schemathesis import Case
 
 from a3c_http.localcluster import ServiceProcess, free_port
+from tests.support import StandInWorker
 
 pytestmark = pytest.mark.integration
 
@@ -56,38 +55,6 @@ MAX_TENSOR_EXAMPLES = 40  # the running pass's arbitrary bytes for each of them
 # What ran: pass -> "METHOD /path" -> number of cases; pass -> path -> distinct tensor bodies.
 CASES: dict[str, Counter[str]] = defaultdict(Counter)
 TENSOR_BODIES: dict[str, dict[str, set[bytes]]] = defaultdict(lambda: defaultdict(set))
-
-
-class StandIn:
-    """A stand-in worker: answers 202 to every POST (`POST /start_worker`) and never reports back,
-    so the run it is part of stays running."""
-
-    def __init__(self) -> None:
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                body = b'{"data": {"accepted": true}}'
-                self.send_response(202)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer((HOST, 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self.server.server_address[1]}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)
 
 
 @pytest.fixture(scope="module")
@@ -136,8 +103,8 @@ def session() -> Iterator[requests.Session]:
 
 
 @pytest.fixture(scope="module")
-def standin() -> Iterator[StandIn]:
-    s = StandIn()
+def standin() -> Iterator[StandInWorker]:
+    s = StandInWorker()
     yield s
     s.close()
 
@@ -179,7 +146,7 @@ def run_state(client: httpx.Client, master: ServiceProcess) -> str:
     return reply.json()["state"]
 
 
-def ensure_running(client: httpx.Client, master: ServiceProcess, standin: StandIn) -> None:
+def ensure_running(client: httpx.Client, master: ServiceProcess, standin: StandInWorker) -> None:
     """A run is running: the last one, or a fresh one whose only worker is the stand-in."""
     if run_state(client, master) != "running":
         body = {"workers": [standin.url], "heartbeat_timeout_s": 3600, "seed": 1}
@@ -235,7 +202,7 @@ def test_fuzz_running_master(
     session: requests.Session,
     client: httpx.Client,
     master: ServiceProcess,
-    standin: StandIn,
+    standin: StandInWorker,
 ) -> None:
     ensure_running(client, master, standin)
     fuzz_one(case, session, "running")
@@ -297,7 +264,7 @@ def test_tensor_bodies_that_almost_fit(
     session: requests.Session,
     client: httpx.Client,
     master: ServiceProcess,
-    standin: StandIn,
+    standin: StandInWorker,
 ) -> None:
     """Every almost-fitting body is a documented 422 on both tensor endpoints; the fitting one is
     taken (so the 422s are not the only answer these endpoints can give)."""

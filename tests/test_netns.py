@@ -30,8 +30,7 @@ import secrets
 import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +38,7 @@ import httpx
 import pytest
 
 from a3c_http.localcluster import ServiceProcess
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -57,17 +57,6 @@ SHORT_RUN = {
 # Generous: other test runs may share the 2 cores.
 START_TIMEOUT_S = 90
 RUN_TIMEOUT_S = 120
-
-
-def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> object:
-    """Poll `condition` until it returns something truthy, or fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def ip(*args: str) -> subprocess.CompletedProcess:
