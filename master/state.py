@@ -159,13 +159,16 @@ class ClusterState:
                 f"run {run_id} is over; the current run is {self.run_id}", stop=True
             )
 
-    def _check_run(self, run_id: str | None) -> None:
-        """Refuse what only a running run can take (gradients, weights)."""
+    def _check_run(self, run_id: str | None) -> StateConflict | None:
+        """Refuse what only a running run can take (gradients, weights): raise for no run or
+        another run; for a finished run, return the refusal, which the caller raises unless the
+        request is a retry of one taken before the finish."""
         if self.run_state == "idle":
             raise StateConflict("no run has started: POST /train first", stop=True)
         self._check_same_run(run_id)
         if self.run_state != "running":
-            raise StateConflict(f"run {self.run_id} is finished ({self.finish_reason})", stop=True)
+            return StateConflict(f"run {self.run_id} is finished ({self.finish_reason})", stop=True)
+        return None
 
     def should_stop(self, run_id: str | None = None) -> bool:
         with self._lock:
@@ -294,9 +297,8 @@ class ClusterState:
             stats = self.stats
             stats.global_episode += 1
             stats.global_steps += length
-            average = stats.fold_average(reward)
+            self._push_queue(stats.fold_average(reward))
             stats.last100.append(reward)
-            self._push_queue(average)
             improved = stats.raise_best(reward)
             record.episodes += 1
             record.steps += length
@@ -309,32 +311,31 @@ class ClusterState:
             self._dirty = True
             reason = self._finish_reason() if self.run_state == "running" else None
             finished = bool(reason) and self._finish_locked(reason)
-            reply = {
-                "global_episode": stats.global_episode,
-                "moving_average": average,
-                "best_score": stats.best_score,
-                "improved": improved,
-                "stop": self.run_state != "running",
-                "duplicate": False,
-            }
+            reply = self._episode_reply(improved, duplicate=False)
             if seq is not None:
                 self._episode_replies[worker_id] = (seq, reply)
         if finished:
             self.persist()
         return reply
 
+    def _episode_reply(self, improved: bool, duplicate: bool) -> dict[str, Any]:
+        stats = self.stats
+        return {
+            "global_episode": stats.global_episode,
+            "moving_average": stats.moving_average,
+            "best_score": stats.best_score,
+            "improved": improved,
+            "stop": self.run_state != "running",
+            "duplicate": duplicate,
+        }
+
     def _duplicate_episode(self, record: WorkerRecord, seq: int) -> dict[str, Any]:
+        """The first attempt's reply when it is the last one kept, else the current figures."""
         record.duplicates += 1
         self._dirty = True
         last_seq, reply = self._episode_replies.get(record.worker_id, (None, None))
-        if last_seq != seq or reply is None:  # an older retry, or the reply was not kept
-            stats = self.stats
-            reply = {
-                "global_episode": stats.global_episode,
-                "moving_average": stats.moving_average,
-                "best_score": stats.best_score,
-                "improved": False,
-            }
+        if last_seq != seq or reply is None:
+            return self._episode_reply(improved=False, duplicate=True)
         return {**reply, "stop": self.run_state != "running", "duplicate": True}
 
     def _finish_reason(self) -> str | None:
@@ -444,25 +445,6 @@ class ClusterState:
                 record.duplicates += 1
                 self._dirty = True
 
-    def _earlier_update(
-        self, worker_id: str, seq: int | None, run_id: str | None
-    ) -> tuple[bytes, int] | None:
-        """The current weights and version when `seq` is a retry of an update this worker had
-        applied already, else None. Judged before the run's state: a retry whose first attempt
-        was taken just before the finish must still learn that it was taken."""
-        if seq is None:
-            return None
-        with self._lock:
-            if self.run_state == "idle":
-                return None
-            self._check_same_run(run_id)
-            with self._model_lock:
-                if not self._seen_update(worker_id, seq):
-                    return None
-                weights = self._weights_locked()
-        self._count_duplicate(worker_id)
-        return weights
-
     def apply_gradients(
         self,
         worker_id: str,
@@ -473,13 +455,10 @@ class ClusterState:
     ) -> tuple[bytes, int, bool]:
         """Apply one worker's gradients with the master's optimizer; return the new weights, their
         version and whether the request was a retry of gradients already applied (then they are
-        not applied again). Raises StateConflict (stale, or no running run) or WireError; nothing
-        is applied then."""
-        earlier = self._earlier_update(worker_id, seq, run_id)
-        if earlier is not None:
-            return *earlier, True
+        not applied again, even if the run finished since). Raises StateConflict (stale, or no
+        running run) or WireError; nothing is applied then."""
         with self._lock:
-            self._check_run(run_id)
+            refusal = self._check_run(run_id)
             self._touch(worker_id)
             max_staleness = self.config.max_staleness
         try:
@@ -490,12 +469,12 @@ class ClusterState:
             raise
         with self._model_lock:
             model = self._require_model()
-            if self._seen_update(worker_id, seq):  # its first attempt was applied meanwhile
-                body, version = self._weights_locked()
-                duplicate = True
-            else:
+            duplicate = self._seen_update(worker_id, seq)
+            if not duplicate:
+                if refusal is not None:
+                    raise refusal
                 staleness = self.model_version - version
-                if staleness < 0 or staleness > max_staleness:
+                if not 0 <= staleness <= max_staleness:
                     self.updates_rejected += 1
                     why = (
                         f"{staleness} versions old (max_staleness={max_staleness})"
@@ -511,8 +490,7 @@ class ClusterState:
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 self._applied(worker_id, seq)
-                body, version = self._weights_locked()
-                duplicate = False
+            body, version = self._weights_locked()
         if duplicate:
             self._count_duplicate(worker_id)
         return body, version, duplicate
@@ -530,16 +508,15 @@ class ClusterState:
     ) -> tuple[int, bool]:
         """A worker's weights: its temporary slot, or (temporary=False) the new global weights.
         Returns the model version and whether this was a retry of weights already taken."""
-        earlier = None if temporary else self._earlier_update(worker_id, seq, None)
-        if earlier is not None:
-            return earlier[1], True
         with self._lock:
-            self._check_run(None)
+            refusal = self._check_run(None)
             self._touch(worker_id)
         tensors = wire.decode(body, self._spec)
         with self._model_lock:
             # A temporary slot is simply overwritten, so a retry of it is harmless as it is.
             duplicate = not temporary and self._seen_update(worker_id, seq)
+            if refusal is not None and not duplicate:
+                raise refusal
             if temporary:
                 self.temporary[worker_id] = body
                 self._dirty = True
