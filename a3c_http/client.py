@@ -72,7 +72,6 @@ class Weights:
     tensors: dict[str, torch.Tensor]
     version: int
     stop: bool = False
-    duplicate: bool = False  # a retry of gradients the master had applied already
 
 
 def _detail(response: httpx.Response) -> str:
@@ -215,12 +214,7 @@ class MasterClient:
             tensors = wire.decode(response.content, spec)
         except wire.WireError as exc:
             raise ProtocolError(f"the master's weights do not fit this model: {exc}") from exc
-        return Weights(
-            tensors,
-            version,
-            stop=response.headers.get(STOP_HEADER) == "1",
-            duplicate=response.headers.get(DUPLICATE_HEADER) == "1",
-        )
+        return Weights(tensors, version, stop=response.headers.get(STOP_HEADER) == "1")
 
     def get_weights(self, spec: wire.Spec, if_not_version: int | None = None) -> Weights | None:
         """The global weights, or None when they are still at `if_not_version`."""

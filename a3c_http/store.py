@@ -16,9 +16,10 @@ never a torn file nor a mix of the two (new weights with old counters):
 3. each `<name>.pending` is renamed over `<name>`, then `commit.json` is removed.
 
 A load that finds `commit.json` finishes step 3 first (roll forward); pending files without it are
-an unfinished save and are deleted (roll back). `episodes.csv` is appended before the commit; a torn
-last line, or rows newer than `state.json`, are dropped on load so the history always matches the
-counters. All of it happens under a filelock, so two processes never interleave.
+an unfinished save and are deleted (roll back). `episodes.csv` is appended before the commit; a
+torn last line, rows newer than `state.json`, or rows appended again after a failed save are
+dropped on load so the history always matches the counters. All of it happens under a filelock,
+so two processes never interleave.
 """
 
 from __future__ import annotations
@@ -240,7 +241,11 @@ class RunStore:
                 float(row[2]) if complete else None
             except ValueError:
                 episode = None
-            if episode is None or (last_episode is not None and episode > last_episode):
+            if (
+                episode is None
+                or (last_episode is not None and episode > last_episode)
+                or (kept and episode <= int(kept[-1][0]))  # appended again after a failed save
+            ):
                 dropped += 1
                 continue
             kept.append(row)

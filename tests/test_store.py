@@ -350,3 +350,25 @@ def test_kill_9_in_the_middle_of_saves_leaves_one_whole_snapshot(tmp_path: Path)
         assert len(found) == 1, f"a mix of snapshots {found}"
         seen.append(found.pop())
     assert seen == sorted(seen) and seen[-1] > seen[0], seen  # it saved, and never went back
+
+
+def test_rows_of_a_failed_save_appended_again_are_kept_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = RunStore(tmp_path)
+    s.save(snapshot(2, rows(1, 2)))
+    real = store.atomic_write
+
+    def full_disk_at_commit(path: Path, data: bytes) -> None:
+        if path.name == store.COMMIT:
+            raise OSError("no space left on device")
+        real(path, data)
+
+    monkeypatch.setattr(store, "atomic_write", full_disk_at_commit)
+    with pytest.raises(OSError):
+        s.save(snapshot(4, rows(3, 4)))  # the rows are on disk, the state is not
+    monkeypatch.setattr(store, "atomic_write", real)
+    s.save(snapshot(5, rows(3, 5)))  # the master queues the rows again with the next ones
+    assert [r["global_episode"] for r in s.read_episodes()] == [1, 2, 3, 4, 5]
+    RunStore(tmp_path).load()
+    assert (tmp_path / "episodes.csv").read_text().count("\n") == 6  # header and 5 rows
