@@ -153,7 +153,8 @@ def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     return gym.spec(name)
 
 
-def _env_float(name: str, default: float) -> float:
+def env_float(name: str, default: float) -> float:
+    """A positive number from the environment variable `name`; ValueError naming it otherwise."""
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -197,6 +198,6 @@ class Settings:
             run_dir=Path(os.environ.get("A3C_RUN_DIR") or "runs/latest"),
             workers_file=Path(os.environ.get("A3C_WORKERS_FILE") or "workers.txt"),
             master_url=os.environ.get("A3C_MASTER_URL") or None,
-            persist_interval_s=_env_float("A3C_PERSIST_INTERVAL_S", 5.0),
+            persist_interval_s=env_float("A3C_PERSIST_INTERVAL_S", 5.0),
             queue_max=_env_int("A3C_QUEUE_MAX", 10_000),
         )

@@ -265,7 +265,7 @@ def test_a_killed_master_resumes_from_its_last_save_and_the_workers_go_on(
     for p in cluster.workers:
         w = cluster.worker_status(p)
         assert w["state"] == "running" and w["run_id"] == last["run_id"], w
-        assert w["http_retries"] > 0
+        assert w["http_retries"] > 0, w
     lost = last["global_episode"] - restored["global_episode"]
     print(
         f"\n[killed master] {lost} of {last['global_episode']} episodes lost; the save was "

@@ -152,6 +152,7 @@ def test_a_module_outside_the_allowlist_is_refused(cluster: LocalCluster) -> Non
     [
         ("master.app:app", {"A3C_PERSIST_INTERVAL_S": "abc"}, "A3C_PERSIST_INTERVAL_S='abc'"),
         ("worker.app:app", {"A3C_MAX_BODY_BYTES": "12"}, "A3C_MAX_BODY_BYTES='12'"),
+        ("worker.app:app", {"A3C_MASTER_RETRY_S": "soon"}, "A3C_MASTER_RETRY_S='soon'"),
     ],
 )
 def test_a_bad_setting_stops_the_service_with_a_message_not_a_traceback(

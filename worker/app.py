@@ -15,7 +15,7 @@ from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from a3c_http.client import A3CError, MasterClient, MasterUnavailable
-from a3c_http.config import TrainConfig
+from a3c_http.config import TrainConfig, env_float
 from a3c_http.service import install_common
 from worker.trainer import Progress, Trainer
 
@@ -33,8 +33,9 @@ class StartIn(BaseModel):
 class WorkerService:
     """The worker's one training slot and what /status shows of it."""
 
-    def __init__(self, token: str | None) -> None:
+    def __init__(self, token: str | None, master_retry_s: float = 60.0) -> None:
         self.token = token
+        self.master_retry_s = master_retry_s
         self._lock = threading.Lock()
         self.state: WorkerStatus = "idle"
         self.worker_id: str | None = None
@@ -58,22 +59,29 @@ class WorkerService:
             self.error = None
             self.progress = Progress()
             self._stop = threading.Event()
+            self._client = MasterClient(
+                body.master_url,
+                self.token,
+                retry_deadline_s=self.master_retry_s,
+                run_id=body.run_id,
+            )
             self._thread = threading.Thread(
                 target=self._train,
-                args=(body, own_url, self._stop, self.progress),
+                args=(body, own_url, self._client, self._stop, self.progress),
                 name=f"a3c-trainer-{body.worker_id}",
                 daemon=True,
             )
             self._thread.start()
 
     def _train(
-        self, body: StartIn, own_url: str, stop: threading.Event, progress: Progress
+        self,
+        body: StartIn,
+        own_url: str,
+        client: MasterClient,
+        stop: threading.Event,
+        progress: Progress,
     ) -> None:
-        retry_s = float(os.environ.get("A3C_MASTER_RETRY_S", "60"))
-        client = MasterClient(
-            body.master_url, self.token, retry_deadline_s=retry_s, run_id=body.run_id
-        )
-        self._client = client
+        retry_s = self.master_retry_s
         error = None
         try:
             Trainer(body.config, client, body.worker_id, own_url, stop, progress).run()
@@ -132,7 +140,7 @@ class WorkerService:
 
 def create_app(token: str | None = None) -> FastAPI:
     token = token if token is not None else (os.environ.get("A3C_TOKEN") or None)
-    service = WorkerService(token)
+    service = WorkerService(token, env_float("A3C_MASTER_RETRY_S", 60.0))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
