@@ -151,7 +151,7 @@ def create_app(token: str | None = None) -> FastAPI:
 
     app = FastAPI(title="a3c-http worker", version="0.1.0", lifespan=lifespan)
     app.state.worker = service
-    install_common(app, token)
+    install_common(app, token, {"POST /start_worker": "already running or stopping a run"})
 
     @app.get("/status")
     def status() -> dict[str, Any]:
