@@ -62,7 +62,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             stop.set()
             thread.join(timeout=10)
-            state.persist(force=True)
+            state.persist(force=True, clean=True)
 
     app = FastAPI(title="a3c-http master", version="0.1.0", lifespan=lifespan)
     app.state.cluster = state

@@ -36,6 +36,11 @@ from a3c_http.store import RunStore, Snapshot
 from master.records import ACTIVE, Stats, WorkerRecord
 
 RunState = Literal["idle", "running", "finished"]
+# A master that resumes a running run after a crash, not a clean shutdown, skips this many model
+# versions: the versions it handed out after its last save (a few seconds of updates) named
+# weights that are lost, and must never name other weights. Gradients computed on them are then
+# far too stale (409: the worker pulls the weights), and an ETag cached from them never matches.
+VERSIONS_SKIPPED_AFTER_A_CRASH = 1_000_000
 
 
 class StateConflict(Exception):
@@ -77,7 +82,8 @@ class ClusterState:
         self._update_seq: dict[str, int] = {}
         self._episode_replies: dict[str, tuple[int, dict[str, Any]]] = {}
 
-        self._restore()
+        if self._restore():
+            self.persist()  # the skipped versions are on disk before any is handed out
 
     # -- run lifecycle -------------------------------------------------------------------------
 
@@ -564,9 +570,10 @@ class ClusterState:
 
     # -- persistence ---------------------------------------------------------------------------
 
-    def persist(self, force: bool = False) -> bool:
-        """Write the state to the run folder if anything changed (or `force`)."""
-        snap = self._snapshot(force)
+    def persist(self, force: bool = False, clean: bool = False) -> bool:
+        """Write the state to the run folder if anything changed (or `force`). `clean`: this is
+        the last save of a process that shuts down, so nothing will happen after it."""
+        snap = self._snapshot(force, clean)
         if snap is None:
             return False
         try:
@@ -578,7 +585,7 @@ class ClusterState:
             raise
         return True
 
-    def _snapshot(self, force: bool) -> Snapshot | None:
+    def _snapshot(self, force: bool, clean: bool = False) -> Snapshot | None:
         with self._lock, self._model_lock:
             if not (self._dirty or force):
                 return None
@@ -595,6 +602,7 @@ class ClusterState:
                 "updates_rejected": self.updates_rejected,
                 "update_seq": dict(self._update_seq),
                 "saved_at": time.time(),
+                "clean_shutdown": clean,
             }
             weights, optimizer = b"", b""
             if self.model is not None:
@@ -614,10 +622,12 @@ class ClusterState:
             self._dirty = False
             return snap
 
-    def _restore(self) -> None:
+    def _restore(self) -> bool:
+        """Resume from the run folder; True when model versions were skipped (see
+        VERSIONS_SKIPPED_AFTER_A_CRASH)."""
         snap = self.store.load()
         if snap is None:
-            return
+            return False
         config_data = dict(snap.config)
         config_data.pop("run_id", None)
         state = snap.state
@@ -637,7 +647,7 @@ class ClusterState:
             self.workers[record.worker_id] = record
         self.temporary = dict(snap.temporary)
         if not snap.weights:
-            return  # the state of an idle master: counters, no run
+            return False  # the state of an idle master: counters, no run
         self.config = TrainConfig(**config_data)
         model = build_model(self.config.env_id, self.config.env_kwargs, self.config.hidden_sizes)
         model.load_state_dict(wire.decode(snap.weights, wire.spec_of(model)))
@@ -647,3 +657,8 @@ class ClusterState:
         self.updates_applied = int(state.get("updates_applied", 0))
         self.updates_rejected = int(state.get("updates_rejected", 0))
         self._update_seq = {str(k): int(v) for k, v in state.get("update_seq", {}).items()}
+        if self.run_state == "running" and not state.get("clean_shutdown", False):
+            self.model_version += VERSIONS_SKIPPED_AFTER_A_CRASH
+            self._dirty = True
+            return True
+        return False

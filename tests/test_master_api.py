@@ -20,9 +20,10 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from a3c_http import wire
-from a3c_http.config import Settings
+from a3c_http.config import Settings, TrainConfig
 from master import routes_run
 from master.app import create_app
+from master.state import VERSIONS_SKIPPED_AFTER_A_CRASH, ClusterState, StateConflict
 
 LOOPBACK = ("127.0.0.1", 50000)
 REMOTE = ("10.1.2.3", 5)
@@ -1178,3 +1179,30 @@ def test_a_new_master_resumes_the_run(tmp_path: Path, launched: list) -> None:
         r = push_gradients(c, wire.encode(ones_like(tensors)), version)
         assert r.status_code == 200
         assert r.headers["X-Model-Version"] == str(version + 1)
+
+
+def test_a_master_resumed_after_a_crash_never_reuses_a_version(tmp_path: Path) -> None:
+    """Versions handed out after the last save of a crashed master named weights that are lost:
+    the resumed master skips past them (and saves that at once), so no version or ETag a worker
+    holds from before the crash can name other weights. A clean shutdown skips nothing."""
+    settings = make_settings(tmp_path)
+    crashed = ClusterState(settings)
+    crashed.start_run(TrainConfig(seed=1), ["http://127.0.0.1:9"])
+    grads = wire.encode(ones_like(wire.decode(crashed.weights()[0], crashed.spec)))
+    crashed.apply_gradients("w1", 0, grads)
+    crashed.persist()  # a periodic save; then more versions, lost with the crash
+    saved, _ = crashed.weights()
+    for version in (1, 2):
+        crashed.apply_gradients("w1", version, grads)
+    assert crashed.model_version == 3
+
+    resumed = ClusterState(settings)
+    assert resumed.model_version == 1 + VERSIONS_SKIPPED_AFTER_A_CRASH
+    assert resumed.weights() == (saved, resumed.model_version)  # the saved weights
+    with pytest.raises(StateConflict, match="versions old"):
+        resumed.apply_gradients("w1", 3, grads)  # computed on lost weights: refused
+    # Crashing again right away skips again from the save the resumed master made at once.
+    again = ClusterState(settings)
+    assert again.model_version == 1 + 2 * VERSIONS_SKIPPED_AFTER_A_CRASH
+    again.persist(force=True, clean=True)
+    assert ClusterState(settings).model_version == again.model_version
