@@ -81,12 +81,11 @@ class WorkerService:
         stop: threading.Event,
         progress: Progress,
     ) -> None:
-        retry_s = self.master_retry_s
         error = None
         try:
             Trainer(body.config, client, body.worker_id, own_url, stop, progress).run()
         except MasterUnavailable as exc:
-            error = f"{exc} (gave up after A3C_MASTER_RETRY_S={retry_s:g} s)"
+            error = f"{exc} (gave up after A3C_MASTER_RETRY_S={self.master_retry_s:g} s)"
         except A3CError as exc:
             error = str(exc)
         except Exception as exc:  # an environment or model error: report it, keep serving
@@ -97,7 +96,7 @@ class WorkerService:
             self.state = "failed" if error else "done"
             self.error = error
         try:
-            client.retry_deadline_s = min(retry_s, 10.0)
+            client.retry_deadline_s = min(self.master_retry_s, 10.0)
             client.worker_done(body.worker_id, error)
         except A3CError:
             pass  # the master is gone or the run is over: nothing else to tell
