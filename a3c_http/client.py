@@ -251,7 +251,11 @@ class MasterClient:
             "/local_model_weights",
             params={"worker_id": worker_id, "temporary": str(temporary).lower()},
             content=wire.encode(tensors),
-            headers={"Content-Type": wire.CONTENT_TYPE, **self._seq_header()},
+            headers={
+                "Content-Type": wire.CONTENT_TYPE,
+                **self._seq_header(),
+                **({"X-Run-Id": self.run_id} if self.run_id else {}),
+            },
         )
 
     def best_score(self) -> float | None:

@@ -62,7 +62,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             stop.set()
             thread.join(timeout=10)
-            state.persist(force=True, clean=True)
+            try:
+                state.persist(force=True, clean=True)
+            finally:
+                state.close()
 
     app = FastAPI(title="a3c-http master", version="0.1.0", lifespan=lifespan)
     app.state.cluster = state

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from a3c_http.config import TrainConfig
-from master.state import ClusterState
+from master.ledger import RunLedger
 
 
 class WorkerListError(ValueError):
@@ -88,7 +88,7 @@ def _start_one(url: str, body: dict[str, Any], token: str | None, timeout_s: flo
 
 
 def start_workers(
-    state: ClusterState,
+    ledger: RunLedger,
     workers: dict[str, str],
     run_id: str,
     config: TrainConfig,
@@ -116,9 +116,9 @@ def start_workers(
     results = []
     for (worker_id, url, _), error in zip(jobs, errors, strict=True):
         if error:
-            state.mark_failed(worker_id, error)
+            ledger.mark_failed(worker_id, error)
         else:
-            state.worker_accepted(worker_id)
+            ledger.worker_accepted(worker_id)
         results.append(
             {"url": url, "worker_id": worker_id, "started": error is None, "error": error}
         )

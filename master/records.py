@@ -1,10 +1,10 @@
 """The plain records of the master's state: a worker's entry in the registry and the run's
-counters. They hold no locks; ClusterState (master/state.py) guards every access."""
+counters. They hold no locks; the run ledger (master/ledger.py) guards every access."""
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 WorkerState = Literal["starting", "running", "done", "lost", "failed"]
@@ -21,7 +21,10 @@ class WorkerRecord:
     state: WorkerState
     last_seen: float  # wall clock, so it survives a restart
     episodes: int = 0
-    steps: int = 0
+    steps: int = 0  # the lengths of its episodes reported so far
+    # Every environment step it took, as its last heartbeat said: with `steps`, the steps of
+    # episodes still going on count too, so `max_steps` fires on an environment that never ends.
+    env_steps: int = 0
     steps_per_s: float | None = None
     last_reward: float | None = None
     error: str | None = None
@@ -34,6 +37,9 @@ class WorkerRecord:
     # does not count yet (the launch has its own timeout).
     launching: bool = False
 
+    def steps_in_progress(self) -> int:
+        return max(0, self.env_steps - self.steps)
+
     def public(self, now: float) -> dict[str, Any]:
         out = asdict(self)
         del out["last_seen"], out["launching"]
@@ -43,7 +49,9 @@ class WorkerRecord:
 
 @dataclass
 class Stats:
-    """The run's counters: all guarded by ClusterState._lock."""
+    """The run's counters. `global_steps` sums the lengths of the reported episodes.
+    The FIFO's entries are numbered: `queue_head` is the number of the oldest one, so a save
+    writes only the entries pushed since the last one and deletes those popped."""
 
     global_episode: int = 0
     global_steps: int = 0
@@ -51,7 +59,30 @@ class Stats:
     moving_average: float | None = None
     last100: deque = field(default_factory=lambda: deque(maxlen=100))
     queue: deque = field(default_factory=deque)
+    queue_head: int = 0
     queue_dropped: int = 0
+
+    def push(self, value: float, limit: int) -> None:
+        if len(self.queue) >= limit:
+            self.queue.popleft()
+            self.queue_head += 1
+            self.queue_dropped += 1
+        self.queue.append(value)
+
+    def pop(self) -> float | None:
+        if not self.queue:
+            return None
+        self.queue_head += 1
+        return self.queue.popleft()
+
+    def clear_queue(self) -> None:
+        self.queue_head += len(self.queue)
+        self.queue.clear()
+
+    def queue_since(self, position: int) -> list[tuple[int, float]]:
+        """The FIFO's entries numbered `position` and later, with their numbers."""
+        skip = max(0, position - self.queue_head)
+        return [(self.queue_head + i, v) for i, v in enumerate(self.queue) if i >= skip]
 
     def fold_average(self, reward: float) -> float:
         if self.moving_average is None:
@@ -72,19 +103,20 @@ class Stats:
         return sum(self.last100) / len(self.last100) if self.last100 else None
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
+        """Everything but the FIFO's entries, which the run folder keeps in a table of their own."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "queue"}
         out["last100"] = list(self.last100)
-        out["queue"] = list(self.queue)
         return out
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Stats:
+    def from_json(cls, data: dict[str, Any], queue: list[tuple[int, float]]) -> Stats:
         return cls(
             global_episode=int(data.get("global_episode", 0)),
             global_steps=int(data.get("global_steps", 0)),
             best_score=data.get("best_score"),
             moving_average=data.get("moving_average"),
             last100=deque(data.get("last100", []), maxlen=100),
-            queue=deque(data.get("queue", [])),
+            queue=deque(value for _, value in queue),
+            queue_head=queue[0][0] if queue else int(data.get("queue_head", 0)),
             queue_dropped=int(data.get("queue_dropped", 0)),
         )

@@ -48,7 +48,7 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
             422, f"env_id/env_kwargs: cannot build {config.env_id!r}: {exc}"
         ) from None
     workers = dict(zip(worker_ids, urls, strict=True))
-    results = launch(state, workers, run_id, state.config, master_url, settings.token)
+    results = launch(state.ledger, workers, run_id, state.ledger.config, master_url, settings.token)
     if not any(r["started"] for r in results):
         state.finish("no worker could be started")
     state.check_liveness()
@@ -62,7 +62,8 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
 def stop(state: State) -> dict[str, Any]:
     """Idempotent: `stopped` says whether this call ended a running run (and persisted it)."""
     stopped = state.finish("stopped by POST /stop")
-    return {"data": {"run_id": state.run_id, "state": state.run_state, "stopped": stopped}}
+    ledger = state.ledger
+    return {"data": {"run_id": ledger.run_id, "state": ledger.run_state, "stopped": stopped}}
 
 
 @router.get("/status")

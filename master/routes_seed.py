@@ -15,56 +15,57 @@ router = APIRouter(tags=["seed-compatible"])
 
 @router.get("/best_score")
 def get_best_score(state: State) -> dict[str, Any]:
-    return {"data": state.stats.best_score}
+    return {"data": state.ledger.stats.best_score}
 
 
 @router.post("/best_score")
 def post_best_score(body: ScoreIn, state: State) -> dict[str, Any]:
-    best, raised = state.raise_best(body.data)
+    best, raised = state.ledger.raise_best(body.data)
     return {"data": best, "raised": raised}
 
 
 @router.get("/global_episode")
 def get_global_episode(state: State) -> dict[str, Any]:
-    return {"data": state.stats.global_episode}
+    return {"data": state.ledger.stats.global_episode}
 
 
 @router.post("/global_episode")
 def post_global_episode(state: State, body: CountIn | None = None) -> dict[str, Any]:
-    return {"data": state.add_episodes(body.data if body else 1)}
+    return {"data": state.ledger.add_episodes(body.data if body else 1)}
 
 
 @router.get("/global_moving_average")
 def get_moving_average(state: State) -> dict[str, Any]:
-    return {"data": state.stats.moving_average}
+    return {"data": state.ledger.stats.moving_average}
 
 
 @router.post("/global_moving_average")
 def post_moving_average(body: ValueIn, state: State) -> dict[str, Any]:
-    return {"data": state.fold_average(body.data)}
+    return {"data": state.ledger.fold_average(body.data)}
 
 
 @router.post("/create_queue")
 def create_queue(state: State) -> dict[str, Any]:
-    state.clear_queue()
+    state.ledger.clear_queue()
     return {"data": {"length": 0}}
 
 
 @router.post("/queue")
 def post_queue(body: ValueIn, state: State) -> dict[str, Any]:
-    return {"data": {"length": state.push_queue(body.data)}}
+    return {"data": {"length": state.ledger.push_queue(body.data)}}
 
 
 @router.get("/queue")
 def get_queue(state: State) -> dict[str, Any]:
-    value = state.pop_queue()
+    value = state.ledger.pop_queue()
     return {"data": value, "empty": value is None}
 
 
 @router.post("/worker_started")
 def worker_started(body: WorkerStartedIn, state: State) -> dict[str, Any]:
-    state.worker_started(body.worker_id, body.url, body.run_id)
-    return {"data": {"worker_id": body.worker_id, "state": "running", "run_id": state.run_id}}
+    state.ledger.worker_started(body.worker_id, body.url, body.run_id)
+    run_id = state.ledger.run_id
+    return {"data": {"worker_id": body.worker_id, "state": "running", "run_id": run_id}}
 
 
 @router.post("/worker_done")
@@ -76,5 +77,6 @@ def worker_done(body: WorkerDoneIn, state: State) -> dict[str, Any]:
 @router.get("/workers_status")
 def workers_status(state: State) -> dict[str, Any]:
     state.check_liveness()
-    active = state.active_workers()
-    return {"data": {"active": active, "done": active == 0, "workers": state.workers_public()}}
+    ledger = state.ledger
+    active = ledger.active_workers()
+    return {"data": {"active": active, "done": active == 0, "workers": ledger.workers_public()}}

@@ -35,7 +35,7 @@ def _weights_response(body: bytes, version: int, duplicate: bool = False) -> Res
 def global_model_weights(
     state: State, if_none_match: Annotated[str | None, Header()] = None
 ) -> Response:
-    body, version = state.weights()
+    body, version = state.params.weights()
     if if_none_match is not None:
         tags = {t.strip().removeprefix("W/").strip('"') for t in if_none_match.split(",")}
         if str(version) in tags or "*" in tags:
@@ -54,11 +54,12 @@ async def local_model_weights(
     state: State,
     worker_id: Annotated[WorkerId, Query()],
     temporary: Annotated[bool, Query()] = False,
+    x_run_id: Annotated[str | None, Header(max_length=64)] = None,
     x_a3c_seq: Seq = None,
 ) -> dict:
     body = await request.body()
     version, duplicate = await run_in_threadpool(
-        state.put_weights, worker_id, body, temporary, x_a3c_seq
+        state.put_weights, worker_id, body, temporary, x_run_id, x_a3c_seq
     )
     return {"data": {"model_version": version, "temporary": temporary, "duplicate": duplicate}}
 

@@ -58,6 +58,12 @@ class HeartbeatIn(BaseModel):
     run_id: RunId = None
     episodes: int | None = Field(None, ge=0)
     steps: int | None = Field(None, ge=0)
+    env_steps: int | None = Field(
+        None,
+        ge=0,
+        description="Every environment step this worker took in the run, of finished episodes "
+        "and of those going on; the master's `env_steps` (what `max_steps` counts) adds up these.",
+    )
     steps_per_s: Finite | None = Field(None, ge=0)
     last_reward: Finite | None = None
     metrics: dict[Annotated[str, Field(max_length=64)], Finite] | None = Field(

@@ -1,13 +1,12 @@
 """Plot a run's episode returns: `python scripts/plot_rewards.py [RUN_DIR] [--out FILE]`.
 
-Reads RUN_DIR/episodes.csv (default runs/latest) and writes RUN_DIR/rewards.png: every episode's
+Reads the run folder RUN_DIR (default runs/latest) and writes RUN_DIR/rewards.png: every episode's
 return, the mean of the last 100 and the target return when the run had one.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -24,11 +23,12 @@ def plot(run_dir: Path, out: Path | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     run_dir = Path(run_dir)
-    rows = RunStore(run_dir).read_episodes()
+    store = RunStore(run_dir)
+    rows = store.read_episodes()
     if not rows:
-        raise SystemExit(f"no episodes in {run_dir / 'episodes.csv'}: nothing to plot")
-    config_path = run_dir / "config.json"
-    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+        raise SystemExit(f"no episodes in the run folder {run_dir}: nothing to plot")
+    saved = store.load()
+    config = saved.config if saved else {}
     episodes = [r["global_episode"] for r in rows]
     rewards = [r["reward"] for r in rows]
     window, mean100 = [], []

@@ -3,7 +3,6 @@ stopped, and a master that stays away. Each test prints the figure it measured (
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 import time
@@ -226,8 +225,8 @@ def test_a_killed_master_resumes_from_its_last_save_and_the_workers_go_on(
     cluster.master.signal(signal.SIGKILL)
     killed_at = time.time()
     cluster.master.proc.wait(timeout=10)
-    persisted = json.loads((cluster.run_dir / "state.json").read_text())
-    weights_file = (cluster.run_dir / "weights.safetensors").read_bytes()
+    saved = RunStore(cluster.run_dir).load()
+    persisted = saved.state
 
     # First on another port, where the workers cannot reach it: exactly the last saved state.
     master = cluster.master
@@ -241,12 +240,13 @@ def test_a_killed_master_resumes_from_its_last_save_and_the_workers_go_on(
         if key == "model_version":  # the versions handed out after the save are skipped
             expected += VERSIONS_SKIPPED_AFTER_A_CRASH
         elif key == "queue_length":
-            expected = len(persisted["stats"]["queue"])
+            expected = len(saved.queue)
         elif key == "mean_return_100":
             window = persisted["stats"]["last100"]
             expected = sum(window) / len(window)
         assert restored[key] == expected, key
-    assert weights.content == weights_file
+    assert weights.content == saved.weights
+    assert saved.weights == (cluster.run_dir / "weights.safetensors").read_bytes()
     assert weights.headers["X-Model-Version"] == str(restored["model_version"])
     assert restored["state"] == "running" and restored["run_id"] == last["run_id"]
     assert {w["state"] for w in restored["workers"]} == {"running"}

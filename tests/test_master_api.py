@@ -923,10 +923,10 @@ def test_local_weights_are_validated(running: TestClient) -> None:
 
 class Clock:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        import master.state
+        import master.ledger
 
         self.now = 1_000_000.0
-        monkeypatch.setattr(master.state.time, "time", lambda: self.now)
+        monkeypatch.setattr(master.ledger.time, "time", lambda: self.now)
 
 
 def worker_states(c: TestClient) -> dict[str, str]:
@@ -1184,25 +1184,30 @@ def test_a_new_master_resumes_the_run(tmp_path: Path, launched: list) -> None:
 def test_a_master_resumed_after_a_crash_never_reuses_a_version(tmp_path: Path) -> None:
     """Versions handed out after the last save of a crashed master named weights that are lost:
     the resumed master skips past them (and saves that at once), so no version or ETag a worker
-    holds from before the crash can name other weights. A clean shutdown skips nothing."""
+    holds from before the crash can name other weights. A clean shutdown skips nothing.
+    (`close()` without a save is the crash: the process's end gives up the folder.)"""
     settings = make_settings(tmp_path)
     crashed = ClusterState(settings)
     crashed.start_run(TrainConfig(seed=1), ["http://127.0.0.1:9"])
-    grads = wire.encode(ones_like(wire.decode(crashed.weights()[0], crashed.spec)))
+    params = crashed.params
+    grads = wire.encode(ones_like(wire.decode(params.weights()[0], params.spec)))
     crashed.apply_gradients("w1", 0, grads)
     crashed.persist()  # a periodic save; then more versions, lost with the crash
-    saved, _ = crashed.weights()
+    saved, _ = params.weights()
     for version in (1, 2):
         crashed.apply_gradients("w1", version, grads)
-    assert crashed.model_version == 3
+    assert params.version == 3
+    crashed.close()
 
     resumed = ClusterState(settings)
-    assert resumed.model_version == 1 + VERSIONS_SKIPPED_AFTER_A_CRASH
-    assert resumed.weights() == (saved, resumed.model_version)  # the saved weights
+    assert resumed.params.version == 1 + VERSIONS_SKIPPED_AFTER_A_CRASH
+    assert resumed.params.weights() == (saved, resumed.params.version)  # the saved weights
     with pytest.raises(StateConflict, match="versions old"):
         resumed.apply_gradients("w1", 3, grads)  # computed on lost weights: refused
+    resumed.close()
     # Crashing again right away skips again from the save the resumed master made at once.
     again = ClusterState(settings)
-    assert again.model_version == 1 + 2 * VERSIONS_SKIPPED_AFTER_A_CRASH
+    assert again.params.version == 1 + 2 * VERSIONS_SKIPPED_AFTER_A_CRASH
     again.persist(force=True, clean=True)
-    assert ClusterState(settings).model_version == again.model_version
+    again.close()
+    assert ClusterState(settings).params.version == again.params.version

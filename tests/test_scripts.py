@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import csv
-import json
 from pathlib import Path
 
+from a3c_http.store import RunStore, Snapshot
 from scripts.plot_rewards import plot
 from scripts.run_local import progress_line
 
@@ -27,13 +26,13 @@ def test_progress_line_measures_the_rate_between_two_statuses() -> None:
 
 
 def test_plot_writes_a_png_with_every_episode(tmp_path: Path) -> None:
-    with (tmp_path / "episodes.csv").open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["global_episode", "worker_id", "reward", "length", "time"])
-        for i in range(1, 151):
-            writer.writerow([i, f"w{i % 2 + 1}", float(i), i, 1000.0 + i])
-    (tmp_path / "config.json").write_text(json.dumps({"env_id": "CartPole-v1",
-                                                     "target_return": 475.0}))
+    store = RunStore.acquire(tmp_path)
+    store.save(Snapshot(
+        config={"env_id": "CartPole-v1", "target_return": 475.0},
+        state={"run_id": "r1"},
+        new_episodes=[(i, f"w{i % 2 + 1}", float(i), i, 1000.0 + i) for i in range(1, 151)],
+    ))
+    store.close()
     out = plot(tmp_path)
     assert out == tmp_path / "rewards.png"
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

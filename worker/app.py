@@ -123,6 +123,7 @@ class WorkerService:
             "run_id": self.run_id,
             "episodes": p.episodes,
             "steps": p.steps,
+            "env_steps": p.env_steps,
             "last_reward": p.last_reward,
             "steps_per_s": p.steps_per_s,
             "updates": p.updates,

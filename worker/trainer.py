@@ -31,7 +31,8 @@ class Progress:
     """What the worker's /status shows; written by the training thread only."""
 
     episodes: int = 0
-    steps: int = 0
+    steps: int = 0  # the lengths of the episodes the master accepted
+    env_steps: int = 0  # every environment step, of finished episodes and of those going on
     last_reward: float | None = None
     steps_per_s: float | None = None
     updates: int = 0  # gradients or global weights the master took from this worker
@@ -94,6 +95,7 @@ class Trainer:
                 started = time.monotonic()
                 rollout = collector.collect(model, cfg.t_max)
                 self.progress.time_rollout_s += time.monotonic() - started
+                self.progress.env_steps += rollout.num_steps
                 improved = self._report(rollout)
                 if optimizer is None:
                     self._push_gradients(model, rollout, spec)
@@ -141,7 +143,7 @@ class Trainer:
         p = self.progress
         p.recent_returns.extend(ep.reward for ep in rollout.episodes)
         elapsed = time.monotonic() - p.started_at
-        p.steps_per_s = round(p.steps / elapsed, 1) if elapsed else None
+        p.steps_per_s = round(p.env_steps / elapsed, 1) if elapsed else None
         if p.recent_returns:
             p.metrics["rollout/ep_rew_mean"] = sum(p.recent_returns) / len(p.recent_returns)
         if p.steps_per_s is not None:
@@ -188,6 +190,7 @@ class Trainer:
             self.worker_id,
             episodes=p.episodes,
             steps=p.steps,
+            env_steps=p.env_steps,
             steps_per_s=p.steps_per_s,
             last_reward=p.last_reward,
             metrics=p.metrics,

@@ -1,0 +1,404 @@
+"""The run ledger: which run is on and how it goes, under one lock. It holds the run (id, config,
+state, elapsed time), its statistics (episode and step counters, best score, moving average,
+last-100 window, FIFO), the worker registry with each worker's liveness, and the history rows not
+saved yet.
+
+Retries are never counted twice: a worker numbers its episode reports (`X-A3C-Seq`); the last number
+counted for each worker is checked and recorded in the same critical section as the count, and a
+retry of a report already counted gets the first attempt's reply without being counted again.
+
+A change that finishes the run raises `finished`, which the facade (master/state.py) takes with
+`take_finished()` after the lock is released, to save at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import asdict
+from typing import Any, Literal
+
+from a3c_http.config import TrainConfig
+from master.errors import StateConflict
+from master.records import ACTIVE, Stats, WorkerRecord
+
+RunState = Literal["idle", "running", "finished"]
+
+
+class RunLedger:
+    def __init__(self, queue_max: int) -> None:
+        self.lock = threading.RLock()
+        self.queue_max = queue_max
+        self.run_id: str | None = None
+        self.run_state: RunState = "idle"
+        self.finish_reason: str | None = None
+        self.config: TrainConfig | None = None
+        self._elapsed_before = 0.0  # seconds run before this process (resume)
+        self._running_since: float | None = None  # monotonic
+        self.stats = Stats()
+        self.workers: dict[str, WorkerRecord] = {}
+        self.unsaved_rows: list[tuple] = []
+        # The reply to each worker's last counted episode report, for its retries.
+        self._episode_replies: dict[str, tuple[int, dict[str, Any]]] = {}
+        self._finished = False
+
+    # -- the run ---------------------------------------------------------------------------------
+
+    def begin(self, config: TrainConfig, worker_urls: list[str]) -> list[str]:
+        """A new run with fresh counters; the workers the master is about to start are registered
+        as `starting` in the same step, so the run is never seen running with nobody to run it.
+        Returns the worker ids. Raises StateConflict while a run is running."""
+        with self.lock:
+            if self.run_state == "running":
+                raise StateConflict(f"run {self.run_id} is running: POST /stop it first")
+            self.run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+            self.config = config
+            self.run_state = "running"
+            self.finish_reason = None
+            self._elapsed_before = 0.0
+            self._running_since = time.monotonic()
+            self.stats = Stats()
+            now = time.time()
+            worker_ids = [f"w{i}" for i in range(1, len(worker_urls) + 1)]
+            self.workers = {
+                wid: WorkerRecord(wid, url, "starting", now, launching=True)
+                for wid, url in zip(worker_ids, worker_urls, strict=True)
+            }
+            self.unsaved_rows = []
+            self._episode_replies = {}
+            return worker_ids
+
+    def finish(self, reason: str) -> bool:
+        """End the running run (idempotent); True when this call ended it."""
+        with self.lock:
+            if self.run_state != "running":
+                return False
+            self._elapsed_before = self.elapsed_s()
+            self._running_since = None
+            self.run_state = "finished"
+            self.finish_reason = reason
+            self._finished = True
+            return True
+
+    def take_finished(self) -> bool:
+        """True once after a change finished the run (the caller saves it)."""
+        with self.lock:
+            finished, self._finished = self._finished, False
+            return finished
+
+    def elapsed_s(self) -> float:
+        with self.lock:
+            running = time.monotonic() - self._running_since if self._running_since else 0.0
+            return self._elapsed_before + running
+
+    def check_same_run(self, run_id: str | None) -> None:
+        """Refuse messages that name another run than the current one (a late worker of an
+        earlier run). Messages without a run id (curl, the seed's clients) belong to the current
+        run."""
+        if run_id is not None and run_id != self.run_id:
+            raise StateConflict(
+                f"run {run_id} is over; the current run is {self.run_id}", stop=True
+            )
+
+    def admit_update(self, worker_id: str, run_id: str | None) -> tuple[StateConflict | None, int]:
+        """Before gradients or weights are applied: raise for no run or another run; for a
+        finished run, return the refusal, which the parameter server raises unless the request is
+        a retry of one taken before the finish. Also returns `max_staleness`."""
+        with self.lock:
+            if self.run_state == "idle" or self.config is None:
+                raise StateConflict("no run has started: POST /train first", stop=True)
+            self.check_same_run(run_id)
+            self._touch(worker_id)
+            refusal = None
+            if self.run_state != "running":
+                refusal = StateConflict(
+                    f"run {self.run_id} is finished ({self.finish_reason})", stop=True
+                )
+            return refusal, self.config.max_staleness
+
+    def should_stop(self, run_id: str | None = None) -> bool:
+        with self.lock:
+            return self.run_state != "running" or (run_id is not None and run_id != self.run_id)
+
+    def env_steps(self) -> int:
+        """Steps of reported episodes (`global_steps`) plus those of episodes still going on, as
+        the workers' heartbeats last told them: what `max_steps` counts."""
+        with self.lock:
+            return self.stats.global_steps + sum(
+                r.steps_in_progress() for r in self.workers.values()
+            )
+
+    def solved(self) -> bool:
+        """The mean return of the last 100 episodes reached the target (100 episodes needed)."""
+        with self.lock:
+            target = self.config.target_return if self.config else None
+            return (
+                target is not None
+                and len(self.stats.last100) == 100
+                and self.stats.mean_return_100() >= target
+            )
+
+    def _finish_if_done(self) -> None:
+        cfg, stats = self.config, self.stats
+        if cfg is None or self.run_state != "running":
+            return
+        if self.solved():
+            self.finish(
+                f"solved: mean return of the last 100 episodes {stats.mean_return_100():.1f} "
+                f">= {cfg.target_return}"
+            )
+        elif cfg.max_episodes is not None and stats.global_episode >= cfg.max_episodes:
+            self.finish(f"max_episodes={cfg.max_episodes} reached")
+        elif cfg.max_steps is not None and self.env_steps() >= cfg.max_steps:
+            self.finish(f"max_steps={cfg.max_steps} reached")
+
+    # -- the registry ----------------------------------------------------------------------------
+
+    def _touch(self, worker_id: str, url: str | None = None) -> WorkerRecord:
+        """Note that a worker was heard from. Only a running run brings a worker (back) to
+        `running`; after the end a late message must not make the run look busy again."""
+        record = self.workers.get(worker_id)
+        if record is None:
+            state = "running" if self.run_state == "running" else "done"
+            record = WorkerRecord(worker_id, url, state, time.time())
+            self.workers[worker_id] = record
+        record.last_seen = time.time()
+        if url:
+            record.url = url
+        if record.state in ("starting", "lost") and self.run_state == "running":
+            record.state = "running"
+        return record
+
+    def worker_started(self, worker_id: str, url: str | None, run_id: str | None = None) -> None:
+        """Register a worker as running (an explicit registration counts in any state)."""
+        with self.lock:
+            self.check_same_run(run_id)
+            record = self._touch(worker_id, url)
+            record.state = "running"
+            record.error = None
+
+    def worker_done(self, worker_id: str, error: str | None, run_id: str | None = None) -> str:
+        with self.lock:
+            self.check_same_run(run_id)
+            record = self._touch(worker_id)
+            record.state = "failed" if error else "done"
+            record.error = error
+            self._finish_if_no_worker_left()
+            return record.state
+
+    def heartbeat(self, worker_id: str, stats: dict[str, Any], run_id: str | None = None) -> bool:
+        """Keep a worker running and take its statistics; True tells it to stop."""
+        with self.lock:
+            if self.should_stop(run_id):
+                return True
+            record = self._touch(worker_id)
+            for key in ("steps_per_s", "last_reward", "metrics", "env_steps"):
+                if stats.get(key) is not None:
+                    setattr(record, key, stats[key])
+            self._finish_if_done()
+            return self.run_state != "running"
+
+    def worker_accepted(self, worker_id: str) -> None:
+        """The worker accepted POST /start_worker: its silence counts from now."""
+        with self.lock:
+            record = self.workers.get(worker_id)
+            if record is not None:
+                record.launching = False
+                if record.state == "starting":
+                    record.last_seen = time.time()
+
+    def mark_failed(self, worker_id: str, error: str) -> None:
+        with self.lock:
+            record = self.workers.get(worker_id)
+            if record is not None:
+                record.state = "failed"
+                record.error = error
+                record.launching = False
+
+    def count_duplicate(self, worker_id: str) -> None:
+        with self.lock:
+            record = self.workers.get(worker_id)
+            if record is not None:
+                record.duplicates += 1
+
+    def check_liveness(self) -> None:
+        """Mark workers silent past the heartbeat timeout (or, before their first message, the
+        start timeout) as lost, also after the end of a run (a worker that never said it stopped
+        must not look active for ever); finish a run that nobody runs any more."""
+        with self.lock:
+            if self.config is None:
+                return
+            now = time.time()
+            for record in self.workers.values():
+                if record.state not in ACTIVE or record.launching:
+                    continue
+                name = "heartbeat_timeout_s"
+                if record.state == "starting" and self.config.start_timeout_s is not None:
+                    name = "start_timeout_s"
+                limit = getattr(self.config, name)
+                if now - record.last_seen > limit:
+                    record.state = "lost"
+                    record.error = f"no message for {now - record.last_seen:.1f} s ({name}={limit})"
+            self._finish_if_no_worker_left()
+
+    def _finish_if_no_worker_left(self) -> None:
+        if not any(r.state in ACTIVE for r in self.workers.values()):
+            self.finish("no worker is running any more")
+
+    def active_workers(self) -> int:
+        with self.lock:
+            return sum(r.state in ACTIVE for r in self.workers.values())
+
+    def workers_public(self) -> list[dict[str, Any]]:
+        now = time.time()
+        with self.lock:
+            return [r.public(now) for r in self.workers.values()]
+
+    # -- statistics ------------------------------------------------------------------------------
+
+    def report_episode(
+        self,
+        worker_id: str,
+        reward: float,
+        length: int,
+        run_id: str | None = None,
+        seq: int | None = None,
+    ) -> dict[str, Any]:
+        """Fold one finished episode into every statistic at once. Accepted in any state of the
+        current run (an episode that ended just after the finish still happened); `stop` tells
+        the worker whether to go on. A report whose `seq` this worker already used is a retry:
+        answered like the first time (`duplicate: true`), counted once."""
+        with self.lock:
+            self.check_same_run(run_id)
+            record = self._touch(worker_id)
+            if seq is not None and seq <= record.last_seq:
+                return self._duplicate_episode(record, seq)
+            stats = self.stats
+            stats.global_episode += 1
+            stats.global_steps += length
+            stats.push(stats.fold_average(reward), self.queue_max)
+            stats.last100.append(reward)
+            improved = stats.raise_best(reward)
+            record.episodes += 1
+            record.steps += length
+            record.last_reward = reward
+            if seq is not None:
+                record.last_seq = seq
+            self.unsaved_rows.append(
+                (stats.global_episode, worker_id, reward, length, round(time.time(), 3))
+            )
+            self._finish_if_done()
+            reply = self._episode_reply(improved, duplicate=False)
+            if seq is not None:
+                self._episode_replies[worker_id] = (seq, reply)
+            return reply
+
+    def _episode_reply(self, improved: bool, duplicate: bool) -> dict[str, Any]:
+        stats = self.stats
+        return {
+            "global_episode": stats.global_episode,
+            "moving_average": stats.moving_average,
+            "best_score": stats.best_score,
+            "improved": improved,
+            "stop": self.run_state != "running",
+            "duplicate": duplicate,
+        }
+
+    def _duplicate_episode(self, record: WorkerRecord, seq: int) -> dict[str, Any]:
+        """The first attempt's reply when it is the last one kept, else the current figures."""
+        record.duplicates += 1
+        last_seq, reply = self._episode_replies.get(record.worker_id, (None, None))
+        if last_seq != seq or reply is None:
+            return self._episode_reply(improved=False, duplicate=True)
+        return {**reply, "stop": self.run_state != "running", "duplicate": True}
+
+    def push_queue(self, value: float) -> int:
+        with self.lock:
+            self.stats.push(value, self.queue_max)
+            return len(self.stats.queue)
+
+    def pop_queue(self) -> float | None:
+        with self.lock:
+            return self.stats.pop()
+
+    def clear_queue(self) -> None:
+        with self.lock:
+            self.stats.clear_queue()
+
+    def add_episodes(self, n: int) -> int:
+        with self.lock:
+            self.stats.global_episode += n
+            return self.stats.global_episode
+
+    def fold_average(self, reward: float) -> float:
+        with self.lock:
+            return self.stats.fold_average(reward)
+
+    def raise_best(self, score: float) -> tuple[float, bool]:
+        with self.lock:
+            raised = self.stats.raise_best(score)
+            return self.stats.best_score, raised
+
+    def status(self) -> dict[str, Any]:
+        with self.lock:
+            stats = self.stats
+            return {
+                "state": self.run_state,
+                "run_id": self.run_id,
+                "finish_reason": self.finish_reason,
+                "env_id": self.config.env_id if self.config else None,
+                "global_episode": stats.global_episode,
+                "global_steps": stats.global_steps,
+                "env_steps": self.env_steps(),
+                "best_score": stats.best_score,
+                "moving_average": stats.moving_average,
+                "mean_return_100": stats.mean_return_100(),
+                "solved": self.solved(),
+                "queue_length": len(stats.queue),
+                "queue_dropped": stats.queue_dropped,
+                "elapsed_s": round(self.elapsed_s(), 3),
+                "config": self.config.model_dump() if self.config else None,
+                "workers": self.workers_public(),
+            }
+
+    # -- persistence (master/persistence.py) -----------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """What a save writes of the ledger, but the history rows and the FIFO's entries."""
+        with self.lock:
+            return {
+                "run_id": self.run_id,
+                "run_state": self.run_state,
+                "finish_reason": self.finish_reason,
+                "stats": self.stats.to_json(),
+                "workers": [asdict(r) for r in self.workers.values()],
+            }
+
+    def rows_saved(self, last_episode: int) -> None:
+        with self.lock:
+            self.unsaved_rows = [r for r in self.unsaved_rows if r[0] > last_episode]
+
+    def restore(
+        self,
+        state: dict[str, Any],
+        elapsed_s: float,
+        config: TrainConfig | None,
+        queue: list[tuple[int, float]],
+    ) -> None:
+        with self.lock:
+            self.run_id = state["run_id"]
+            self.run_state = state["run_state"]
+            self.finish_reason = state.get("finish_reason")
+            self.config = config
+            self._elapsed_before = elapsed_s
+            self._running_since = time.monotonic() if self.run_state == "running" else None
+            self.stats = Stats.from_json(state["stats"], queue)
+            now = time.time()
+            self.workers = {}
+            for data in state.get("workers", []):
+                record = WorkerRecord(**data)
+                record.launching = False  # a launch does not survive the process that made it
+                if record.state in ACTIVE:
+                    record.last_seen = now  # give every worker a full timeout to come back
+                self.workers[record.worker_id] = record

@@ -1,0 +1,144 @@
+"""The master's state across runs, steps and saves, in-process with a real run folder: what the
+HTTP layer adds to these is tested in test_master_api.py."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from a3c_http import wire
+from a3c_http.config import Settings, TrainConfig
+from a3c_http.store import RunStore
+from master.state import ClusterState, StateConflict
+
+WORKERS = ["http://127.0.0.1:9"]
+
+
+CONFIG = TrainConfig(seed=1, max_steps=None)
+
+
+def settings(tmp_path: Path) -> Settings:
+    return Settings(run_dir=tmp_path / "run", workers_file=tmp_path / "workers.txt")
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Iterator[ClusterState]:
+    cluster = ClusterState(settings(tmp_path))
+    yield cluster
+    cluster.close()
+
+
+def ones(state: ClusterState) -> bytes:
+    """Gradients (or weights) of ones that fit the current model."""
+    return wire.encode({name: torch.ones(shape) for name, shape in state.params.spec.items()})
+
+
+def test_gradients_of_an_earlier_run_are_refused_however_recent_their_version(
+    state: ClusterState,
+) -> None:
+    state.start_run(CONFIG, WORKERS)
+    for version in range(6):
+        state.apply_gradients("w1", version, ones(state))
+    state.finish("stopped")
+    state.start_run(CONFIG, WORKERS)
+    before = state.params.weights()
+    assert before[1] == 7  # well within max_staleness of the first run's versions
+    # A late push of the first run that does not name its run (as curl users send them).
+    with pytest.raises(StateConflict, match="earlier run"):
+        state.apply_gradients("w9", 1, ones(state))
+    assert state.params.weights() == before
+    assert state.status()["updates_rejected"] == 1
+
+
+def test_weights_of_an_earlier_run_never_replace_the_new_runs(state: ClusterState) -> None:
+    first, _ = state.start_run(CONFIG.model_copy(update={"sync_mode": "best_weights"}), WORKERS)
+    state.finish("stopped")
+    state.start_run(CONFIG, WORKERS)
+    before = state.params.weights()
+    with pytest.raises(StateConflict, match=f"run {first} is over") as refused:
+        state.put_weights("w1", ones(state), temporary=False, run_id=first)
+    assert refused.value.stop  # the late worker is told to end
+    assert state.params.weights() == before
+
+
+def test_steps_of_episodes_going_on_count_so_max_steps_ends_an_endless_task(
+    state: ClusterState,
+) -> None:
+    state.start_run(CONFIG.model_copy(update={"max_steps": 100}), WORKERS)
+    state.report_episode("w1", 1.0, 30)
+    assert state.heartbeat("w1", {"env_steps": 50}) is False  # 30 finished, 20 going on
+    assert state.status()["env_steps"] == 50
+    state.report_episode("w1", 1.0, 25)  # one of those finishes: counted once
+    assert (state.status()["global_steps"], state.status()["env_steps"]) == (55, 55)
+    assert state.heartbeat("w1", {"env_steps": 120}) is True  # stop: max_steps reached
+    status = state.status()
+    assert status["state"] == "finished" and status["finish_reason"] == "max_steps=100 reached"
+    assert (status["global_steps"], status["env_steps"]) == (55, 120)
+    assert RunStore(state.settings.run_dir).load().state["run_state"] == "finished"
+
+
+def test_the_fifo_is_saved_by_its_changes_and_resumed_in_order(tmp_path: Path) -> None:
+    state = ClusterState(settings(tmp_path))
+    for value in (1.0, 2.0, 3.0):
+        state.ledger.push_queue(value)
+    state.persist()
+    assert state.ledger.pop_queue() == 1.0
+    state.ledger.push_queue(4.0)
+    state.persist()
+    saved = RunStore(tmp_path / "run").load()
+    assert saved.queue == [(1, 2.0), (2, 3.0), (3, 4.0)]  # only the changes were written
+    state.close()
+    resumed = ClusterState(settings(tmp_path))
+    assert [resumed.ledger.pop_queue() for _ in range(4)] == [2.0, 3.0, 4.0, None]
+    resumed.close()
+
+
+def test_a_save_taken_first_never_lands_over_a_later_one(
+    state: ClusterState, tmp_path: Path
+) -> None:
+    """The housekeeping thread's save is taken, then a request finishes the run and saves: the
+    folder must end with the finished run and every episode, not with the older snapshot."""
+    state.start_run(TrainConfig(max_episodes=3, max_steps=None, seed=1), WORKERS)
+    state.report_episode("w1", 1.0, 10)
+
+    real_save = state.store.save
+    paused, release = threading.Event(), threading.Event()
+    calls = 0
+
+    def save_pausing_the_first(snapshot):  # noqa: ANN001 (whatever the store takes)
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            paused.set()
+            release.wait(10)
+        return real_save(snapshot)
+
+    state.store.save = save_pausing_the_first
+    housekeeping = threading.Thread(target=state.persist)
+    housekeeping.start()
+    assert paused.wait(10), "the first save never started"
+
+    def finish_the_run() -> None:
+        state.report_episode("w1", 2.0, 10)
+        state.report_episode("w1", 3.0, 10)  # max_episodes: finishes and saves
+
+    request = threading.Thread(target=finish_the_run)
+    request.start()
+    # While the first save is held, the later one must wait for it (it may not overtake it).
+    request.join(timeout=0.5)
+    release.set()
+    housekeeping.join(10)
+    request.join(10)
+    assert not housekeeping.is_alive() and not request.is_alive()
+    assert state.status()["state"] == "finished"
+
+    saved = RunStore(tmp_path / "run").load()
+    assert saved is not None
+    assert saved.state["run_state"] == "finished"
+    assert saved.state["stats"]["global_episode"] == 3
+    rows = RunStore(tmp_path / "run").read_episodes()
+    assert [(r["global_episode"], r["reward"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 3.0)]
