@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +31,14 @@ import httpx
 import torch
 
 from a3c_http import wire
+from a3c_http.protocol import (
+    CONTENT_TYPE,
+    RUN_ID_HEADER,
+    SEQ_HEADER,
+    STOP_HEADER,
+    VERSION_HEADER,
+    WORKER_ID_HEADER,
+)
 
 
 class A3CError(Exception):
@@ -42,6 +51,11 @@ class MasterUnavailable(A3CError):
 
 class ProtocolError(A3CError):
     """The master's reply does not follow the HTTP contract (see the cause)."""
+
+
+class Stopped(A3CError):
+    """The caller's stop event was set while a request waited to be retried: the worker was told
+    to stop (its /stop, SIGTERM), so it does not wait out the retry deadline."""
 
 
 class MasterRejected(A3CError):
@@ -60,11 +74,6 @@ class Unauthorized(MasterRejected):
 
 class Conflict(MasterRejected):
     """409: stale gradients (pull the weights and go on) or a run in the wrong state."""
-
-
-STOP_HEADER = "X-A3C-Stop"
-SEQ_HEADER = "X-A3C-Seq"
-DUPLICATE_HEADER = "X-A3C-Duplicate"
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,7 @@ class MasterClient:
         max_backoff_s: float = 5.0,
         transport: httpx.BaseTransport | None = None,
         run_id: str | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         # Worker messages carry the run id so that a late message of an earlier run is refused.
         self.run_id = run_id
@@ -103,6 +113,7 @@ class MasterClient:
             base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s, transport=transport
         )
         self.retry_deadline_s = retry_deadline_s
+        self.stop = stop  # once set, a failed request is not retried: Stopped
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self._seq = itertools.count(1)
@@ -136,6 +147,8 @@ class MasterClient:
                 if response.status_code < 500:
                     return self._check(response)
                 problem = f"{response.status_code}: {_detail(response)}"
+            if self.stop is not None and self.stop.is_set():
+                raise Stopped(f"told to stop while {method} {path} failed: {problem}")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise MasterUnavailable(
@@ -143,7 +156,11 @@ class MasterClient:
                     f"{attempt} times over {self.retry_deadline_s:g} s, last: {problem}"
                 )
             # The last wait ends at the deadline, for one more attempt there.
-            time.sleep(min(delay * random.uniform(0.5, 1.0), remaining))
+            wait_s = min(delay * random.uniform(0.5, 1.0), remaining)
+            if self.stop is None:
+                time.sleep(wait_s)
+            elif self.stop.wait(wait_s):
+                raise Stopped(f"told to stop while waiting to retry {method} {path}: {problem}")
             delay = min(delay * 2, self.max_backoff_s)
             self.retries += 1
 
@@ -205,10 +222,10 @@ class MasterClient:
 
     def _weights(self, response: httpx.Response, spec: wire.Spec) -> Weights:
         try:
-            version = int(response.headers[wire.VERSION_HEADER])
+            version = int(response.headers[VERSION_HEADER])
         except (KeyError, ValueError):
             raise ProtocolError(
-                f"the weights reply has no integer {wire.VERSION_HEADER} header"
+                f"the weights reply has no integer {VERSION_HEADER} header"
             ) from None
         try:
             tensors = wire.decode(response.content, spec)
@@ -234,11 +251,11 @@ class MasterClient:
             "/gradients",
             content=wire.encode(grads),
             headers={
-                "Content-Type": wire.CONTENT_TYPE,
-                "X-Worker-Id": worker_id,
-                wire.VERSION_HEADER: str(version),
+                "Content-Type": CONTENT_TYPE,
+                WORKER_ID_HEADER: worker_id,
+                VERSION_HEADER: str(version),
                 **self._seq_header(),
-                **({"X-Run-Id": self.run_id} if self.run_id else {}),
+                **({RUN_ID_HEADER: self.run_id} if self.run_id else {}),
             },
         )
         return self._weights(response, spec)
@@ -252,9 +269,9 @@ class MasterClient:
             params={"worker_id": worker_id, "temporary": str(temporary).lower()},
             content=wire.encode(tensors),
             headers={
-                "Content-Type": wire.CONTENT_TYPE,
+                "Content-Type": CONTENT_TYPE,
                 **self._seq_header(),
-                **({"X-Run-Id": self.run_id} if self.run_id else {}),
+                **({RUN_ID_HEADER: self.run_id} if self.run_id else {}),
             },
         )
 

@@ -10,12 +10,22 @@ from __future__ import annotations
 import importlib
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 import gymnasium as gym
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# The largest seed torch.manual_seed takes (an unsigned 64-bit integer).
+MAX_SEED = 2**64 - 1
 
 
 class TrainConfig(BaseModel):
@@ -79,7 +89,10 @@ class TrainConfig(BaseModel):
         "Unset: the environment's reward_threshold (475 for CartPole-v1), if it has one.",
     )
     seed: int | None = Field(
-        None, ge=0, description="Seed of the initial weights and the environments; unset draws one."
+        None,
+        ge=0,
+        le=MAX_SEED,
+        description="Seed of the initial weights and the environments; unset draws one.",
     )
     heartbeat_interval_s: float = Field(
         2.0, gt=0, le=3600, description="How often a worker reports to the master while it trains."
@@ -153,51 +166,53 @@ def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     return gym.spec(name)
 
 
-def env_float(name: str, default: float) -> float:
-    """A positive number from the environment variable `name`; ValueError naming it otherwise."""
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}={raw!r} must be a positive number")
-    return value
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+
+PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"{name}={raw!r} must be a whole number >= 1")
-    return value
+class _FromEnv(BaseSettings):
+    """Settings read from `A3C_<FIELD>` environment variables (an empty one counts as unset),
+    validated by pydantic; `from_env` turns a bad one into a one-line error that names it."""
 
-
-@dataclass(frozen=True)
-class Settings:
-    """Process settings from environment variables (see the README's configuration reference)."""
+    model_config = SettingsConfigDict(
+        env_prefix="A3C_", env_ignore_empty=True, extra="forbid", frozen=True
+    )
 
     token: str | None = None
-    run_dir: Path = Path("runs/latest")
-    workers_file: Path = Path("workers.txt")
-    master_url: str | None = None
-    persist_interval_s: float = 5.0
-    queue_max: int = 10_000
+    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1024)
 
     @classmethod
-    def from_env(cls) -> Settings:
-        return cls(
-            token=os.environ.get("A3C_TOKEN") or None,
-            run_dir=Path(os.environ.get("A3C_RUN_DIR") or "runs/latest"),
-            workers_file=Path(os.environ.get("A3C_WORKERS_FILE") or "workers.txt"),
-            master_url=os.environ.get("A3C_MASTER_URL") or None,
-            persist_interval_s=env_float("A3C_PERSIST_INTERVAL_S", 5.0),
-            queue_max=_env_int("A3C_QUEUE_MAX", 10_000),
-        )
+    def from_env(cls) -> Self:
+        try:
+            return cls()
+        except ValidationError as exc:
+            raise ValueError(_one_line(exc)) from None
+
+
+def _one_line(exc: ValidationError) -> str:
+    """`A3C_QUEUE_MAX='0': Input should be greater than or equal to 1; A3C_...`"""
+    problems = []
+    for error in exc.errors():
+        name = f"A3C_{str(error['loc'][0]).upper()}" if error["loc"] else "settings"
+        raw = os.environ.get(name)
+        shown = f"{name}={raw!r}" if raw is not None else name
+        problems.append(f"{shown}: {error['msg']}")
+    return "; ".join(problems)
+
+
+class Settings(_FromEnv):
+    """The master's settings (see the README's configuration reference)."""
+
+    run_dir: Path = Path("runs/latest")
+    workers_file: Path = Path("workers.txt")
+    master_url: str | None = Field(None, pattern=r"^https?://")
+    persist_interval_s: PositiveSeconds = 5.0
+    queue_max: int = Field(10_000, ge=1)
+
+
+class WorkerSettings(_FromEnv):
+    """A worker's settings (see the README's configuration reference)."""
+
+    master_retry_s: PositiveSeconds = 60.0
+    torch_threads: int = Field(1, ge=1)

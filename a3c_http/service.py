@@ -7,20 +7,17 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import os
-from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, HTTPException, Request
+from fastapi import APIRouter, FastAPI, HTTPException, Request, Security
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPBearer
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
 def is_loopback(host: str | None) -> bool:
@@ -215,72 +212,52 @@ class ErrorBody(BaseModel):
     errors: list[FieldError] | None = None
 
 
-def _declare_errors(app: FastAPI, conflicts: dict[str, str]) -> None:
-    """Declare in the app's OpenAPI schema the errors it answers, with the body they really have
-    (`ErrorBody`): 401 and 403 on every operation but GET and HEAD /healthz (`Auth`); 413 on
-    those that take a body (`BodyLimit`); 400 on those that take JSON (FastAPI's answer to a body
-    it cannot parse, e.g. one that is not UTF-8); 422 where FastAPI declares it, but with our body
-    instead of FastAPI's; 409 on the `conflicts` ("METHOD /path" -> when)."""
-    generate: Callable[[], dict[str, Any]] = app.openapi
-    ref = {"$ref": "#/components/schemas/ErrorBody"}
-
-    def error(description: str) -> dict[str, Any]:
-        return {"description": description, "content": {"application/json": {"schema": ref}}}
-
-    def with_errors() -> dict[str, Any]:
-        if app.openapi_schema is not None:
-            return app.openapi_schema
-        schema = generate()
-        error_body = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
-        components = schema.setdefault("components", {}).setdefault("schemas", {})
-        components.update(error_body.pop("$defs", {}), ErrorBody=error_body)
-        for name in ("HTTPValidationError", "ValidationError"):
-            components.pop(name, None)
-        for path, operations in schema.get("paths", {}).items():
-            for method, operation in operations.items():
-                responses = operation.setdefault("responses", {})
-                if "422" in responses:
-                    responses["422"] = error("the request is invalid; `detail` says how")
-                if path == "/healthz" and method in ("get", "head"):
-                    continue
-                responses["401"] = {
-                    **error("missing or wrong token: send `Authorization: Bearer <A3C_TOKEN>`"),
-                    "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
-                }
-                responses["403"] = error("A3C_TOKEN is not set and the client is not loopback")
-                content = operation.get("requestBody", {}).get("content", {})
-                if content:
-                    responses["413"] = error("the body is larger than A3C_MAX_BODY_BYTES")
-                if "application/json" in content:
-                    responses["400"] = error("the body cannot be parsed")
-                when = conflicts.get(f"{method.upper()} {path}")
-                if when:
-                    responses["409"] = error(when)
-        return schema
-
-    app.openapi = with_errors  # type: ignore[method-assign]
+def error(description: str, **extra: Any) -> dict[str, Any]:
+    """An error response as routes declare it (`responses=`): its body is an `ErrorBody`."""
+    return {"model": ErrorBody, "description": description, **extra}
 
 
-def max_body_bytes() -> int:
-    raw = os.environ.get("A3C_MAX_BODY_BYTES", "")
-    if not raw:
-        return DEFAULT_MAX_BODY_BYTES
-    if not raw.isdigit() or int(raw) < 1024:
-        raise ValueError(f"A3C_MAX_BODY_BYTES={raw!r} must be a whole number of bytes >= 1024")
-    return int(raw)
+# Declared where they happen: AUTH_ERRORS on every router but /healthz's (`Auth`); INVALID on
+# routes with parameters or a body (our 422 body instead of FastAPI's); BINARY_BODY on those that
+# take a body (`BodyLimit`); JSON_BODY on those that take JSON (FastAPI's 400 for a body it cannot
+# parse); `conflict(when)` on those that answer 409.
+AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: error(
+        "missing or wrong token: send `Authorization: Bearer <A3C_TOKEN>`",
+        headers={"WWW-Authenticate": {"schema": {"type": "string"}}},
+    ),
+    403: error("A3C_TOKEN is not set and the client is not loopback"),
+}
+INVALID: dict[int | str, dict[str, Any]] = {422: error("the request is invalid; `detail` says how")}
+BINARY_BODY = {413: error("the body is larger than A3C_MAX_BODY_BYTES"), **INVALID}
+JSON_BODY = {400: error("the body cannot be parsed"), **BINARY_BODY}
 
 
-def install_common(
-    app: FastAPI, token: str | None, conflicts: dict[str, str] | None = None
-) -> None:
+def conflict(when: str) -> dict[int | str, dict[str, Any]]:
+    return {409: error(when)}
+
+
+# Declares the token in the OpenAPI schema, so that /docs offers "Authorize" and sends it; `Auth`
+# enforces it (this dependency never refuses anything itself).
+bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="A3C_TOKEN",
+    description="The A3C_TOKEN shared by the master and the workers.",
+)
+
+
+def protected_router(**kwargs: Any) -> APIRouter:
+    """A router whose routes declare the token and the errors of `Auth`."""
+    return APIRouter(dependencies=[Security(bearer)], responses=AUTH_ERRORS, **kwargs)
+
+
+def install_common(app: FastAPI, token: str | None, max_body_bytes: int) -> None:
     """Health route, auth, body limit, the 422 format and the 405's `Allow` shared by both
-    services, and the errors they answer declared in the OpenAPI schema (`_declare_errors`;
-    `conflicts`: the operations that may answer 409)."""
+    services (the routes declare the errors they answer: `protected_router`, `JSON_BODY`, ...)."""
     app.include_router(health_router)
-    _declare_errors(app, conflicts or {})
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes())
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     # Added last, so it runs first: a request without the right token is refused before its body
     # is read or its size is judged.
     app.add_middleware(Auth, token=token)

@@ -14,8 +14,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-CONTENT_TYPE = "application/octet-stream"
-VERSION_HEADER = "X-Model-Version"
+# Re-exported: the names of the contract live in a3c_http.protocol.
+from a3c_http.protocol import CONTENT_TYPE, VERSION_HEADER
+
+__all__ = ["CONTENT_TYPE", "VERSION_HEADER", "Spec", "WireError", "decode", "encode", "spec_of"]
 
 Spec = Mapping[str, tuple[int, ...]]
 

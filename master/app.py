@@ -10,24 +10,12 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from a3c_http.client import STOP_HEADER
 from a3c_http.config import Settings
+from a3c_http.protocol import STOP_HEADER
 from a3c_http.service import install_common
 from a3c_http.wire import WireError
 from master import routes_run, routes_seed, routes_weights
 from master.state import ClusterState, StateConflict
-
-# The operations that answer 409 (StateConflict), and when.
-CONFLICTS = {
-    "POST /train": "a run is running: POST /stop it first",
-    "POST /worker_started": "`run_id` names another run than the current one",
-    "POST /worker_done": "`run_id` names another run than the current one",
-    "POST /episode": "`run_id` names another run than the current one",
-    "GET /global_model_weights": "no run has started: POST /train first",
-    "POST /local_model_weights": "no run is running",
-    "POST /gradients": "no run is running, `X-Run-Id` names another run, or the gradients are "
-    "more than `max_staleness` versions old (nothing applied)",
-}
 
 
 def _housekeeping(state: ClusterState, stop: threading.Event) -> None:
@@ -69,7 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="a3c-http master", version="0.1.0", lifespan=lifespan)
     app.state.cluster = state
-    install_common(app, settings.token, CONFLICTS)
+    install_common(app, settings.token, settings.max_body_bytes)
     for module in (routes_seed, routes_weights, routes_run):
         app.include_router(module.router)
 

@@ -5,19 +5,25 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from a3c_http.model import UnsupportedSpace
+from a3c_http.service import JSON_BODY, conflict, protected_router
 from master.deps import State
 from master.launcher import WorkerListError, normalize_url, parse_workers, read_workers_file
 from master.launcher import start_workers as launch
 from master.schemas import EpisodeIn, HeartbeatIn, Seq, TrainIn
+from master.state import ModelTooLarge
 
-router = APIRouter(tags=["run"])
+router = protected_router(tags=["run"])
 
 
-@router.post("/train", status_code=202)
+@router.post(
+    "/train",
+    status_code=202,
+    responses={**JSON_BODY, **conflict("a run is running: POST /stop it first")},
+)
 def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
     settings = state.settings
     try:
@@ -43,6 +49,8 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
     config = body.config()
     try:
         run_id, worker_ids = state.start_run(config, urls)
+    except ModelTooLarge as exc:
+        raise HTTPException(422, str(exc)) from None
     except (UnsupportedSpace, gym.error.Error, TypeError, ValueError) as exc:
         raise HTTPException(
             422, f"env_id/env_kwargs: cannot build {config.env_id!r}: {exc}"
@@ -71,13 +79,16 @@ def status(state: State) -> dict[str, Any]:
     return state.status()
 
 
-@router.post("/heartbeat")
+@router.post("/heartbeat", responses=JSON_BODY)
 def heartbeat(body: HeartbeatIn, state: State) -> dict[str, Any]:
     stats = body.model_dump(exclude={"worker_id", "run_id"})
     return {"data": {"stop": state.heartbeat(body.worker_id, stats, body.run_id)}}
 
 
-@router.post("/episode")
+@router.post(
+    "/episode",
+    responses={**JSON_BODY, **conflict("`run_id` names another run than the current one")},
+)
 def episode(body: EpisodeIn, state: State, x_a3c_seq: Seq = None) -> dict[str, Any]:
     reply = state.report_episode(body.worker_id, body.reward, body.length, body.run_id, x_a3c_seq)
     return {"data": reply}

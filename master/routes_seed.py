@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
-
+from a3c_http.service import JSON_BODY, conflict, protected_router
 from master.deps import State
 from master.schemas import CountIn, ScoreIn, ValueIn, WorkerDoneIn, WorkerStartedIn
 
-router = APIRouter(tags=["seed-compatible"])
+router = protected_router(tags=["seed-compatible"])
+OTHER_RUN = conflict("`run_id` names another run than the current one")
 
 
 @router.get("/best_score")
@@ -18,7 +18,7 @@ def get_best_score(state: State) -> dict[str, Any]:
     return {"data": state.ledger.stats.best_score}
 
 
-@router.post("/best_score")
+@router.post("/best_score", responses=JSON_BODY)
 def post_best_score(body: ScoreIn, state: State) -> dict[str, Any]:
     best, raised = state.ledger.raise_best(body.data)
     return {"data": best, "raised": raised}
@@ -29,7 +29,7 @@ def get_global_episode(state: State) -> dict[str, Any]:
     return {"data": state.ledger.stats.global_episode}
 
 
-@router.post("/global_episode")
+@router.post("/global_episode", responses=JSON_BODY)
 def post_global_episode(state: State, body: CountIn | None = None) -> dict[str, Any]:
     return {"data": state.ledger.add_episodes(body.data if body else 1)}
 
@@ -39,7 +39,7 @@ def get_moving_average(state: State) -> dict[str, Any]:
     return {"data": state.ledger.stats.moving_average}
 
 
-@router.post("/global_moving_average")
+@router.post("/global_moving_average", responses=JSON_BODY)
 def post_moving_average(body: ValueIn, state: State) -> dict[str, Any]:
     return {"data": state.ledger.fold_average(body.data)}
 
@@ -50,7 +50,7 @@ def create_queue(state: State) -> dict[str, Any]:
     return {"data": {"length": 0}}
 
 
-@router.post("/queue")
+@router.post("/queue", responses=JSON_BODY)
 def post_queue(body: ValueIn, state: State) -> dict[str, Any]:
     return {"data": {"length": state.ledger.push_queue(body.data)}}
 
@@ -61,14 +61,14 @@ def get_queue(state: State) -> dict[str, Any]:
     return {"data": value, "empty": value is None}
 
 
-@router.post("/worker_started")
+@router.post("/worker_started", responses={**JSON_BODY, **OTHER_RUN})
 def worker_started(body: WorkerStartedIn, state: State) -> dict[str, Any]:
     state.ledger.worker_started(body.worker_id, body.url, body.run_id)
     run_id = state.ledger.run_id
     return {"data": {"worker_id": body.worker_id, "state": "running", "run_id": run_id}}
 
 
-@router.post("/worker_done")
+@router.post("/worker_done", responses={**JSON_BODY, **OTHER_RUN})
 def worker_done(body: WorkerDoneIn, state: State) -> dict[str, Any]:
     worker_state = state.worker_done(body.worker_id, body.error, body.run_id)
     return {"data": {"worker_id": body.worker_id, "state": worker_state}}

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import Header, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from a3c_http.client import DUPLICATE_HEADER
-from a3c_http.wire import CONTENT_TYPE, VERSION_HEADER
+from a3c_http.protocol import (
+    CONTENT_TYPE,
+    DUPLICATE_HEADER,
+    RUN_ID_HEADER,
+    VERSION_HEADER,
+    WORKER_ID_HEADER,
+)
+from a3c_http.service import BINARY_BODY, INVALID, conflict, protected_router
 from master.deps import State
 from master.schemas import Seq, WorkerId
 
-router = APIRouter(tags=["weights"])
+router = protected_router(tags=["weights"])
+RunId = Annotated[str | None, Header(alias=RUN_ID_HEADER, max_length=64)]
 
 _TENSOR_BODY = {
     "content": {CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}}},
@@ -30,7 +37,12 @@ def _weights_response(body: bytes, version: int, duplicate: bool = False) -> Res
 @router.get(
     "/global_model_weights",
     response_class=Response,
-    responses={200: _TENSOR_BODY, 304: {"description": "unchanged since If-None-Match"}},
+    responses={
+        200: _TENSOR_BODY,
+        304: {"description": "unchanged since If-None-Match"},
+        **INVALID,
+        **conflict("no run has started: POST /train first"),
+    },
 )
 def global_model_weights(
     state: State, if_none_match: Annotated[str | None, Header()] = None
@@ -47,6 +59,7 @@ def global_model_weights(
 
 @router.post(
     "/local_model_weights",
+    responses={**BINARY_BODY, **conflict("no run is running, or `X-Run-Id` names an earlier run")},
     openapi_extra={"requestBody": {"required": True, **_TENSOR_BODY}},
 )
 async def local_model_weights(
@@ -54,7 +67,7 @@ async def local_model_weights(
     state: State,
     worker_id: Annotated[WorkerId, Query()],
     temporary: Annotated[bool, Query()] = False,
-    x_run_id: Annotated[str | None, Header(max_length=64)] = None,
+    x_run_id: RunId = None,
     x_a3c_seq: Seq = None,
 ) -> dict:
     body = await request.body()
@@ -67,15 +80,22 @@ async def local_model_weights(
 @router.post(
     "/gradients",
     response_class=Response,
-    responses={200: _TENSOR_BODY},
+    responses={
+        200: _TENSOR_BODY,
+        **BINARY_BODY,
+        **conflict(
+            "no run is running, `X-Run-Id` names another run, or the gradients are more than "
+            "`max_staleness` versions old (nothing applied)"
+        ),
+    },
     openapi_extra={"requestBody": {"required": True, **_TENSOR_BODY}},
 )
 async def gradients(
     request: Request,
     state: State,
-    x_worker_id: Annotated[WorkerId, Header()],
-    x_model_version: Annotated[int, Header(ge=0)],
-    x_run_id: Annotated[str | None, Header(max_length=64)] = None,
+    x_worker_id: Annotated[WorkerId, Header(alias=WORKER_ID_HEADER)],
+    x_model_version: Annotated[int, Header(alias=VERSION_HEADER, ge=0)],
+    x_run_id: RunId = None,
     x_a3c_seq: Seq = None,
 ) -> Response:
     body = await request.body()

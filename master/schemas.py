@@ -10,6 +10,7 @@ from fastapi import Header
 from pydantic import BaseModel, ConfigDict, Field
 
 from a3c_http.config import TrainConfig
+from a3c_http.protocol import SEQ_HEADER
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 WorkerId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/-]+$")]
@@ -19,7 +20,12 @@ RunId = Annotated[str | None, Field(None, max_length=64)]
 # Optional (the routes default it to None), but never null: the schema says integer.
 Seq = Annotated[
     int,
-    Header(ge=1, le=2**62, description="The worker's rising request number; retries keep it."),
+    Header(
+        alias=SEQ_HEADER,
+        ge=1,
+        le=2**62,
+        description="The worker's rising request number; retries keep it.",
+    ),
 ]
 
 

@@ -38,6 +38,10 @@ __all__ = ["VERSIONS_SKIPPED_AFTER_A_CRASH", "ClusterState", "StateConflict"]
 VERSIONS_SKIPPED_AFTER_A_CRASH = 1_000_000
 
 
+class ModelTooLarge(ValueError):
+    """The model of a config does not fit in a request body."""
+
+
 class ClusterState:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -59,9 +63,15 @@ class ClusterState:
         registered as `starting`; the previous run's files are archived. Returns the run id and
         the worker ids. Raises StateConflict while a run is running."""
         config = config.resolved()
+        with torch.device("meta"):  # no memory, no init: only the sizes
+            shapes = build_model(config.env_id, config.env_kwargs, config.hidden_sizes)
+        self._check_fits(
+            config, sum(4 * p.numel() for p in shapes.state_dict().values()), "at least "
+        )
         with torch.random.fork_rng():
             torch.manual_seed(config.seed)
             model = build_model(config.env_id, config.env_kwargs, config.hidden_sizes)
+        self._check_fits(config, len(wire.encode(model.state_dict())), "")
 
         def swap() -> tuple[str, list[str]]:
             earlier_run = self.ledger.run_id is not None
@@ -70,6 +80,17 @@ class ClusterState:
             return self.ledger.run_id, worker_ids
 
         return self.persister.switch_run(swap)
+
+    def _check_fits(self, config: TrainConfig, size: int, qualifier: str) -> None:
+        """Weights and gradients larger than the body limit would be refused at every push."""
+        limit = self.settings.max_body_bytes
+        if size > limit:
+            raise ModelTooLarge(
+                f"hidden_sizes {config.hidden_sizes}: the weights of this model are {qualifier}"
+                f"{size} bytes on the wire, more than A3C_MAX_BODY_BYTES={limit}, so every push "
+                "of its weights or gradients would be refused (413); use smaller hidden_sizes, "
+                "or raise A3C_MAX_BODY_BYTES on the master and every worker"
+            )
 
     def finish(self, reason: str) -> bool:
         """End the running run (idempotent) and save it; workers learn it at their next

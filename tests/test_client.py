@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import ast
 import json
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
 import torch
 
-from a3c_http import wire
+from a3c_http import protocol, wire
 from a3c_http.client import (
     A3CError,
     Conflict,
@@ -18,6 +21,7 @@ from a3c_http.client import (
     MasterRejected,
     MasterUnavailable,
     ProtocolError,
+    Stopped,
     Unauthorized,
 )
 
@@ -293,3 +297,100 @@ def test_json_calls_carry_run_id_and_unwrap_data() -> None:
     heartbeat_body = json.loads(handler.requests[1].content)
     assert heartbeat_body == {"worker_id": "w1", "run_id": "r1", "episodes": 3}
     assert [r.method for r in handler.requests] == ["POST", "POST"]
+
+
+# -- stopping while the master is away -----------------------------------------------------------
+
+
+def test_a_stop_event_ends_the_retry_wait_at_once() -> None:
+    """A worker told to stop (its /stop, SIGTERM) must not wait out A3C_MASTER_RETRY_S first."""
+    stop = threading.Event()
+
+    def refuse_then_stop(request: httpx.Request) -> httpx.Response:
+        stop.set()  # the stop arrives while the client waits to retry
+        raise httpx.ConnectError("connection refused")
+
+    handler = Recorder(refuse_then_stop)
+    client = make_client(
+        handler, backoff_s=30.0, max_backoff_s=30.0, retry_deadline_s=60.0, stop=stop
+    )
+    started = time.monotonic()
+    with pytest.raises(Stopped) as info:
+        client.heartbeat("w1")
+    assert time.monotonic() - started < 5.0
+    assert isinstance(info.value, A3CError) and not isinstance(info.value, MasterUnavailable)
+    assert "stop" in str(info.value) and "/heartbeat" in str(info.value)
+    assert handler.calls == 1
+
+
+def test_a_stop_event_set_from_another_thread_wakes_the_wait() -> None:
+    stop = threading.Event()
+    handler = Recorder(httpx.Response(503, json={"detail": "restarting"}))
+    client = make_client(
+        handler, backoff_s=30.0, max_backoff_s=30.0, retry_deadline_s=60.0, stop=stop
+    )
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            client.status()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while handler.calls < 1:  # the first attempt failed; the client is waiting to retry
+        assert time.monotonic() < deadline, "the client never made its first attempt"
+        time.sleep(0.005)  # polling interval, not synchronisation
+    started = time.monotonic()
+    stop.set()
+    thread.join(10)
+    assert not thread.is_alive(), "the client still waits after the stop"
+    assert time.monotonic() - started < 5.0
+    assert len(outcome) == 1 and isinstance(outcome[0], Stopped), outcome
+
+
+def test_without_a_stop_the_client_retries_as_before() -> None:
+    stop = threading.Event()
+    handler = Recorder(httpx.ConnectError("refused"), httpx.Response(503), ok_health())
+    assert make_client(handler, stop=stop).healthz() is True
+    assert handler.calls == 3
+
+
+# -- the contract's names ------------------------------------------------------------------------
+
+
+def test_the_services_take_the_contracts_names_from_one_module() -> None:
+    """master/ and worker/ never import a3c_http.client for header names; the client and the
+    services share a3c_http.protocol."""
+    root = Path(__file__).resolve().parent.parent
+    offenders = []
+    for folder in ("master", "worker"):
+        for path in sorted((root / folder).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module == "a3c_http.client":
+                    constants = [a.name for a in node.names if a.name.isupper()]
+                    if constants:
+                        offenders.append(f"{path.name}: {constants}")
+    assert offenders == [], offenders
+    assert (protocol.VERSION_HEADER, protocol.CONTENT_TYPE) == (
+        wire.VERSION_HEADER,
+        wire.CONTENT_TYPE,
+    )
+    names = {
+        protocol.SEQ_HEADER,
+        protocol.STOP_HEADER,
+        protocol.DUPLICATE_HEADER,
+        protocol.VERSION_HEADER,
+        protocol.RUN_ID_HEADER,
+        protocol.WORKER_ID_HEADER,
+    }
+    assert names == {
+        "X-A3C-Seq",
+        "X-A3C-Stop",
+        "X-A3C-Duplicate",
+        "X-Model-Version",
+        "X-Run-Id",
+        "X-Worker-Id",
+    }

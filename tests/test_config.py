@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
+import torch
 from pydantic import ValidationError
 
-from a3c_http.config import Settings, TrainConfig
+from a3c_http.config import MAX_SEED, Settings, TrainConfig, WorkerSettings
 
 SETTINGS_VARS = (
     "A3C_TOKEN",
@@ -17,6 +19,9 @@ SETTINGS_VARS = (
     "A3C_MASTER_URL",
     "A3C_PERSIST_INTERVAL_S",
     "A3C_QUEUE_MAX",
+    "A3C_MAX_BODY_BYTES",
+    "A3C_MASTER_RETRY_S",
+    "A3C_TORCH_THREADS",
 )
 
 
@@ -79,6 +84,8 @@ def test_unknown_field_is_refused_and_named() -> None:
         ("env_id", "NoSuchEnv-v0"),
         ("sync_mode", "weights"),
         ("seed", -1),
+        ("seed", 2**64),
+        ("seed", 2**70),
     ],
 )
 def test_invalid_value_is_refused_naming_the_field(field: str, value: object) -> None:
@@ -195,3 +202,105 @@ def test_fractional_queue_max_below_one_is_refused(clean_env: pytest.MonkeyPatch
         assert "A3C_QUEUE_MAX" in str(exc)
     else:
         assert settings.queue_max >= 1
+
+
+def test_settings_take_keyword_arguments(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    s = Settings(run_dir=tmp_path / "run", workers_file=tmp_path / "w.txt", token="t")
+    assert (s.run_dir, s.workers_file, s.token) == (tmp_path / "run", tmp_path / "w.txt", "t")
+    assert s.queue_max == 10_000 and s.max_body_bytes == 32 * 1024 * 1024
+
+
+def test_keyword_arguments_are_validated_too(clean_env: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="queue_max"):
+        Settings(queue_max=0)
+    with pytest.raises(ValueError, match="no_such_setting"):
+        Settings(no_such_setting=1)
+
+
+def test_bad_master_url_is_refused_at_start(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("A3C_MASTER_URL", "10.0.0.1:33333")
+    with pytest.raises(ValueError, match="A3C_MASTER_URL='10.0.0.1:33333'"):
+        Settings.from_env()
+
+
+# -- the worker's settings ------------------------------------------------------------------------
+
+
+def test_worker_settings_defaults(clean_env: pytest.MonkeyPatch) -> None:
+    s = WorkerSettings.from_env()
+    assert s == WorkerSettings()
+    assert s.token is None
+    assert s.master_retry_s == 60.0
+    assert s.torch_threads == 1
+    assert s.max_body_bytes == 32 * 1024 * 1024
+
+
+def test_worker_settings_from_env_vars(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("A3C_TOKEN", "s3cret")
+    clean_env.setenv("A3C_MASTER_RETRY_S", "2.5")
+    clean_env.setenv("A3C_TORCH_THREADS", "3")
+    clean_env.setenv("A3C_MAX_BODY_BYTES", "4096")
+    s = WorkerSettings.from_env()
+    assert (s.token, s.master_retry_s, s.torch_threads, s.max_body_bytes) == (
+        "s3cret",
+        2.5,
+        3,
+        4096,
+    )
+
+
+@pytest.mark.parametrize(
+    ("settings", "name", "raw"),
+    [
+        (WorkerSettings, "A3C_TORCH_THREADS", "abc"),
+        (WorkerSettings, "A3C_TORCH_THREADS", "0"),
+        (WorkerSettings, "A3C_TORCH_THREADS", "1.5"),
+        (WorkerSettings, "A3C_MASTER_RETRY_S", "soon"),
+        (WorkerSettings, "A3C_MASTER_RETRY_S", "-1"),
+        (WorkerSettings, "A3C_MASTER_RETRY_S", "inf"),
+        (WorkerSettings, "A3C_MAX_BODY_BYTES", "12"),
+        (WorkerSettings, "A3C_MAX_BODY_BYTES", "1e6"),
+        (Settings, "A3C_MAX_BODY_BYTES", "lots"),
+        (Settings, "A3C_PERSIST_INTERVAL_S", "abc"),
+        (Settings, "A3C_QUEUE_MAX", "-3"),
+    ],
+)
+def test_a_bad_setting_is_one_line_that_names_the_variable_and_its_value(
+    clean_env: pytest.MonkeyPatch, settings: type, name: str, raw: str
+) -> None:
+    clean_env.setenv(name, raw)
+    with pytest.raises(ValueError) as info:
+        settings.from_env()
+    message = str(info.value)
+    assert f"{name}={raw!r}" in message
+    assert "\n" not in message, message
+
+
+def test_every_bad_setting_is_named_at_once(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("A3C_TORCH_THREADS", "abc")
+    clean_env.setenv("A3C_MASTER_RETRY_S", "soon")
+    with pytest.raises(ValueError) as info:
+        WorkerSettings.from_env()
+    assert "A3C_TORCH_THREADS='abc'" in str(info.value)
+    assert "A3C_MASTER_RETRY_S='soon'" in str(info.value)
+
+
+# -- the seed's range -----------------------------------------------------------------------------
+
+
+def test_the_largest_seed_is_accepted_by_every_consumer() -> None:
+    """TrainConfig's bound is torch.manual_seed's: the master seeds torch with it as given; the
+    workers derive their own (below 2**31) from it, which gymnasium's reset accepts."""
+    assert TrainConfig(seed=MAX_SEED).seed == MAX_SEED
+    torch.manual_seed(MAX_SEED)
+    with pytest.raises(ValueError):  # "Overflow when unpacking long long"
+        torch.manual_seed(MAX_SEED + 1)
+    from worker.trainer import worker_seed
+
+    derived = worker_seed(MAX_SEED, "w1")
+    assert 0 <= derived < 2**31
+    env = gym.make("CartPole-v1")
+    try:
+        env.reset(seed=derived)
+    finally:
+        env.close()

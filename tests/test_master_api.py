@@ -15,15 +15,18 @@ from typing import Any
 
 import pytest
 import torch
+from fastapi.openapi.utils import get_openapi
 from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from a3c_http import wire
 from a3c_http.config import Settings, TrainConfig
+from a3c_http.model import build_model
 from master import routes_run
 from master.app import create_app
 from master.state import VERSIONS_SKIPPED_AFTER_A_CRASH, ClusterState, StateConflict
+from tests.schema_checks import assert_bearer_everywhere_but_healthz, assert_errors_declared
 
 LOOPBACK = ("127.0.0.1", 50000)
 REMOTE = ("10.1.2.3", 5)
@@ -513,6 +516,54 @@ def test_train_invalid_config_names_the_field(
     assert field in r.json()["detail"]
     assert launched == []
     assert status(client)["state"] == "idle"
+
+
+def test_train_refuses_a_seed_torch_cannot_take(client: TestClient, launched: list) -> None:
+    r = client.post("/train", json={**TRAIN, "seed": 2**64})
+    assert r.status_code == 422, r.text
+    assert "seed" in r.json()["detail"] and "env_id" not in r.json()["detail"]
+    assert launched == []
+    assert status(client)["state"] == "idle"
+    assert start_run(client, seed=2**64 - 1)["run_id"]  # the largest torch takes
+
+
+def _encoded_size(hidden_sizes: list[int]) -> int:
+    return len(wire.encode(build_model("CartPole-v1", {}, hidden_sizes).state_dict()))
+
+
+def test_train_refuses_hidden_sizes_whose_weights_exceed_the_body_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launched: list
+) -> None:
+    """Every push of such weights (or of their gradients) would get 413: refuse the run."""
+    limit = 1024 * 1024
+    monkeypatch.setenv("A3C_MAX_BODY_BYTES", str(limit))
+    with master(make_settings(tmp_path)) as c:
+        assert _encoded_size([1024, 1024]) > limit
+        r = c.post("/train", json={**TRAIN, "hidden_sizes": [1024, 1024]})
+        assert r.status_code == 422, r.text
+        detail = r.json()["detail"]
+        assert "hidden_sizes" in detail and str(limit) in detail and "A3C_MAX_BODY_BYTES" in detail
+        assert launched == []
+        assert status(c)["state"] == "idle"
+
+
+def test_the_body_limit_check_is_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launched: list
+) -> None:
+    size = _encoded_size([64, 32])
+    monkeypatch.setenv("A3C_MAX_BODY_BYTES", str(size - 1))
+    with master(make_settings(tmp_path)) as c:
+        r = c.post("/train", json={**TRAIN, "hidden_sizes": [64, 32]})
+        assert r.status_code == 422, r.text
+        assert f"{size} bytes" in r.json()["detail"]
+    monkeypatch.setenv("A3C_MAX_BODY_BYTES", str(size))
+    with master(make_settings(tmp_path / "2")) as c:
+        start_run(c, hidden_sizes=[64, 32])
+        # Weights of exactly the limit go through, as will their gradients.
+        tensors, version, body = weights(c)
+        assert len(body) == size
+        r = push_gradients(c, st_save(ones_like(tensors, 0.001)), version)
+        assert r.status_code == 200, r.text
 
 
 @pytest.mark.parametrize(
@@ -1103,7 +1154,7 @@ def test_a_bad_seq_is_422_and_counts_nothing(running: TestClient, seq: str) -> N
         headers={"X-A3C-Seq": seq},
     )
     assert r.status_code == 422
-    assert "x-a3c-seq" in r.json()["detail"]
+    assert "X-A3C-Seq" in r.json()["detail"]
     assert status(running)["global_episode"] == 0
 
 
@@ -1211,3 +1262,37 @@ def test_a_master_resumed_after_a_crash_never_reuses_a_version(tmp_path: Path) -
     again.persist(force=True, clean=True)
     again.close()
     assert ClusterState(settings).params.version == again.params.version
+
+
+# -- the OpenAPI schema ----------------------------------------------------------------------------
+
+# The operations that may answer 409, and only those declare it.
+CONFLICT_OPERATIONS = {
+    ("POST", "/train"),
+    ("POST", "/worker_started"),
+    ("POST", "/worker_done"),
+    ("POST", "/episode"),
+    ("GET", "/global_model_weights"),
+    ("POST", "/local_model_weights"),
+    ("POST", "/gradients"),
+}
+
+
+def test_the_routes_themselves_declare_every_error(tmp_path: Path) -> None:
+    """The errors are declared with FastAPI's `responses=` on the routes: the schema FastAPI makes
+    from the routes alone is the one the app serves, nothing patched on top."""
+    app = create_app(make_settings(tmp_path))
+    from_routes = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    served = app.openapi()
+    assert served["paths"] == from_routes["paths"]
+    assert served["components"] == from_routes["components"]
+    assert_errors_declared(from_routes, CONFLICT_OPERATIONS)
+
+
+def test_the_schema_offers_the_bearer_token_to_docs(tmp_path: Path) -> None:
+    """/docs shows "Authorize" and sends `Authorization: Bearer ...` with every request it makes."""
+    with master(make_settings(tmp_path, token="s3cret")) as c:
+        r = c.get("/openapi.json", headers={"Authorization": "Bearer s3cret"})
+        assert r.status_code == 200
+        assert_bearer_everywhere_but_healthz(r.json())
+        assert c.get("/openapi.json").status_code == 401  # enforcement is unchanged

@@ -14,9 +14,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from fastapi.openapi.utils import get_openapi
 from fastapi.testclient import TestClient
 
 import worker.app as worker_app
+from tests.schema_checks import assert_bearer_everywhere_but_healthz, assert_errors_declared
 from worker.app import create_app
 
 LOOPBACK = ("127.0.0.1", 50000)
@@ -308,3 +310,77 @@ def test_without_token_remote_clients_get_403(method_path: tuple[str, str]) -> N
         assert r.status_code == 403
         assert "A3C_TOKEN" in r.json()["detail"]
         assert c.get("/healthz").status_code == 200
+
+
+# -- settings ------------------------------------------------------------------------------------
+
+
+def test_a_bad_setting_stops_the_worker_at_start_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not a worker that starts and fails its first run: it does not start."""
+    monkeypatch.setenv("A3C_TORCH_THREADS", "abc")
+    with pytest.raises(ValueError, match="A3C_TORCH_THREADS='abc'"):
+        create_app()
+    with pytest.raises(SystemExit) as info:
+        worker_app.__getattr__("app")  # what `uvicorn worker.app:app` does
+    message = str(info.value.code)
+    assert message.startswith("a3c-http worker: A3C_TORCH_THREADS='abc'"), message
+    assert "\n" not in message
+
+
+def test_the_torch_threads_setting_reaches_the_training_thread(
+    monkeypatch: pytest.MonkeyPatch, fake_trainer: type[FakeTrainer]
+) -> None:
+    monkeypatch.setenv("A3C_TORCH_THREADS", "3")
+    seen: list[int] = []
+    monkeypatch.setattr(worker_app.torch, "set_num_threads", seen.append)
+    with worker() as c:
+        assert c.post("/start_worker", json=start_body(free_port())).status_code == 202
+        (trainer,) = wait_until(lambda: fake_trainer.instances)
+        assert trainer.running.wait(10)
+        assert seen == [3]
+        c.post("/stop")
+
+
+# -- stopping while the master is away -----------------------------------------------------------
+
+
+def _start_against_an_absent_master(c: TestClient) -> None:
+    assert c.post("/start_worker", json=start_body(free_port())).status_code == 202
+    # The master is not there: the worker is in its retry loop (A3C_MASTER_RETRY_S=60).
+    wait_for(c, lambda s: s["http_retries"] >= 1 and s["state"] == "running")
+
+
+def test_stop_while_the_master_is_away_is_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("A3C_MASTER_RETRY_S", "60")
+    with worker() as c:
+        _start_against_an_absent_master(c)
+        started = time.monotonic()
+        assert c.post("/stop").status_code == 202
+        status = wait_for(c, lambda s: s["state"] not in ("running", "stopping"), timeout_s=10)
+        assert time.monotonic() - started < 10
+        assert status["state"] == "done", status  # it was told to stop: not a failure
+        assert status["error"] is None
+
+
+def test_shutdown_while_the_master_is_away_is_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM (uvicorn's shutdown runs the lifespan's end) does not wait out the retries."""
+    monkeypatch.setenv("A3C_MASTER_RETRY_S", "60")
+    app = create_app()
+    with TestClient(app, client=LOOPBACK) as c:
+        _start_against_an_absent_master(c)
+        started = time.monotonic()
+    assert time.monotonic() - started < 10
+    assert app.state.worker.state == "done"
+
+
+# -- the OpenAPI schema ----------------------------------------------------------------------------
+
+
+def test_the_routes_themselves_declare_every_error_and_the_token() -> None:
+    app = create_app(token="s3cret")
+    from_routes = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    assert app.openapi()["paths"] == from_routes["paths"]
+    assert_errors_declared(from_routes, {("POST", "/start_worker")})
+    assert_bearer_everywhere_but_healthz(from_routes)

@@ -4,19 +4,19 @@ master, then trains in a background thread until the run ends; it can serve one 
 
 from __future__ import annotations
 
-import os
 import threading
 import traceback
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
+import torch
 from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from a3c_http.client import A3CError, MasterClient, MasterUnavailable
-from a3c_http.config import TrainConfig, env_float
-from a3c_http.service import install_common
+from a3c_http.config import TrainConfig, WorkerSettings
+from a3c_http.service import JSON_BODY, conflict, install_common, protected_router
 from worker.trainer import Progress, Trainer
 
 WorkerStatus = Literal["idle", "running", "stopping", "done", "failed"]
@@ -33,9 +33,10 @@ class StartIn(BaseModel):
 class WorkerService:
     """The worker's one training slot and what /status shows of it."""
 
-    def __init__(self, token: str | None, master_retry_s: float = 60.0) -> None:
-        self.token = token
-        self.master_retry_s = master_retry_s
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.settings = settings
+        self.token = settings.token
+        self.master_retry_s = settings.master_retry_s
         self._lock = threading.Lock()
         self.state: WorkerStatus = "idle"
         self.worker_id: str | None = None
@@ -64,6 +65,7 @@ class WorkerService:
                 self.token,
                 retry_deadline_s=self.master_retry_s,
                 run_id=body.run_id,
+                stop=self._stop,
             )
             self._thread = threading.Thread(
                 target=self._train,
@@ -83,6 +85,7 @@ class WorkerService:
     ) -> None:
         error = None
         try:
+            torch.set_num_threads(self.settings.torch_threads)  # this thread's intra-op threads
             Trainer(body.config, client, body.worker_id, own_url, stop, progress).run()
         except MasterUnavailable as exc:
             error = f"{exc} (gave up after A3C_MASTER_RETRY_S={self.master_retry_s:g} s)"
@@ -138,9 +141,12 @@ class WorkerService:
         }
 
 
-def create_app(token: str | None = None) -> FastAPI:
-    token = token if token is not None else (os.environ.get("A3C_TOKEN") or None)
-    service = WorkerService(token, env_float("A3C_MASTER_RETRY_S", 60.0))
+def create_app(token: str | None = None, settings: WorkerSettings | None = None) -> FastAPI:
+    """The worker app; `settings` default to the environment's, `token` overrides theirs."""
+    settings = settings or WorkerSettings.from_env()
+    if token is not None:
+        settings = settings.model_copy(update={"token": token})
+    service = WorkerService(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -151,21 +157,28 @@ def create_app(token: str | None = None) -> FastAPI:
 
     app = FastAPI(title="a3c-http worker", version="0.1.0", lifespan=lifespan)
     app.state.worker = service
-    install_common(app, token, {"POST /start_worker": "already running or stopping a run"})
+    install_common(app, settings.token, settings.max_body_bytes)
+    router = protected_router()
 
-    @app.get("/status")
+    @router.get("/status")
     def status() -> dict[str, Any]:
         return service.status()
 
-    @app.post("/start_worker", status_code=202)
+    @router.post(
+        "/start_worker",
+        status_code=202,
+        responses={**JSON_BODY, **conflict("already running or stopping a run")},
+    )
     def start_worker(body: StartIn, request: Request) -> dict[str, Any]:
         service.start(body, str(request.base_url).rstrip("/"))
         return {"data": {"worker_id": body.worker_id, "state": service.state}}
 
-    @app.post("/stop", status_code=202)
+    @router.post("/stop", status_code=202)
     def stop() -> dict[str, Any]:
         service.stop()
         return {"data": {"state": service.state}}
+
+    app.include_router(router)
 
     return app
 

@@ -9,7 +9,6 @@ and it adopts newer global weights (another worker's best) at each heartbeat.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 import zlib
@@ -20,7 +19,7 @@ import torch
 
 from a3c_http import wire
 from a3c_http.a3c import LossTerms, gradients, rollout_loss
-from a3c_http.client import Conflict, MasterClient, Weights
+from a3c_http.client import Conflict, MasterClient, Stopped, Weights
 from a3c_http.config import TrainConfig
 from a3c_http.model import ActorCritic, build_model
 from a3c_http.rollout import Rollout, RolloutCollector
@@ -44,6 +43,12 @@ class Progress:
     # The latest training metrics under the names SB3 and TensorBoard users chart.
     metrics: dict[str, float] = field(default_factory=dict)
     recent_returns: deque = field(default_factory=lambda: deque(maxlen=100))
+
+
+def worker_seed(run_seed: int, worker_id: str) -> int:
+    """The seed of one worker's torch and environments: the run's, made different per worker and
+    brought below 2**31 (what gymnasium's reset takes) whatever the run's seed."""
+    return (run_seed + zlib.crc32(worker_id.encode())) % 2**31
 
 
 class _Stop(Exception):
@@ -76,8 +81,7 @@ class Trainer:
 
     def _train(self) -> None:
         cfg = self.config
-        torch.set_num_threads(int(os.environ.get("A3C_TORCH_THREADS", "1")))
-        seed = ((cfg.seed or 0) + zlib.crc32(self.worker_id.encode())) % 2**31
+        seed = worker_seed(cfg.seed or 0, self.worker_id)
         torch.manual_seed(seed)
         self._http(self.client.worker_started, self.worker_id, self.worker_url)
         model = build_model(cfg.env_id, cfg.env_kwargs, cfg.hidden_sizes)
@@ -117,6 +121,8 @@ class Trainer:
             if exc.stop:
                 raise _Stop from None
             raise
+        except Stopped:  # this worker's /stop or SIGTERM while the master did not answer
+            raise _Stop from None
         finally:
             self.progress.time_http_s += time.monotonic() - started
 

@@ -1,0 +1,20 @@
+"""The names the HTTP contract (API.md) gives to headers and media types, in one place: the client,
+the master and the worker import them from here, so a name cannot drift between the two sides.
+"""
+
+from __future__ import annotations
+
+# Tensors (weights and gradients) travel as one safetensors file in the body.
+CONTENT_TYPE = "application/octet-stream"
+
+# The version of the global weights a weights body holds, or that gradients were computed on.
+VERSION_HEADER = "X-Model-Version"
+# Which worker sends gradients, and for which run.
+WORKER_ID_HEADER = "X-Worker-Id"
+RUN_ID_HEADER = "X-Run-Id"
+# A worker's rising request number; its retries keep it, so the master never counts one twice.
+SEQ_HEADER = "X-A3C-Seq"
+# "1" on a reply: the master has already taken this request (a retry), nothing was counted again.
+DUPLICATE_HEADER = "X-A3C-Duplicate"
+# "1" on a reply: the run is over, the worker should stop.
+STOP_HEADER = "X-A3C-Stop"
