@@ -35,6 +35,7 @@ from filelock import FileLock, Timeout
 
 DB = "run.db"
 LOCK = ".a3c.lock"
+OWNER = ".a3c.owner"
 # What a new run moves to archive/<run_id>/ (the quickstart's plot included).
 RUN_FILES = (DB, "weights.safetensors", "config.json")
 EPISODE_FIELDS = ("global_episode", "worker_id", "reward", "length", "time")
@@ -55,7 +56,34 @@ CREATE TABLE IF NOT EXISTS queue (position INTEGER PRIMARY KEY, value REAL NOT N
 
 
 class RunDirInUse(ValueError):
-    """Another process owns the run folder."""
+    """Another master process owns the run folder. `sibling`: that master and this process were
+    started by the same parent, as `uvicorn --workers N` does."""
+
+    def __init__(self, run_dir: Path, owner: dict[str, int] | None) -> None:
+        self.sibling = (
+            owner is not None and owner["pid"] != os.getpid() and owner["ppid"] == os.getppid() != 1
+        )
+        if self.sibling:
+            why = (
+                f"the run folder {run_dir} is owned by process {owner['pid']}, another master "
+                "started by the same `uvicorn --workers N`: a master is one process, so run "
+                "uvicorn without --workers"
+            )
+        else:
+            pid = f" (process {owner['pid']})" if owner else ""
+            why = (
+                f"the run folder {run_dir} is in use by another master{pid}, which holds "
+                f"{run_dir / LOCK}: stop that master, or set A3C_RUN_DIR to another folder"
+            )
+        super().__init__(why)
+
+
+def _read_owner(path: Path) -> dict[str, int] | None:
+    try:
+        owner = json.loads(path.read_text())
+        return {"pid": int(owner["pid"]), "ppid": int(owner["ppid"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 @dataclass
@@ -114,12 +142,13 @@ class RunStore:
         try:
             lock.acquire()
         except Timeout:
-            raise RunDirInUse(
-                f"the run folder {store.dir} is in use by another master (it holds "
-                f"{store.dir / LOCK}): stop that master, or set A3C_RUN_DIR to another folder. "
-                "Run one master process per folder (no `uvicorn --workers N`)."
-            ) from None
+            raise RunDirInUse(store.dir, _read_owner(store.dir / OWNER)) from None
         store._owner = lock
+        # Who owns it, for the message a second master gets (the lock file itself is truncated
+        # by every process that tries it).
+        atomic_write(
+            store.dir / OWNER, json.dumps({"pid": os.getpid(), "ppid": os.getppid()}).encode()
+        )
         return store
 
     def close(self) -> None:

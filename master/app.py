@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -13,6 +15,7 @@ from fastapi.responses import JSONResponse
 from a3c_http.config import Settings
 from a3c_http.protocol import STOP_HEADER
 from a3c_http.service import install_common
+from a3c_http.store import RunDirInUse
 from a3c_http.wire import WireError
 from master import routes_run, routes_seed, routes_weights
 from master.state import ClusterState, StateConflict
@@ -80,6 +83,10 @@ def __getattr__(name: str) -> FastAPI:
         global app
         try:
             app = create_app()
+        except RunDirInUse as exc:
+            if exc.sibling:  # `uvicorn --workers N`: end the whole server, not just this process
+                os.kill(os.getppid(), signal.SIGTERM)
+            raise SystemExit(f"a3c-http master: {exc}") from None
         except ValueError as exc:  # a bad setting: say which, without a traceback
             raise SystemExit(f"a3c-http master: {exc}") from None
         return app

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import signal
 import sqlite3
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from a3c_http import store
-from a3c_http.localcluster import ROOT
+from a3c_http.localcluster import ROOT, free_port
 from a3c_http.store import RunDirInUse, RunStore, Snapshot, atomic_write
 
 
@@ -129,7 +131,7 @@ def test_a_failed_save_leaves_the_previous_one_whole(owned: RunStore) -> None:
 
 def test_one_master_owns_a_folder(tmp_path: Path) -> None:
     first = RunStore.acquire(tmp_path)
-    with pytest.raises(RunDirInUse, match="in use by another master.*A3C_RUN_DIR"):
+    with pytest.raises(RunDirInUse, match=r"in use by another master \(process \d+\).*A3C_RUN_DIR"):
         RunStore.acquire(tmp_path)
     with pytest.raises(RuntimeError, match="acquired"):
         RunStore(tmp_path).save(numbered(1))  # a reader cannot write
@@ -196,3 +198,29 @@ def test_kill_9_in_the_middle_of_saves_leaves_one_whole_snapshot(tmp_path: Path)
         assert len(found) == 1, f"a mix of snapshots {found}"
         seen.append(found.pop())
     assert seen == sorted(seen) and seen[-1] > seen[0], seen  # it saved, and never went back
+
+
+@pytest.mark.integration
+def test_uvicorn_with_several_worker_processes_refuses_to_run_a_master(tmp_path: Path) -> None:
+    """`uvicorn master.app:app --workers 2` would interleave two masters' state: the process
+    that loses the run folder says why and ends the whole server, the owner saving first."""
+    env = {**os.environ, "A3C_RUN_DIR": str(tmp_path / "run")}
+    cmd = [sys.executable, "-m", "uvicorn", "master.app:app", "--port", str(free_port())]
+    server = subprocess.Popen(
+        [*cmd, "--workers", "2"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, so that no child can outlive the test
+    )
+    try:
+        output, _ = server.communicate(timeout=90)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=10)
+    assert "another master started by the same `uvicorn --workers N`" in output, output
+    assert "Traceback" not in output
+    assert RunStore(tmp_path / "run").load() is not None  # the owner saved as it shut down
