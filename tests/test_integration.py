@@ -1,10 +1,9 @@
-"""A real master and two real workers, each a uvicorn process on a free loopback port."""
+"""Runs on real processes: the session cluster (a master and workers, each a uvicorn process on a
+free loopback port, with a token that every run carries both ways), run after run."""
 
 from __future__ import annotations
 
 import math
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,70 +11,51 @@ import torch
 
 from a3c_http import wire
 from a3c_http.config import TrainConfig
-from a3c_http.localcluster import LocalCluster, ServiceProcess, free_port
+from a3c_http.localcluster import LocalCluster, ServiceProcess, free_port, wait_for
 from a3c_http.model import build_model
-from a3c_http.store import RunStore
-from tests.support import SHORT_RUN, master_sees_every_worker_done, wait_for
+from tests.conftest import PATIENT
+from tests.support import ENDLESS_RUN, SHORT_RUN
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    c = LocalCluster(
-        tmp_path / "run",
-        tmp_path / "logs",
-        workers=[("127.0.0.1", free_port()), ("127.0.0.1", free_port())],
-        env={"A3C_PERSIST_INTERVAL_S": "1", "A3C_ENV_MODULES": "tests.envs"},
-    ).start()
-    try:
-        yield c
-    finally:
-        c.close()
-        for p in c.processes:
-            assert not p.running(), f"{p.app} on port {p.port} is still running"
+def patient(cluster: LocalCluster) -> list[ServiceProcess]:
+    return [cluster.workers[i] for i in PATIENT]
 
 
 @pytest.mark.parametrize("sync_mode", ["gradients", "best_weights"])
-def test_short_run_adds_up_and_every_process_ends(cluster: LocalCluster, sync_mode: str) -> None:
-    reply = cluster.http.post(
-        f"{cluster.master.url}/train", json={**SHORT_RUN, "sync_mode": sync_mode}
-    )
+def test_a_short_run_adds_up(cluster: LocalCluster, sync_mode: str) -> None:
+    workers = patient(cluster)
+    before = cluster.status()
+    # The run's fresh weights are a change of the global weights, unless they are the folder's
+    # first: versions keep rising across the runs of a run folder.
+    fresh_version = before["model_version"] + (1 if before["run_id"] else 0)
+    reply = cluster.train(**SHORT_RUN, sync_mode=sync_mode, workers=[w.url for w in workers])
     assert reply.status_code == 202, reply.text
     assert all(w["started"] for w in reply.json()["data"]["workers"])
 
-    status = wait_for(
-        lambda: (s := cluster.status())["state"] == "finished" and s, 120, "the run to finish"
-    )
-    assert status["finish_reason"].startswith("max_episodes")
-    # Every worker learns of the end at its next exchange and reports done.
-    def workers_done() -> list[dict] | None:
-        statuses = [cluster.worker_status(p) for p in cluster.workers]
-        return statuses if all(s["state"] == "done" for s in statuses) else None
-
-    workers = wait_for(workers_done, 60, "both workers to be done")
-    # ...and each then tells the master, whose registry shows them done.
+    assert cluster.wait_finished()["finish_reason"].startswith("max_episodes")
+    # Every worker learns of the end at its next exchange, reports done, and tells the master.
     # An episode that ended just after the finish still counts, so the totals are read now.
-    status = wait_for(
-        lambda: master_sees_every_worker_done(cluster.status),
-        30,
-        "the master to see both workers done",
-    )
+    status, statuses = cluster.wait_workers_settled(workers)
+    assert [s["state"] for s in statuses] == ["done", "done"], statuses
 
     # The episodes the workers had accepted add up to the global count, and so do their steps;
     # env_steps adds the steps of the episodes still going on when the run ended.
-    assert sum(w["episodes"] for w in workers) == status["global_episode"] >= 40
-    assert sum(w["steps"] for w in workers) == status["global_steps"] <= status["env_steps"]
-    assert status["env_steps"] <= sum(w["env_steps"] for w in workers)
-    assert all(w["episodes"] > 0 for w in workers), "both workers took part"
-    for w in workers:
+    assert sum(w["episodes"] for w in statuses) == status["global_episode"] >= 40
+    assert sum(w["steps"] for w in statuses) == status["global_steps"] <= status["env_steps"]
+    assert status["env_steps"] <= sum(w["env_steps"] for w in statuses)
+    assert all(w["episodes"] > 0 for w in statuses), "both workers took part"
+    for w in statuses:
         metrics = w["metrics"]
         names = {"train/policy_loss", "train/value_loss", "train/entropy", "time/fps",
                  "rollout/ep_rew_mean"}
         assert names <= set(metrics), metrics
         assert all(math.isfinite(v) for v in metrics.values()), metrics
         assert 0 < metrics["train/entropy"] <= math.log(2) + 1e-6  # two actions
-    assert status["updates_applied"] > 0 and status["model_version"] == status["updates_applied"]
+    # Each update took the version one up.
+    assert status["updates_applied"] > 0
+    assert status["model_version"] == fresh_version + status["updates_applied"]
 
     # The global weights moved away from the seeded initial weights and are finite.
     response = cluster.http.get(f"{cluster.master.url}/global_model_weights")
@@ -89,65 +69,45 @@ def test_short_run_adds_up_and_every_process_ends(cluster: LocalCluster, sync_mo
     moved = sum(float((final[k] - v).abs().sum()) for k, v in initial.state_dict().items())
     assert moved > 1e-3
 
-    # The run folder holds one history row per episode once the master has ended.
-    # uvicorn shuts down gracefully on SIGTERM, then re-raises it: -SIGTERM is its clean exit.
-    assert cluster.master.stop() in (0, -signal.SIGTERM)
-    rows = RunStore(cluster.run_dir).read_episodes()
-    assert [r["global_episode"] for r in rows] == list(range(1, status["global_episode"] + 1))
 
+def test_a_stopped_run_is_archived_and_the_workers_serve_the_next(cluster: LocalCluster) -> None:
+    urls = [w.url for w in patient(cluster)]
+    assert cluster.train(**ENDLESS_RUN, workers=urls).status_code == 202
+    wait_for(lambda: cluster.status()["global_episode"] >= 5, 60, "some episodes")
+    assert cluster.train(**ENDLESS_RUN, workers=urls).status_code == 409
 
-def test_stop_ends_the_run_and_a_worker_serves_the_next_one(cluster: LocalCluster) -> None:
-    endless = {**SHORT_RUN, "max_episodes": None, "max_steps": None, "target_return": 1e9}
-    assert cluster.http.post(f"{cluster.master.url}/train", json=endless).status_code == 202
-    wait_for(lambda: cluster.status()["global_episode"] >= 10, 60, "some episodes")
-    assert cluster.http.post(f"{cluster.master.url}/train", json=endless).status_code == 409
+    first, statuses = cluster.stop_run()
+    assert first["state"] == "finished" and first["finish_reason"] == "stopped by POST /stop"
+    assert [s["state"] for s in statuses[:2]] == ["done", "done"], statuses
 
-    assert cluster.http.post(f"{cluster.master.url}/stop").status_code == 200
-    wait_for(
-        lambda: all(cluster.worker_status(p)["state"] == "done" for p in cluster.workers),
-        60,
-        "the workers to stop",
-    )
-    first = cluster.status()
-    assert first["state"] == "finished"
-
-    # The same worker processes take part in a second run, which starts from zero.
-    reply = cluster.http.post(f"{cluster.master.url}/train", json=SHORT_RUN)
+    # The same worker processes take part in the next run, which starts from zero.
+    reply = cluster.train(**{**SHORT_RUN, "max_episodes": 10}, workers=urls)
     assert reply.status_code == 202, reply.text
     assert reply.json()["data"]["run_id"] != first["run_id"]
-    second = wait_for(
-        lambda: (s := cluster.status())["state"] == "finished" and s, 120, "the second run"
-    )
-    assert second["finish_reason"].startswith("max_episodes")
-    archived = RunStore(cluster.run_dir / "archive" / first["run_id"])
-    assert len(archived.read_episodes()) == first["global_episode"]
+    assert all(w["started"] for w in reply.json()["data"]["workers"])
+    second = cluster.wait_finished()
+    assert second["finish_reason"].startswith("max_episodes"), second
+    assert (cluster.run_dir / "archive" / first["run_id"]).is_dir()
 
 
 def test_a_worker_whose_environment_fails_is_failed_on_both_sides(cluster: LocalCluster) -> None:
+    workers = patient(cluster)
     body = {
         **SHORT_RUN,
         "env_id": "tests.envs:FailingCartPole-v0",
         "env_kwargs": {"fail_after": 30},
+        "workers": [w.url for w in workers],
     }
-    reply = cluster.http.post(f"{cluster.master.url}/train", json=body)
+    reply = cluster.train(**body)
     assert reply.status_code == 202, reply.text
-    status = wait_for(
-        lambda: (s := cluster.status())["state"] == "finished" and s, 60, "the run to end"
-    )
+    status = cluster.wait_finished(60)
     assert status["finish_reason"] == "no worker is running any more"
     assert {w["state"] for w in status["workers"]} == {"failed"}
     for record in status["workers"]:
         assert "simulator crashed after 30 steps" in record["error"]
-    for p in cluster.workers:
+    for p in workers:
         ws = cluster.worker_status(p)
         assert ws["state"] == "failed" and "simulator crashed" in ws["error"], ws
-
-
-def test_a_module_outside_the_allowlist_is_refused(cluster: LocalCluster) -> None:
-    reply = cluster.http.post(f"{cluster.master.url}/train", json={"env_id": "os:Anything-v0"})
-    assert reply.status_code == 422
-    assert "A3C_ENV_MODULES" in reply.json()["detail"]
-    assert cluster.status()["state"] == "idle"
 
 
 @pytest.mark.parametrize(
@@ -161,6 +121,7 @@ def test_a_module_outside_the_allowlist_is_refused(cluster: LocalCluster) -> Non
 def test_a_bad_setting_stops_the_service_with_a_message_not_a_traceback(
     tmp_path: Path, app: str, env: dict, message: str
 ) -> None:
+    # Its own process: the property is what a process does at start-up.
     proc = ServiceProcess(app, free_port(), tmp_path / "out.log", env=env).start()
     try:
         wait_for(lambda: not proc.running(), 30, "the service to refuse to start")
