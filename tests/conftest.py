@@ -16,6 +16,7 @@ from tests.support import TOKEN
 # (A3C_MASTER_RETRY_S); the others keep the default 60 s. A run names the workers it uses.
 PATIENT = (0, 1)
 IMPATIENT = 2
+MAX_BODY = 256 * 1024  # the session cluster's A3C_MAX_BODY_BYTES (the model's weights fit)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -31,8 +32,8 @@ def _one_torch_thread() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def session_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """A master and three workers with a token (so every real run carries it both ways), a
-    persist interval of 1 s (a killed master loses at most that), and the test environments
-    allowed (`tests.envs`)."""
+    persist interval of 1 s (a killed master loses at most that), a body limit of MAX_BODY, and
+    the test environments allowed (`tests.envs`)."""
     tmp = tmp_path_factory.mktemp("cluster")
     with pytest.MonkeyPatch.context() as mp:
         for key in list(os.environ):
@@ -47,7 +48,11 @@ def session_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalC
                 ("127.0.0.1", free_port(), {"A3C_MASTER_RETRY_S": "3"}),
             ],
             token=TOKEN,
-            env={"A3C_PERSIST_INTERVAL_S": "1", "A3C_ENV_MODULES": "tests.envs"},
+            env={
+                "A3C_PERSIST_INTERVAL_S": "1",
+                "A3C_ENV_MODULES": "tests.envs",
+                "A3C_MAX_BODY_BYTES": str(MAX_BODY),
+            },
         )
     try:
         cluster.start(timeout_s=120)

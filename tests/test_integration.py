@@ -4,17 +4,20 @@ free loopback port, with a token that every run carries both ways), run after ru
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
 from a3c_http import wire
 from a3c_http.config import TrainConfig
-from a3c_http.localcluster import LocalCluster, ServiceProcess, free_port, wait_for
+from a3c_http.localcluster import LocalCluster, ServiceProcess, StandInWorker, free_port, wait_for
 from a3c_http.model import build_model
-from tests.conftest import PATIENT
-from tests.support import ENDLESS_RUN, SHORT_RUN
+from a3c_http.store import RunStore
+from tests.conftest import MAX_BODY, PATIENT
+from tests.support import ENDLESS_RUN, OCTET, SHORT_RUN, STAND_IN_RUN, snapshot
 
 pytestmark = pytest.mark.integration
 
@@ -71,14 +74,19 @@ def test_a_short_run_adds_up(cluster: LocalCluster, sync_mode: str) -> None:
 
 
 def test_a_stopped_run_is_archived_and_the_workers_serve_the_next(cluster: LocalCluster) -> None:
-    urls = [w.url for w in patient(cluster)]
-    assert cluster.train(**ENDLESS_RUN, workers=urls).status_code == 202
+    # Without "workers", a run goes to every worker of the workers file (A3C_WORKERS_FILE).
+    reply = cluster.train(**ENDLESS_RUN)
+    assert reply.status_code == 202, reply.text
+    assert [w["url"] for w in reply.json()["data"]["workers"]] == [
+        w.url for w in cluster.workers
+    ]
     wait_for(lambda: cluster.status()["global_episode"] >= 5, 60, "some episodes")
-    assert cluster.train(**ENDLESS_RUN, workers=urls).status_code == 409
+    assert cluster.train(**ENDLESS_RUN).status_code == 409
 
     first, statuses = cluster.stop_run()
     assert first["state"] == "finished" and first["finish_reason"] == "stopped by POST /stop"
-    assert [s["state"] for s in statuses[:2]] == ["done", "done"], statuses
+    assert {s["state"] for s in statuses} == {"done"}, statuses
+    urls = [w.url for w in patient(cluster)]
 
     # The same worker processes take part in the next run, which starts from zero.
     reply = cluster.train(**{**SHORT_RUN, "max_episodes": 10}, workers=urls)
@@ -87,7 +95,9 @@ def test_a_stopped_run_is_archived_and_the_workers_serve_the_next(cluster: Local
     assert all(w["started"] for w in reply.json()["data"]["workers"])
     second = cluster.wait_finished()
     assert second["finish_reason"].startswith("max_episodes"), second
-    assert (cluster.run_dir / "archive" / first["run_id"]).is_dir()
+    # The first run's folder is archived whole: one history row per episode it counted.
+    archived = RunStore(cluster.run_dir / "archive" / first["run_id"]).read_episodes()
+    assert [r["global_episode"] for r in archived] == list(range(1, first["global_episode"] + 1))
 
 
 def test_a_worker_whose_environment_fails_is_failed_on_both_sides(cluster: LocalCluster) -> None:
@@ -110,24 +120,76 @@ def test_a_worker_whose_environment_fails_is_failed_on_both_sides(cluster: Local
         assert ws["state"] == "failed" and "simulator crashed" in ws["error"], ws
 
 
-@pytest.mark.parametrize(
-    ("app", "env", "message"),
-    [
-        ("master.app:app", {"A3C_PERSIST_INTERVAL_S": "abc"}, "A3C_PERSIST_INTERVAL_S='abc'"),
-        ("worker.app:app", {"A3C_MAX_BODY_BYTES": "12"}, "A3C_MAX_BODY_BYTES='12'"),
-        ("worker.app:app", {"A3C_MASTER_RETRY_S": "soon"}, "A3C_MASTER_RETRY_S='soon'"),
-    ],
-)
-def test_a_bad_setting_stops_the_service_with_a_message_not_a_traceback(
-    tmp_path: Path, app: str, env: dict, message: str
-) -> None:
-    # Its own process: the property is what a process does at start-up.
-    proc = ServiceProcess(app, free_port(), tmp_path / "out.log", env=env).start()
+BAD_SETTINGS = [
+    ("master.app:app", {"A3C_PERSIST_INTERVAL_S": "abc"}, "A3C_PERSIST_INTERVAL_S='abc'"),
+    ("worker.app:app", {"A3C_MAX_BODY_BYTES": "12"}, "A3C_MAX_BODY_BYTES='12'"),
+    ("worker.app:app", {"A3C_MASTER_RETRY_S": "soon"}, "A3C_MASTER_RETRY_S='soon'"),
+]
+
+
+def test_a_bad_setting_stops_the_service_with_a_message_not_a_traceback(tmp_path: Path) -> None:
+    # Processes of their own (started together): the property is what a process does at
+    # start-up.
+    procs = [
+        ServiceProcess(app, free_port(), tmp_path / f"{i}.log", env=env)
+        for i, (app, env, _) in enumerate(BAD_SETTINGS)
+    ]
     try:
-        wait_for(lambda: not proc.running(), 30, "the service to refuse to start")
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            wait_for(lambda p=proc: not p.running(), 60, f"{proc.app} to refuse to start")
     finally:
-        proc.stop()
-    log = (tmp_path / "out.log").read_text()
-    assert proc.proc.returncode == 1
-    assert message in log
-    assert "Traceback" not in log
+        for proc in procs:
+            proc.stop()
+    for proc, (app, _, message) in zip(procs, BAD_SETTINGS, strict=True):
+        log = proc.log_path.read_text()
+        assert proc.proc.returncode == 1, (app, log)
+        assert message in log, (app, log)
+        assert "Traceback" not in log, (app, log)
+
+
+# -- one real-server check of what test_http_layer.py checks in-process -------------------------
+
+
+@pytest.fixture
+def stand_in_run(cluster: LocalCluster, standin: StandInWorker) -> Iterator[LocalCluster]:
+    """The session master running a run whose only worker is the stand-in."""
+    reply = cluster.train(**STAND_IN_RUN, workers=[standin.url])
+    assert reply.status_code == 202, reply.text
+    yield cluster
+    cluster.http.post(f"{cluster.master.url}/stop")
+
+
+def test_the_real_servers_refuse_a_wrong_token_and_a_body_over_the_limit(
+    stand_in_run: LocalCluster,
+) -> None:
+    cluster = stand_in_run
+    master, worker = cluster.master, cluster.workers[0]
+    before = snapshot(cluster.http, master.url)
+    worker_before = cluster.worker_status(worker)
+    with httpx.Client(timeout=30, trust_env=False) as anonymous:
+        for p in (master, worker):
+            for headers in ({}, {"Authorization": "Bearer wrong"}):
+                for method, path in (("GET", "/status"), ("POST", "/stop")):
+                    reply = anonymous.request(method, f"{p.url}{path}", headers=headers)
+                    assert reply.status_code == 401, (p.app, method, path, reply.text)
+                    assert reply.headers["WWW-Authenticate"] == "Bearer"
+            assert anonymous.get(f"{p.url}/healthz").json() == {"status": "ok"}
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length
+        for _ in range(8):
+            yield b"\0" * (MAX_BODY // 4)
+
+    version = before["weights"][0]
+    headers = {**OCTET, "X-Worker-Id": "w1", "X-Model-Version": version}
+    for content in (b"\0" * (MAX_BODY + 1), chunks()):
+        reply = cluster.http.post(f"{master.url}/gradients", content=content, headers=headers)
+        assert reply.status_code == 413, reply.text
+        assert "A3C_MAX_BODY_BYTES" in reply.json()["detail"]
+    big = {"master_url": master.url, "worker_id": "big", "pad": "x" * MAX_BODY}
+    reply = cluster.http.post(f"{worker.url}/start_worker", json=big)
+    assert reply.status_code == 413, reply.text
+    assert snapshot(cluster.http, master.url) == before
+    after = cluster.worker_status(worker)
+    assert (after["state"], after["run_id"]) == (worker_before["state"], worker_before["run_id"])
