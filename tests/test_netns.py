@@ -37,8 +37,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from a3c_http.localcluster import ServiceProcess
-from tests.support import wait_for
+from a3c_http.localcluster import ServiceProcess, wait_for
 
 pytestmark = pytest.mark.integration
 
