@@ -279,10 +279,13 @@ class LocalCluster:
         reply.raise_for_status()
         return reply.json()
 
-    def wait_finished(self, timeout_s: float = 120.0) -> dict:
+    def wait_finished(self, timeout_s: float = 120.0, interval_s: float = 0.1) -> dict:
         """The master's status once its run is no longer running."""
         return wait_for(
-            lambda: (s := self.status())["state"] != "running" and s, timeout_s, "the run to end"
+            lambda: (s := self.status())["state"] != "running" and s,
+            timeout_s,
+            "the run to end",
+            interval_s,
         )
 
     def wait_workers_settled(

@@ -7,7 +7,6 @@ exercise the real launcher and finish with "no worker could be started".
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +19,7 @@ from safetensors.torch import load as st_load
 
 from a3c_http import wire
 from a3c_http.config import Settings, TrainConfig
+from a3c_http.localcluster import free_port
 from master import routes_run
 from master.app import create_app
 from master.state import VERSIONS_SKIPPED_AFTER_A_CRASH, ClusterState, StateConflict
@@ -53,12 +53,6 @@ WORKER_FIELDS = {"worker_id", "url", "state", "last_seen_s", "episodes", "steps"
 
 
 # -- helpers ---------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_settings(tmp_path: Path, **overrides: Any) -> Settings:

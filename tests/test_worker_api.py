@@ -6,9 +6,7 @@ running; the master it reports to is a closed loopback port, so every call to it
 
 from __future__ import annotations
 
-import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -17,6 +15,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 import worker.app as worker_app
+from a3c_http.localcluster import free_port
+from a3c_http.localcluster import wait_for as poll
 from worker.app import create_app
 
 LOOPBACK = ("127.0.0.1", 50000)
@@ -34,35 +34,21 @@ STATUS_FIELDS = {
 ROUTES = [("GET", "/status"), ("POST", "/start_worker"), ("POST", "/stop")]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_for(
     c: TestClient, predicate: Callable[[dict[str, Any]], bool], timeout_s: float = 15.0
 ) -> dict[str, Any]:
     """Poll GET /status until `predicate` holds; fail with the last status at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def status() -> dict[str, Any] | None:
         r = c.get("/status")
         assert r.status_code == 200, r.text
-        status = r.json()
-        if predicate(status):
-            return status
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout_s} s; last status: {status}")
-        time.sleep(0.02)  # polling interval, not synchronisation
+        return r.json() if predicate(r.json()) else None
+
+    return poll(status, timeout_s, "the worker's status", interval_s=0.02)
 
 
 def wait_until(condition: Callable[[], Any], timeout_s: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (result := condition()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout_s} s")
-        time.sleep(0.01)  # polling interval, not synchronisation
-    return result
+    return poll(condition, timeout_s, "the condition", interval_s=0.01)
 
 
 @contextmanager
