@@ -39,12 +39,18 @@ def wait_for(
 ) -> dict[str, Any]:
     """Poll GET /status until `predicate` holds; fail with the last status at the deadline."""
 
+    last: list[dict[str, Any]] = []
+
     def status() -> dict[str, Any] | None:
         r = c.get("/status")
         assert r.status_code == 200, r.text
+        last[:] = [r.json()]
         return r.json() if predicate(r.json()) else None
 
-    return poll(status, timeout_s, "the worker's status", interval_s=0.02)
+    try:
+        return poll(status, timeout_s, "the worker's status", interval_s=0.02)
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}; last status: {last}") from None
 
 
 def wait_until(condition: Callable[[], Any], timeout_s: float = 10.0) -> Any:
