@@ -9,14 +9,10 @@ Prints the median and 90th percentile of each, in milliseconds.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,7 +24,7 @@ from a3c_http import wire  # noqa: E402
 from a3c_http.a3c import gradients, rollout_loss  # noqa: E402
 from a3c_http.client import MasterClient  # noqa: E402
 from a3c_http.config import TrainConfig  # noqa: E402
-from a3c_http.localcluster import LocalCluster  # noqa: E402
+from a3c_http.localcluster import LocalCluster, StandInWorker  # noqa: E402
 from a3c_http.model import build_model  # noqa: E402
 from a3c_http.rollout import RolloutCollector  # noqa: E402
 
@@ -54,12 +50,12 @@ def main() -> None:
     torch.set_num_threads(1)
     # A day-long heartbeat timeout: the stand-in worker below never heart-beats.
     cfg = TrainConfig(seed=0, max_steps=None, target_return=1e9, heartbeat_timeout_s=86_400)
-    with tempfile.TemporaryDirectory(prefix="a3c-bench-") as tmp, stand_in_worker() as worker:
+    with tempfile.TemporaryDirectory(prefix="a3c-bench-") as tmp, StandInWorker() as worker:
         # This process plays the worker; the stand-in only accepts POST /start_worker.
         cluster = LocalCluster(Path(tmp) / "run", Path(tmp) / "logs", workers=[])
         try:
             cluster.start()
-            body = {**cfg.model_dump(), "workers": [worker]}
+            body = {**cfg.model_dump(), "workers": [worker.url]}
             reply = cluster.http.post(f"{cluster.master.url}/train", json=body)
             reply.raise_for_status()
             run_id = reply.json()["data"]["run_id"]
@@ -96,30 +92,6 @@ def main() -> None:
             collector.close()
         finally:
             cluster.close()
-
-
-@contextlib.contextmanager
-def stand_in_worker() -> Iterator[str]:
-    """A loopback HTTP server that answers 202 to everything: a worker that never trains."""
-
-    class Accept(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            self.send_response(202)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Accept)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 if __name__ == "__main__":

@@ -35,9 +35,9 @@ def one_run(index: int, n_workers: int, overrides: dict, cap_s: float) -> dict:
             reply = cluster.train(**{"seed": index, **overrides})
             reply.raise_for_status()
             started = time.monotonic()
-            status = cluster.status()
-            while status["state"] == "running" and time.monotonic() - started < cap_s:
-                time.sleep(1.0)
+            try:
+                status = cluster.wait_finished(timeout_s=cap_s, interval_s=1.0)
+            except TimeoutError:  # the cap: report the run as it stands
                 status = cluster.status()
             wall = time.monotonic() - started
             workers = [cluster.worker_status(w) for w in cluster.workers]

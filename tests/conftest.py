@@ -1,11 +1,22 @@
-"""Shared fixtures."""
+"""Shared fixtures. The real processes of the integration tests: one cluster for the whole
+session (`cluster`), which every test gets back up and idle, since a worker serves run after run."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 import torch
+
+from a3c_http.localcluster import LocalCluster, StandInWorker, free_port
+from tests.support import TOKEN
+
+# The session cluster's workers. IMPATIENT gives up on an unreachable master after 3 s
+# (A3C_MASTER_RETRY_S); the others keep the default 60 s. A run names the workers it uses.
+PATIENT = (0, 1)
+IMPATIENT = 2
+MAX_BODY = 256 * 1024  # the session cluster's A3C_MAX_BODY_BYTES (the model's weights fit)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -16,3 +27,54 @@ def _one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def session_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A master and three workers with a token (so every real run carries it both ways), a
+    persist interval of 1 s (a killed master loses at most that), a body limit of MAX_BODY, and
+    the test environments allowed (`tests.envs`)."""
+    tmp = tmp_path_factory.mktemp("cluster")
+    with pytest.MonkeyPatch.context() as mp:
+        for key in list(os.environ):
+            if key.startswith("A3C_"):
+                mp.delenv(key)
+        cluster = LocalCluster(
+            tmp / "run",
+            tmp / "logs",
+            workers=[
+                ("127.0.0.1", free_port()),
+                ("127.0.0.1", free_port()),
+                ("127.0.0.1", free_port(), {"A3C_MASTER_RETRY_S": "3"}),
+            ],
+            token=TOKEN,
+            env={
+                "A3C_PERSIST_INTERVAL_S": "1",
+                "A3C_ENV_MODULES": "tests.envs",
+                "A3C_MAX_BODY_BYTES": str(MAX_BODY),
+            },
+        )
+    try:
+        cluster.start(timeout_s=120)
+        yield cluster
+    finally:
+        cluster.close()
+        left = [f"{p.app} on port {p.port}" for p in cluster.processes if p.running()]
+        assert not left, f"still running: {left}"
+
+
+@pytest.fixture
+def cluster(session_cluster: LocalCluster) -> LocalCluster:
+    """The session cluster, every process up (a test before may have killed some) and no run
+    running: each test starts the runs it needs."""
+    session_cluster.start(timeout_s=120)
+    session_cluster.stop_run()
+    return session_cluster
+
+
+@pytest.fixture(scope="session")
+def standin() -> Iterator[StandInWorker]:
+    """A stand-in worker host with the session cluster's token."""
+    with StandInWorker(token=TOKEN) as s:
+        yield s
+

@@ -1,13 +1,22 @@
-"""What the tests on real processes share: polling with a deadline, a short run's config and a
-stand-in worker."""
+"""What the tests share beyond the harness (`a3c_http.localcluster`: processes, clusters, the
+stand-in worker, `wait_for`): run configs, a snapshot of everything a refused request must leave
+as it was, and the catalogue of bad tensor bodies."""
 
 from __future__ import annotations
 
-import http.server
+import hashlib
+import io
 import json
-import threading
-import time
-from collections.abc import Callable
+import pickle
+from typing import Any
+
+import httpx
+import torch
+from safetensors.torch import save as st_save
+
+TOKEN = "test-token-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+OCTET = {"Content-Type": "application/octet-stream"}
 
 # A run of a few seconds on two workers.
 SHORT_RUN = {
@@ -21,52 +30,126 @@ SHORT_RUN = {
 }
 # A run that goes on until it is stopped.
 ENDLESS_RUN = {**SHORT_RUN, "max_episodes": None, "max_steps": None, "target_return": 1e9}
+# A run whose workers are stand-ins (they never report): it stays running for the test to play.
+STAND_IN_RUN = {"seed": 1, "heartbeat_timeout_s": 3600, "max_steps": None}
+
+# What a refused request must not change (besides the registry and the weights).
+COUNTERS = (
+    "state",
+    "run_id",
+    "finish_reason",
+    "global_episode",
+    "global_steps",
+    "best_score",
+    "moving_average",
+    "mean_return_100",
+    "solved",
+    "model_version",
+    "updates_applied",
+    "queue_length",
+    "queue_dropped",
+)
 
 
-def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> object:
-    """Poll `condition` until it returns something truthy, or fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+def snapshot(http: httpx.Client, base: str = "") -> dict[str, Any]:
+    """Everything a refused request must leave as it was: the counters, the registry and the
+    global weights (when there are any). `http` may be a TestClient (base "") or an httpx client
+    with the master's URL as `base`."""
+    reply = http.get(f"{base}/status")
+    assert reply.status_code == 200, reply.text
+    s = reply.json()
+    snap: dict[str, Any] = {k: s.get(k) for k in COUNTERS}
+    snap["workers"] = sorted(
+        (w["worker_id"], w["state"], w["episodes"], w["steps"]) for w in s["workers"]
+    )
+    weights = http.get(f"{base}/global_model_weights")
+    snap["weights"] = (
+        weights.headers.get("X-Model-Version"),
+        hashlib.sha256(weights.content).hexdigest(),
+    )
+    return snap
 
 
-class StandInWorker:
-    """A worker that accepts `POST /start_worker` (202) and then does nothing: the master's run
-    stays running with it `starting`, and the test plays the worker's part itself."""
-
-    def __init__(self) -> None:
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                body = json.dumps({"data": {"state": "running"}}).encode()
-                self.send_response(202)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)
+def registry(status: dict) -> dict[str, dict]:
+    """The master's worker records by worker id."""
+    return {w["worker_id"]: w for w in status["workers"]}
 
 
-def master_sees_every_worker_done(status_of: Callable[[], dict]) -> dict | None:
-    """The master's status once its registry shows every worker done, else None (for wait_for)."""
-    status = status_of()
-    return status if {w["state"] for w in status["workers"]} == {"done"} else None
+# -- bad tensor bodies ----------------------------------------------------------------------------
+
+PARSE = ("safetensors",)
+
+
+def bad_tensor_bodies(good: dict[str, torch.Tensor]) -> dict[str, tuple[bytes, tuple[str, ...]]]:
+    """Bodies for the tensor endpoints that are wrong in one way each, made from the global
+    weights `good`: label -> (body, words one of which the 422's detail must contain)."""
+    names = sorted(good)
+    first = names[0]
+    matrix = next(n for n in names if good[n].dim() == 2)
+    valid = st_save(good)
+    header_len = int.from_bytes(valid[:8], "little")
+
+    def header(raw: bytes) -> bytes:
+        return len(raw).to_bytes(8, "little") + raw
+
+    def lying(entry: dict) -> bytes:
+        return header(json.dumps({first: entry}).encode())
+
+    def changed(**replace: torch.Tensor) -> bytes:
+        return st_save({**good, **replace})
+
+    def every(dtype: torch.dtype) -> bytes:
+        return st_save({k: v.to(dtype) for k, v in good.items()})
+
+    def with_value(name: str, index: tuple[int, ...], value: float) -> bytes:
+        t = good[name].clone()
+        t[index] = value
+        return changed(**{name: t})
+
+    buf = io.BytesIO()
+    torch.save(dict(good), buf)
+    t = good[matrix]
+    return {
+        "empty": (b"", PARSE),
+        "plain text": (b"this is not a safetensors file", PARSE),
+        "random bytes": (bytes(range(256)) * 8, PARSE),
+        "JSON": (b'{"data": [1, 2, 3]}', PARSE),
+        "pickle": (pickle.dumps({k: v.tolist() for k, v in good.items()}), PARSE),
+        "torch.save": (buf.getvalue(), PARSE),
+        "7 bytes": (valid[:7], PARSE),
+        "header only": (valid[: 8 + header_len], PARSE),
+        "truncated half": (valid[: len(valid) // 2], PARSE),
+        "truncated by a byte": (valid[:-1], PARSE),
+        "header length beyond the body": ((2**40).to_bytes(8, "little") + b"{}", PARSE),
+        "header length 2**64-1": (b"\xff" * 8 + b"{}", PARSE),
+        "header not JSON": (header(b"not json"), PARSE),
+        "header a JSON list": (header(b"[]"), PARSE),
+        "non-string metadata": (header(b'{"__metadata__": {"a": 1}}'), PARSE),
+        "offsets beyond the body": (
+            lying({"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}),
+            PARSE,
+        ),
+        "shape overflowing": (
+            lying({"dtype": "F32", "shape": [2**62, 2**62], "data_offsets": [0, 0]}),
+            PARSE,
+        ),
+        "unknown dtype": (lying({"dtype": "F99", "shape": [0], "data_offsets": [0, 0]}), PARSE),
+        "no tensor": (st_save({}), ("missing", first)),
+        "a renamed tensor": (
+            st_save({(k + "_x" if k == first else k): v for k, v in good.items()}),
+            ("missing", "unexpected"),
+        ),
+        "a missing tensor": (st_save({k: v for k, v in good.items() if k != first}), ("missing",)),
+        "an extra tensor": (changed(**{"extra.weight": torch.zeros(3)}), ("unexpected",)),
+        "a wrong shape": (changed(**{matrix: torch.zeros(t.shape[1], t.shape[0] + 1)}), ("shape",)),
+        "a flattened tensor": (changed(**{matrix: t.flatten().contiguous()}), ("shape",)),
+        "float64": (every(torch.float64), ("float32",)),
+        "float16": (every(torch.float16), ("float32",)),
+        "bfloat16": (every(torch.bfloat16), ("float32",)),
+        "int64": (every(torch.int64), ("float32",)),
+        "int32": (every(torch.int32), ("float32",)),
+        "bool": (every(torch.bool), ("float32",)),
+        "NaN": (with_value(matrix, (0, 0), float("nan")), ("nan",)),
+        "+Inf": (with_value(matrix, (0, 0), float("inf")), ("infinite",)),
+        "-Inf": (with_value(matrix, (-1, -1), float("-inf")), ("infinite",)),
+    }

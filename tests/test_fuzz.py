@@ -16,8 +16,10 @@ Two passes over the same master:
   process, which accepts every start and never reports back), so gradients and weights reach the
   model. Examples and fuzzing, more of them for the two tensor bodies.
 
-Then bodies a fuzzer would not make but a broken peer could: safetensors files that almost fit the
-model (truncated, another dtype or shape, NaN, a header that lies), each a 422.
+Then bodies a fuzzer would not make but a broken peer could (`tests.support.bad_tensor_bodies`:
+safetensors files that almost fit the model, truncated, another dtype or shape, NaN, a header that
+lies), each a 422 that the schema documents. (That each names its problem is checked in-process,
+in test_http_layer.py.)
 
 Bounded and deterministic: a fixed number of examples, derandomized with a fixed seed, no example
 database. The master reaches nothing but loopback: its proxy variables send every request to a
@@ -26,7 +28,6 @@ fuzzed worker URL to a loopback port where nobody listens.
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter, defaultdict
 from collections.abc import Iterator
@@ -35,18 +36,15 @@ import httpx
 import pytest
 import requests
 import schemathesis
-import torch
-from safetensors.torch import load, save
+from safetensors.torch import load
 from schemathesis import Case
 
-from a3c_http.localcluster import ServiceProcess, free_port
-from tests.support import StandInWorker
+from a3c_http.localcluster import ServiceProcess, StandInWorker, free_port
+from tests.support import AUTH, TOKEN, bad_tensor_bodies
 
 pytestmark = pytest.mark.integration
 
-TOKEN = "fuzz-token-0123456789abcdef"
 HOST = "127.0.0.1"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 SEED = 20240601
 MAX_EXAMPLES = 10  # per operation in the fuzzing phase; the whole file stays under ~90 s
 TENSOR_PATHS = ("/gradients", "/local_model_weights")
@@ -100,13 +98,6 @@ def session() -> Iterator[requests.Session]:
     with requests.Session() as s:
         s.trust_env = False
         yield s
-
-
-@pytest.fixture(scope="module")
-def standin() -> Iterator[StandInWorker]:
-    s = StandInWorker()
-    yield s
-    s.close()
 
 
 def load_schema(
@@ -208,57 +199,6 @@ def test_fuzz_running_master(
     fuzz_one(case, session, "running")
 
 
-def almost_fitting(weights: bytes) -> dict[str, bytes]:
-    """Safetensors bodies that are wrong in one way each, made from the global weights."""
-    tensors = load(weights)
-    first = sorted(tensors)[0]
-    header_len = int.from_bytes(weights[:8], "little")
-
-    def header(raw: bytes) -> bytes:
-        return len(raw).to_bytes(8, "little") + raw
-
-    def lying(entry: dict) -> bytes:
-        return header(json.dumps({first: entry}).encode())
-
-    def changed(**replace: torch.Tensor) -> bytes:
-        return save({**tensors, **replace})
-
-    def every(dtype: torch.dtype) -> bytes:
-        return save({name: t.to(dtype) for name, t in tensors.items()})
-
-    nan = tensors[first].clone()
-    nan.view(-1)[0] = float("nan")
-    inf = tensors[first].clone()
-    inf.view(-1)[0] = float("inf")
-    return {
-        "empty": b"",
-        "7 bytes": weights[:7],
-        "header only": weights[: 8 + header_len],
-        "truncated data": weights[:-1],
-        "header length beyond the body": (2**40).to_bytes(8, "little") + b"{}",
-        "header length 2**64-1": b"\xff" * 8 + b"{}",
-        "header not JSON": header(b"not json"),
-        "header a JSON list": header(b"[]"),
-        "non-string metadata": header(b'{"__metadata__": {"a": 1}}'),
-        "offsets beyond the body": lying({"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}),
-        "shape overflowing": lying(
-            {"dtype": "F32", "shape": [2**62, 2**62], "data_offsets": [0, 0]}
-        ),
-        "unknown dtype": lying({"dtype": "F99", "shape": [0], "data_offsets": [0, 0]}),
-        "no tensor": save({}),
-        "float64": every(torch.float64),
-        "float16": every(torch.float16),
-        "bfloat16": every(torch.bfloat16),
-        "int64": every(torch.int64),
-        "bool": every(torch.bool),
-        "a flattened tensor": changed(**{first: tensors[first].reshape(-1)[:-1].contiguous()}),
-        "a missing tensor": save({n: t for n, t in tensors.items() if n != first}),
-        "an extra tensor": changed(extra=torch.zeros(3)),
-        "NaN": changed(**{first: nan}),
-        "infinity": changed(**{first: inf}),
-    }
-
-
 def test_tensor_bodies_that_almost_fit(
     running_schema: schemathesis.BaseSchema,
     session: requests.Session,
@@ -274,7 +214,8 @@ def test_tensor_bodies_that_almost_fit(
     weights = reply.content
     gradients = running_schema["/gradients"]["POST"]
     local = running_schema["/local_model_weights"]["POST"]
-    bodies = {"fitting": weights, **almost_fitting(weights)}
+    bodies = {"fitting": weights}
+    bodies.update((label, body) for label, (body, _) in bad_tensor_bodies(load(weights)).items())
     wrong = []
     for what, body in bodies.items():
         version = client.get(f"{master.url}/status").json()["model_version"]

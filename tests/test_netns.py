@@ -37,23 +37,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from a3c_http.localcluster import ServiceProcess
-from tests.support import wait_for
+from a3c_http.localcluster import ServiceProcess, wait_for
+from tests.support import SHORT_RUN
 
 pytestmark = pytest.mark.integration
 
 IP = shutil.which("ip")
 MASTER_PORT = 33333
 WORKER_PORT = 8001
-SHORT_RUN = {
-    "num_envs": 2,
-    "t_max": 8,
-    "max_episodes": 40,
-    "max_steps": None,
-    "seed": 7,
-    "heartbeat_interval_s": 0.5,
-    "heartbeat_timeout_s": 20,
-}
 # Generous: other test runs may share the 2 cores.
 START_TIMEOUT_S = 90
 RUN_TIMEOUT_S = 120

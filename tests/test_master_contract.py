@@ -1,0 +1,110 @@
+"""Parts of the master's contract (API.md, then the README) that the black-box suites checked on
+real processes and test_master_api.py does not: the types of /status while a run runs, the
+config's README defaults, and the 100-episode window of `mean_return_100` and `target_return`.
+In-process (TestClient); the run's only worker is the stand-in, so every counter is the test's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from a3c_http.config import Settings
+from a3c_http.localcluster import StandInWorker
+from master.app import create_app
+
+# README "Training config": the defaults (target_return is CartPole-v1's reward threshold).
+CONFIG_DEFAULTS = {
+    "env_id": "CartPole-v1", "env_kwargs": {}, "num_envs": 8, "hidden_sizes": [64, 64],
+    "lr": 0.001, "gamma": 0.99, "gae_lambda": 1.0, "t_max": 8, "entropy_coef": 0.01,
+    "value_coef": 0.5, "max_grad_norm": 0.5, "sync_mode": "gradients", "max_staleness": 16,
+    "max_episodes": None, "max_steps": 2000000, "target_return": 475.0,
+    "heartbeat_interval_s": 2.0,
+}
+WORKER_STATES = {"starting", "running", "done", "lost", "failed"}
+
+
+def is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+@pytest.fixture
+def master(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
+    for name in ("A3C_TOKEN", "A3C_MASTER_URL"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "workers.txt").write_text("")
+    settings = Settings(run_dir=tmp_path / "run", workers_file=tmp_path / "workers.txt")
+    with StandInWorker() as standin, TestClient(
+        create_app(settings), client=("127.0.0.1", 50000)
+    ) as c:
+        c.standin = standin  # type: ignore[attr-defined]
+        yield c
+
+
+def start(c: TestClient, **config: object) -> dict:
+    body = {"workers": [c.standin.url], "heartbeat_timeout_s": 3600, "seed": 1, **config}
+    reply = c.post("/train", json=body)
+    assert reply.status_code == 202, reply.text
+    return reply.json()["data"]
+
+
+def episode(c: TestClient, reward: float, length: int = 5) -> dict:
+    reply = c.post("/episode", json={"worker_id": "w1", "reward": reward, "length": length})
+    assert reply.status_code == 200, reply.text
+    return reply.json()["data"]
+
+
+def status(c: TestClient) -> dict:
+    reply = c.get("/status")
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def test_status_of_a_running_run_has_the_documented_types_and_defaults(master: TestClient) -> None:
+    run = start(master)
+    s = status(master)
+    assert s["state"] == "running" and s["run_id"] == run["run_id"]
+    assert s["env_id"] == "CartPole-v1"
+    for f in ("global_episode", "global_steps", "model_version", "updates_applied",
+              "updates_rejected", "queue_length", "queue_dropped"):
+        assert type(s[f]) is int and s[f] >= 0, (f, s[f])
+    for f in ("best_score", "moving_average", "mean_return_100"):
+        assert s[f] is None or is_number(s[f]), (f, s[f])
+    assert s["solved"] is False and is_number(s["elapsed_s"]) and s["elapsed_s"] >= 0
+    (w,) = s["workers"]
+    assert w["state"] in WORKER_STATES and w["url"] == master.standin.url, w
+    assert is_number(w["last_seen_s"]) and type(w["episodes"]) is int, w
+    assert type(w["steps"]) is int, w
+    # The config is resolved: what the run was given, and the README's defaults for the rest.
+    config = s["config"]
+    assert config["seed"] == 1 and config["heartbeat_timeout_s"] == 3600
+    wrong = {k: (v, config.get(k, "<absent>")) for k, v in CONFIG_DEFAULTS.items()
+             if config.get(k, "<absent>") != v}
+    assert not wrong, wrong
+
+
+def test_mean_return_100_is_the_mean_of_the_last_100(master: TestClient) -> None:
+    start(master)
+    for reward in range(1, 106):
+        episode(master, reward, 1)
+    s = status(master)
+    assert s["global_episode"] == 105 and s["global_steps"] == 105, s
+    assert s["mean_return_100"] == pytest.approx(sum(range(6, 106)) / 100), s
+
+
+def test_target_return_is_judged_over_a_full_window_of_100_episodes(master: TestClient) -> None:
+    # README: like gymnasium's "solved", over 100 consecutive episodes; until there are 100,
+    # mean_return_100 shows the mean of the episodes so far.
+    start(master, target_return=50)
+    replies = [episode(master, 60) for _ in range(99)]
+    s = status(master)
+    assert s["mean_return_100"] == pytest.approx(60), s
+    assert s["state"] == "running" and s["solved"] is False, s
+    assert not any(r["stop"] for r in replies)
+    assert episode(master, 60)["stop"] is True
+    s = status(master)
+    assert s["state"] == "finished" and s["solved"] is True, s
+    assert s["finish_reason"].startswith("solved"), s
+    assert s["mean_return_100"] == pytest.approx(60), s
