@@ -106,7 +106,11 @@ def load_schema(
     config = schemathesis.Config.from_dict(
         {
             "seed": SEED,
+            # The token on every request (also to /healthz, whose other methods need it), and
+            # as the schema's bearer scheme: schemathesis's ignored_auth check then also sends
+            # each request without it and with a wrong one, which must be refused.
             "headers": AUTH,
+            "auth": {"openapi": {"A3C_TOKEN": {"bearer": TOKEN}}},
             "base-url": master.url,
             "request-timeout": 60,
             # A busy machine makes generation slow, which is no fault of the master.
