@@ -1,7 +1,6 @@
 """The run ledger: which run is on and how it goes, under one lock. It holds the run (id, config,
 state, elapsed time), its statistics (episode and step counters, best score, moving average,
-last-100 window, FIFO), the worker registry with each worker's liveness, and the history rows not
-saved yet.
+last-100 window, FIFO), the worker registry (master/registry.py) and the history rows not saved yet.
 
 Retries are never counted twice: a worker numbers its episode reports (`X-A3C-Seq`); the last number
 counted for each worker is checked and recorded in the same critical section as the count, and a
@@ -16,12 +15,12 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from dataclasses import asdict
 from typing import Any, Literal
 
 from a3c_http.config import TrainConfig
 from master.errors import StateConflict
-from master.records import ACTIVE, Stats, WorkerRecord
+from master.records import Stats, WorkerRecord
+from master.registry import Registry
 
 RunState = Literal["idle", "running", "finished"]
 
@@ -37,7 +36,7 @@ class RunLedger:
         self._elapsed_before = 0.0  # seconds run before this process (resume)
         self._running_since: float | None = None  # monotonic
         self.stats = Stats()
-        self.workers: dict[str, WorkerRecord] = {}
+        self.workers = Registry()
         self.unsaved_rows: list[tuple] = []
         # The reply to each worker's last counted episode report, for its retries.
         self._episode_replies: dict[str, tuple[int, dict[str, Any]]] = {}
@@ -59,15 +58,10 @@ class RunLedger:
             self._elapsed_before = 0.0
             self._running_since = time.monotonic()
             self.stats = Stats()
-            now = time.time()
-            worker_ids = [f"w{i}" for i in range(1, len(worker_urls) + 1)]
-            self.workers = {
-                wid: WorkerRecord(wid, url, "starting", now, launching=True)
-                for wid, url in zip(worker_ids, worker_urls, strict=True)
-            }
+            self.workers = Registry.launching(worker_urls)
             self.unsaved_rows = []
             self._episode_replies = {}
-            return worker_ids
+            return list(self.workers.records)
 
     def finish(self, reason: str) -> bool:
         """End the running run (idempotent); True when this call ended it."""
@@ -125,9 +119,7 @@ class RunLedger:
         """Steps of reported episodes (`global_steps`) plus those of episodes still going on, as
         the workers' heartbeats last told them: what `max_steps` counts."""
         with self.lock:
-            return self.stats.global_steps + sum(
-                r.steps_in_progress() for r in self.workers.values()
-            )
+            return self.stats.global_steps + self.workers.steps_in_progress()
 
     def solved(self) -> bool:
         """The mean return of the last 100 episodes reached the target (100 episodes needed)."""
@@ -156,19 +148,7 @@ class RunLedger:
     # -- the registry ----------------------------------------------------------------------------
 
     def _touch(self, worker_id: str, url: str | None = None) -> WorkerRecord:
-        """Note that a worker was heard from. Only a running run brings a worker (back) to
-        `running`; after the end a late message must not make the run look busy again."""
-        record = self.workers.get(worker_id)
-        if record is None:
-            state = "running" if self.run_state == "running" else "done"
-            record = WorkerRecord(worker_id, url, state, time.time())
-            self.workers[worker_id] = record
-        record.last_seen = time.time()
-        if url:
-            record.url = url
-        if record.state in ("starting", "lost") and self.run_state == "running":
-            record.state = "running"
-        return record
+        return self.workers.touch(worker_id, self.run_state == "running", url)
 
     def worker_started(self, worker_id: str, url: str | None, run_id: str | None = None) -> None:
         """Register a worker as running (an explicit registration counts in any state)."""
@@ -223,37 +203,24 @@ class RunLedger:
                 record.duplicates += 1
 
     def check_liveness(self) -> None:
-        """Mark workers silent past the heartbeat timeout (or, before their first message, the
-        start timeout) as lost, also after the end of a run (a worker that never said it stopped
-        must not look active for ever); finish a run that nobody runs any more."""
+        """Mark silent workers lost, also after the end of a run (a worker that never said it
+        stopped must not look active for ever); finish a run that nobody runs any more."""
         with self.lock:
-            if self.config is None:
-                return
-            now = time.time()
-            for record in self.workers.values():
-                if record.state not in ACTIVE or record.launching:
-                    continue
-                name = "heartbeat_timeout_s"
-                if record.state == "starting" and self.config.start_timeout_s is not None:
-                    name = "start_timeout_s"
-                limit = getattr(self.config, name)
-                if now - record.last_seen > limit:
-                    record.state = "lost"
-                    record.error = f"no message for {now - record.last_seen:.1f} s ({name}={limit})"
-            self._finish_if_no_worker_left()
+            if self.config is not None:
+                self.workers.mark_silent_lost(self.config)
+                self._finish_if_no_worker_left()
 
     def _finish_if_no_worker_left(self) -> None:
-        if not any(r.state in ACTIVE for r in self.workers.values()):
+        if self.workers.active() == 0:
             self.finish("no worker is running any more")
 
     def active_workers(self) -> int:
         with self.lock:
-            return sum(r.state in ACTIVE for r in self.workers.values())
+            return self.workers.active()
 
     def workers_public(self) -> list[dict[str, Any]]:
-        now = time.time()
         with self.lock:
-            return [r.public(now) for r in self.workers.values()]
+            return self.workers.public()
 
     # -- statistics ------------------------------------------------------------------------------
 
@@ -372,7 +339,7 @@ class RunLedger:
                 "run_state": self.run_state,
                 "finish_reason": self.finish_reason,
                 "stats": self.stats.to_json(),
-                "workers": [asdict(r) for r in self.workers.values()],
+                "workers": self.workers.to_json(),
             }
 
     def rows_saved(self, last_episode: int) -> None:
@@ -394,11 +361,4 @@ class RunLedger:
             self._elapsed_before = elapsed_s
             self._running_since = time.monotonic() if self.run_state == "running" else None
             self.stats = Stats.from_json(state["stats"], queue)
-            now = time.time()
-            self.workers = {}
-            for data in state.get("workers", []):
-                record = WorkerRecord(**data)
-                record.launching = False  # a launch does not survive the process that made it
-                if record.state in ACTIVE:
-                    record.last_seen = now  # give every worker a full timeout to come back
-                self.workers[record.worker_id] = record
+            self.workers = Registry.from_json(state.get("workers", []))

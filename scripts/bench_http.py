@@ -24,9 +24,10 @@ from a3c_http import wire  # noqa: E402
 from a3c_http.a3c import gradients, rollout_loss  # noqa: E402
 from a3c_http.client import MasterClient  # noqa: E402
 from a3c_http.config import TrainConfig  # noqa: E402
-from a3c_http.localcluster import LocalCluster, StandInWorker  # noqa: E402
+from a3c_http.localcluster import LocalCluster  # noqa: E402
 from a3c_http.model import build_model  # noqa: E402
 from a3c_http.rollout import RolloutCollector  # noqa: E402
+from a3c_http.standin import StandInWorker  # noqa: E402
 
 
 def timed(fn, n: int) -> list[float]:

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from a3c_http.localcluster import LocalCluster, StandInWorker, free_port
+from a3c_http.localcluster import LocalCluster, free_port
+from a3c_http.standin import StandInWorker
 from tests.support import TOKEN
 
 # The session cluster's workers. IMPATIENT gives up on an unreachable master after 3 s

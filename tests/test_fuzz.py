@@ -39,7 +39,8 @@ import schemathesis
 from safetensors.torch import load
 from schemathesis import Case
 
-from a3c_http.localcluster import ServiceProcess, StandInWorker, free_port
+from a3c_http.localcluster import ServiceProcess, free_port
+from a3c_http.standin import StandInWorker
 from tests.support import AUTH, TOKEN, bad_tensor_bodies
 
 pytestmark = pytest.mark.integration

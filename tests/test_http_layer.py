@@ -21,7 +21,8 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from a3c_http.config import Settings
-from a3c_http.localcluster import StandInWorker, free_port
+from a3c_http.localcluster import free_port
+from a3c_http.standin import StandInWorker
 from master.app import create_app as create_master
 from tests.support import AUTH, OCTET, TOKEN, bad_tensor_bodies, registry, snapshot
 from worker.app import create_app as create_worker

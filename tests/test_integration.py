@@ -13,8 +13,9 @@ import torch
 
 from a3c_http import wire
 from a3c_http.config import TrainConfig
-from a3c_http.localcluster import LocalCluster, ServiceProcess, StandInWorker, free_port, wait_for
+from a3c_http.localcluster import LocalCluster, ServiceProcess, free_port, wait_for
 from a3c_http.model import build_model
+from a3c_http.standin import StandInWorker
 from a3c_http.store import RunStore
 from tests.conftest import MAX_BODY, PATIENT
 from tests.support import ENDLESS_RUN, OCTET, SHORT_RUN, STAND_IN_RUN, snapshot

@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from a3c_http.config import Settings
-from a3c_http.localcluster import StandInWorker
+from a3c_http.standin import StandInWorker
 from master.app import create_app
 
 # README "Training config": the defaults (target_return is CartPole-v1's reward threshold).

@@ -1,0 +1,86 @@
+"""The worker registry of one run: each worker's record, when it was last heard from, and whether
+it is still taking part. It has no lock of its own: the run ledger (master/ledger.py) holds its
+lock around every call, and tells it whether the run is running."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+from a3c_http.config import TrainConfig
+from master.records import ACTIVE, WorkerRecord
+
+
+class Registry:
+    def __init__(self, records: dict[str, WorkerRecord] | None = None) -> None:
+        self.records = records or {}
+
+    @classmethod
+    def launching(cls, worker_urls: list[str]) -> Registry:
+        """The workers the master is about to start, `w1`, `w2`, ... in the order of the URLs."""
+        now = time.time()
+        return cls(
+            {
+                f"w{i}": WorkerRecord(f"w{i}", url, "starting", now, launching=True)
+                for i, url in enumerate(worker_urls, start=1)
+            }
+        )
+
+    def get(self, worker_id: str) -> WorkerRecord | None:
+        return self.records.get(worker_id)
+
+    def touch(self, worker_id: str, running: bool, url: str | None = None) -> WorkerRecord:
+        """Note that a worker was heard from. Only a running run brings a worker (back) to
+        `running`; after the end a late message must not make the run look busy again."""
+        record = self.records.get(worker_id)
+        if record is None:
+            record = WorkerRecord(worker_id, url, "running" if running else "done", time.time())
+            self.records[worker_id] = record
+        record.last_seen = time.time()
+        if url:
+            record.url = url
+        if record.state in ("starting", "lost") and running:
+            record.state = "running"
+        return record
+
+    def mark_silent_lost(self, config: TrainConfig) -> None:
+        """Mark workers silent past the heartbeat timeout (or, before their first message, the
+        start timeout) as lost. A worker still being launched is not judged yet."""
+        now = time.time()
+        for record in self.records.values():
+            if record.state not in ACTIVE or record.launching:
+                continue
+            name = "heartbeat_timeout_s"
+            if record.state == "starting" and config.start_timeout_s is not None:
+                name = "start_timeout_s"
+            limit = getattr(config, name)
+            if now - record.last_seen > limit:
+                record.state = "lost"
+                record.error = f"no message for {now - record.last_seen:.1f} s ({name}={limit})"
+
+    def active(self) -> int:
+        return sum(r.state in ACTIVE for r in self.records.values())
+
+    def steps_in_progress(self) -> int:
+        return sum(r.steps_in_progress() for r in self.records.values())
+
+    def public(self) -> list[dict[str, Any]]:
+        now = time.time()
+        return [r.public(now) for r in self.records.values()]
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [asdict(r) for r in self.records.values()]
+
+    @classmethod
+    def from_json(cls, data: list[dict[str, Any]]) -> Registry:
+        """The registry of a resumed run: every active worker gets a full timeout to come back."""
+        now = time.time()
+        records = {}
+        for item in data:
+            record = WorkerRecord(**item)
+            record.launching = False  # a launch does not survive the process that made it
+            if record.state in ACTIVE:
+                record.last_seen = now
+            records[record.worker_id] = record
+        return cls(records)
