@@ -28,10 +28,10 @@ from safetensors.torch import save as st_save
 from a3c_http.localcluster import (
     LocalCluster,
     ServiceProcess,
-    StandInWorker,
     free_port,
     wait_for,
 )
+from a3c_http.standin import StandInWorker
 from a3c_http.store import RunStore
 from master.state import VERSIONS_SKIPPED_AFTER_A_CRASH
 from tests.conftest import IMPATIENT, PATIENT
