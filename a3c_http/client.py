@@ -113,7 +113,8 @@ class MasterClient:
             base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s, transport=transport
         )
         self.retry_deadline_s = retry_deadline_s
-        self.stop = stop  # once set, a failed request is not retried: Stopped
+        # Once set, a failed request is not retried (Stopped); never set, its wait is a sleep.
+        self._stop_event = stop or threading.Event()
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self._seq = itertools.count(1)
@@ -147,8 +148,6 @@ class MasterClient:
                 if response.status_code < 500:
                     return self._check(response)
                 problem = f"{response.status_code}: {_detail(response)}"
-            if self.stop is not None and self.stop.is_set():
-                raise Stopped(f"told to stop while {method} {path} failed: {problem}")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise MasterUnavailable(
@@ -156,10 +155,7 @@ class MasterClient:
                     f"{attempt} times over {self.retry_deadline_s:g} s, last: {problem}"
                 )
             # The last wait ends at the deadline, for one more attempt there.
-            wait_s = min(delay * random.uniform(0.5, 1.0), remaining)
-            if self.stop is None:
-                time.sleep(wait_s)
-            elif self.stop.wait(wait_s):
+            if self._stop_event.wait(min(delay * random.uniform(0.5, 1.0), remaining)):
                 raise Stopped(f"told to stop while waiting to retry {method} {path}: {problem}")
             delay = min(delay * 2, self.max_backoff_s)
             self.retries += 1

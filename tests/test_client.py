@@ -351,6 +351,14 @@ def test_a_stop_event_set_from_another_thread_wakes_the_wait() -> None:
     assert len(outcome) == 1 and isinstance(outcome[0], Stopped), outcome
 
 
+def test_the_stop_event_leaves_the_stop_call_alone() -> None:
+    """`stop=` (the worker's event) and `stop()` (POST /stop, for scripts) are different things."""
+    handler = Recorder(httpx.Response(200, json={"data": {"stopped": True}}))
+    client = make_client(handler, stop=threading.Event())
+    assert client.stop() == {"data": {"stopped": True}}
+    assert [(r.method, r.url.path) for r in handler.requests] == [("POST", "/stop")]
+
+
 def test_without_a_stop_the_client_retries_as_before() -> None:
     stop = threading.Event()
     handler = Recorder(httpx.ConnectError("refused"), httpx.Response(503), ok_health())
