@@ -132,6 +132,7 @@ class RunStore:
         self.dir = Path(run_dir)
         self._db: sqlite3.Connection | None = None
         self._owner: FileLock | None = None
+        self._config_copy: bytes | None = None  # what config.json holds, once this store wrote it
 
     @classmethod
     def acquire(cls, run_dir: Path) -> RunStore:
@@ -201,10 +202,9 @@ class RunStore:
         if snap.weights:
             atomic_write(self.path("weights.safetensors"), snap.weights)
         config_copy = _json(snap.config).encode()
-        if not self.path("config.json").exists() or self.path("config.json").read_bytes() != (
-            config_copy
-        ):
+        if config_copy != self._config_copy:
             atomic_write(self.path("config.json"), config_copy)
+            self._config_copy = config_copy
 
     def _read(self) -> sqlite3.Connection | None:
         if self._db is not None:
@@ -257,6 +257,7 @@ class RunStore:
         if self._db is not None:
             self._db.close()
             self._db = None
+        self._config_copy = None
         present = [self.path(name) for name in RUN_FILES if self.path(name).exists()]
         present += sorted(self.dir.glob("*.png"))
         if not present:

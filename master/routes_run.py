@@ -13,7 +13,7 @@ from a3c_http.service import JSON_BODY, conflict, protected_router
 from master.deps import State
 from master.launcher import WorkerListError, normalize_url, parse_workers, read_workers_file
 from master.launcher import start_workers as launch
-from master.schemas import EpisodeIn, HeartbeatIn, Seq, TrainIn
+from master.schemas import OTHER_RUN, EpisodeIn, HeartbeatIn, Seq, TrainIn
 from master.state import ModelTooLarge
 
 router = protected_router(tags=["run"])
@@ -87,7 +87,7 @@ def heartbeat(body: HeartbeatIn, state: State) -> dict[str, Any]:
 
 @router.post(
     "/episode",
-    responses={**JSON_BODY, **conflict("`run_id` names another run than the current one")},
+    responses={**JSON_BODY, **OTHER_RUN},
 )
 def episode(body: EpisodeIn, state: State, x_a3c_seq: Seq = None) -> dict[str, Any]:
     reply = state.report_episode(body.worker_id, body.reward, body.length, body.run_id, x_a3c_seq)

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from a3c_http.service import JSON_BODY, conflict, protected_router
+from a3c_http.service import JSON_BODY, protected_router
 from master.deps import State
-from master.schemas import CountIn, ScoreIn, ValueIn, WorkerDoneIn, WorkerStartedIn
+from master.schemas import OTHER_RUN, CountIn, ScoreIn, ValueIn, WorkerDoneIn, WorkerStartedIn
 
 router = protected_router(tags=["seed-compatible"])
-OTHER_RUN = conflict("`run_id` names another run than the current one")
 
 
 @router.get("/best_score")

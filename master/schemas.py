@@ -11,10 +11,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from a3c_http.config import TrainConfig
 from a3c_http.protocol import SEQ_HEADER
+from a3c_http.service import conflict
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 WorkerId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/-]+$")]
 RunId = Annotated[str | None, Field(None, max_length=64)]
+# The 409 of the worker messages that carry a `run_id`.
+OTHER_RUN = conflict("`run_id` names another run than the current one")
 # X-A3C-Seq: a worker's own rising number for its episode reports, gradients and weights; a retry
 # keeps the number of its first attempt, so the master never counts it twice.
 # Optional (the routes default it to None), but never null: the schema says integer.

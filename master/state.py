@@ -184,7 +184,6 @@ class ClusterState:
         config = TrainConfig(**config_data) if snap.weights else None
         state = snap.state
         self.ledger.restore(state, float(state.get("elapsed_s", 0.0)), config, snap.queue)
-        self.params.temporary = dict(snap.temporary)
         skipped = 0
         if config is not None:
             model = build_model(config.env_id, config.env_kwargs, config.hidden_sizes)
