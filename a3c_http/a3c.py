@@ -125,13 +125,15 @@ def rollout_loss(model: ActorCritic, rollout: Rollout, cfg: TrainConfig) -> Loss
 
 def gradients(
     model: nn.Module, loss: torch.Tensor, max_grad_norm: float
-) -> dict[str, torch.Tensor]:
+) -> tuple[dict[str, torch.Tensor], float]:
     """Backpropagate `loss`, clip to `max_grad_norm` and return the gradients by parameter name
-    (zeros for parameters the loss does not reach, so every push has the same names)."""
+    (zeros for parameters the loss does not reach, so every push has the same names) and their
+    global L2 norm before clipping."""
     model.zero_grad(set_to_none=True)
     loss.backward()
-    nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    return {
+    norm = nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    grads = {
         name: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
         for name, p in model.named_parameters()
     }
+    return grads, float(norm)

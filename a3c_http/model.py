@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
+from a3c_http.config import TrainConfig
+
 
 class UnsupportedSpace(ValueError):
     """The environment's observation or action space is not one this network can handle."""
@@ -82,8 +84,19 @@ class ActorCritic(nn.Module):
         # Independent sums log-probabilities and entropies over the action dimensions.
         return Independent(Normal(out, std), 1), value
 
+    def greedy_action(self, obs: torch.Tensor) -> torch.Tensor:
+        """The deterministic action of evaluation: the most likely one, or the Gaussian's mean."""
+        dist, _ = self(obs)
+        return dist.probs.argmax(-1) if self.discrete else dist.mean
+
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.value_head(self.torso(obs.reshape(obs.shape[0], -1))).squeeze(-1)
+
+
+def model_for(config: TrainConfig) -> ActorCritic:
+    """The network a training config describes (the master, the workers and evaluation all build
+    it here, so they agree on every name and shape)."""
+    return build_model(config.env_id, config.env_kwargs, config.hidden_sizes)
 
 
 def build_model(env_id: str, env_kwargs: dict, hidden_sizes: Sequence[int]) -> ActorCritic:

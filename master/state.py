@@ -22,7 +22,7 @@ import torch
 
 from a3c_http import wire
 from a3c_http.config import Settings, TrainConfig
-from a3c_http.model import build_model
+from a3c_http.model import model_for
 from a3c_http.store import RunStore
 from master.errors import StateConflict
 from master.ledger import RunLedger
@@ -64,13 +64,13 @@ class ClusterState:
         the worker ids. Raises StateConflict while a run is running."""
         config = config.resolved()
         with torch.device("meta"):  # no memory, no init: only the sizes
-            shapes = build_model(config.env_id, config.env_kwargs, config.hidden_sizes)
+            shapes = model_for(config)
         self._check_fits(
             config, sum(4 * p.numel() for p in shapes.state_dict().values()), "at least "
         )
         with torch.random.fork_rng():
             torch.manual_seed(config.seed)
-            model = build_model(config.env_id, config.env_kwargs, config.hidden_sizes)
+            model = model_for(config)
         self._check_fits(config, len(wire.encode(model.state_dict())), "")
 
         def swap() -> tuple[str, list[str]]:
@@ -186,7 +186,7 @@ class ClusterState:
         self.ledger.restore(state, float(state.get("elapsed_s", 0.0)), config, snap.queue)
         skipped = 0
         if config is not None:
-            model = build_model(config.env_id, config.env_kwargs, config.hidden_sizes)
+            model = model_for(config)
             model.load_state_dict(wire.decode(snap.weights, wire.spec_of(model)))
             crashed = state["run_state"] == "running" and not state.get("clean_shutdown", False)
             skipped = VERSIONS_SKIPPED_AFTER_A_CRASH if crashed else 0

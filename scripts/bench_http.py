@@ -25,7 +25,7 @@ from a3c_http.a3c import gradients, rollout_loss  # noqa: E402
 from a3c_http.client import MasterClient  # noqa: E402
 from a3c_http.config import TrainConfig  # noqa: E402
 from a3c_http.localcluster import LocalCluster  # noqa: E402
-from a3c_http.model import build_model  # noqa: E402
+from a3c_http.model import model_for  # noqa: E402
 from a3c_http.rollout import RolloutCollector  # noqa: E402
 from a3c_http.standin import StandInWorker  # noqa: E402
 
@@ -60,13 +60,14 @@ def main() -> None:
             reply = cluster.http.post(f"{cluster.master.url}/train", json=body)
             reply.raise_for_status()
             run_id = reply.json()["data"]["run_id"]
-            model = build_model(cfg.env_id, cfg.env_kwargs, cfg.hidden_sizes)
+            model = model_for(cfg)
             spec = wire.spec_of(model)
             collector = RolloutCollector(cfg.env_id, cfg.env_kwargs, cfg.num_envs, 0)
             rollout = collector.collect(model, cfg.t_max)
 
             def learn() -> dict[str, torch.Tensor]:
-                return gradients(model, rollout_loss(model, rollout, cfg).total, cfg.max_grad_norm)
+                loss = rollout_loss(model, rollout, cfg).total
+                return gradients(model, loss, cfg.max_grad_norm)[0]
 
             grads = learn()
             print(

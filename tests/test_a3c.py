@@ -335,7 +335,8 @@ def test_gradients_are_named_and_clipped() -> None:
     big.backward(retain_graph=True)
     raw = {n: p.grad.clone() for n, p in model.named_parameters()}
     assert global_norm(raw) > 10.0
-    grads = gradients(model, big, max_grad_norm=0.5)
+    grads, norm = gradients(model, big, max_grad_norm=0.5)
+    assert norm == pytest.approx(global_norm(raw), rel=1e-4)  # the norm before clipping
     assert set(grads) == {name for name, _ in model.named_parameters()}
     assert set(grads) == set(model.state_dict())
     for name, p in model.named_parameters():
@@ -355,7 +356,7 @@ def test_small_gradients_are_not_scaled() -> None:
     loss.backward(retain_graph=True)
     raw = {n: p.grad.clone() for n, p in model.named_parameters()}
     assert global_norm(raw) < 0.5
-    grads = gradients(model, loss, max_grad_norm=0.5)
+    grads, _ = gradients(model, loss, max_grad_norm=0.5)
     for name in grads:
         assert torch.allclose(grads[name], raw[name])
 
@@ -367,7 +368,7 @@ def test_unreached_parameters_get_zero_gradients() -> None:
         [8],
     )
     loss = model.value(torch.randn(5, 3)).pow(2).mean()  # the policy head and log_std not reached
-    grads = gradients(model, loss, max_grad_norm=10.0)
+    grads, _ = gradients(model, loss, max_grad_norm=10.0)
     assert set(grads) == set(model.state_dict())
     assert torch.equal(grads["log_std"], torch.zeros(1))
     assert torch.equal(grads["policy_head.weight"], torch.zeros_like(model.policy_head.weight))
@@ -377,7 +378,7 @@ def test_unreached_parameters_get_zero_gradients() -> None:
 def test_gradients_are_copies() -> None:
     model = discrete_model()
     b = batch()
-    grads = gradients(model, a3c_loss(model, **b, value_coef=0.5, entropy_coef=0.0).total, 1.0)
+    grads, _ = gradients(model, a3c_loss(model, **b, value_coef=0.5, entropy_coef=0.0).total, 1.0)
     snapshot = {k: v.clone() for k, v in grads.items()}
     model.zero_grad(set_to_none=False)
     for name in grads:

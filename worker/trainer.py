@@ -21,7 +21,7 @@ from a3c_http import wire
 from a3c_http.a3c import LossTerms, gradients, rollout_loss
 from a3c_http.client import Conflict, MasterClient, Stopped, Weights
 from a3c_http.config import TrainConfig
-from a3c_http.model import ActorCritic, build_model
+from a3c_http.model import ActorCritic, model_for
 from a3c_http.rollout import Rollout, RolloutCollector
 
 
@@ -84,7 +84,7 @@ class Trainer:
         seed = worker_seed(cfg.seed or 0, self.worker_id)
         torch.manual_seed(seed)
         self._http(self.client.worker_started, self.worker_id, self.worker_url)
-        model = build_model(cfg.env_id, cfg.env_kwargs, cfg.hidden_sizes)
+        model = model_for(cfg)
         spec = wire.spec_of(model)
         collector = RolloutCollector(cfg.env_id, cfg.env_kwargs, cfg.num_envs, seed)
         try:
@@ -163,7 +163,7 @@ class Trainer:
 
     def _push_gradients(self, model: ActorCritic, rollout: Rollout, spec: wire.Spec) -> None:
         started = time.monotonic()
-        grads = gradients(model, self._loss(model, rollout).total, self.config.max_grad_norm)
+        grads, _ = gradients(model, self._loss(model, rollout).total, self.config.max_grad_norm)
         self.progress.time_learn_s += time.monotonic() - started
         try:
             weights = self._http(
