@@ -137,3 +137,24 @@ def gradients(
         for name, p in model.named_parameters()
     }
     return grads, float(norm)
+
+
+def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
+    """The optimizer of `config`: RMSprop with SB3's A2C settings (alpha 0.99, eps 1e-5), or
+    Adam."""
+    if config.optimizer == "adam":
+        return torch.optim.Adam(params, lr=config.lr)
+    return torch.optim.RMSprop(params, lr=config.lr, alpha=0.99, eps=1e-5)
+
+
+def learning_rate(config: TrainConfig, env_steps: int) -> float:
+    """The learning rate after `env_steps` steps: constant, or falling linearly to 0 at
+    max_steps."""
+    if config.lr_schedule == "constant" or not config.max_steps:
+        return config.lr
+    return config.lr * max(0.0, 1.0 - env_steps / config.max_steps)
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr

@@ -48,21 +48,48 @@ class TrainConfig(BaseModel):
         default_factory=lambda: [64, 64],
         min_length=1,
         max_length=8,
-        description="Widths of the shared tanh torso of the actor-critic network.",
+        description="Widths of the tanh layers of the policy and of the value network.",
+    )
+    shared_torso: bool = Field(
+        False,
+        description="One torso for the policy and the value (the A3C paper's network); false: "
+        "each has its own, as in SB3's A2C, so the value loss does not reshape the policy.",
+    )
+    log_std_init: float = Field(
+        0.0, ge=-5, le=2, description="Initial log standard deviation of continuous actions."
+    )
+    normalize_obs: bool = Field(
+        False,
+        description="Normalise observations by a running mean and variance that all workers "
+        "build together through the master (shipped and saved with the weights).",
+    )
+    normalize_reward: bool = Field(
+        False,
+        description="Scale rewards by the running standard deviation of the discounted return, "
+        "shared like normalize_obs. Reported returns stay unscaled.",
+    )
+    optimizer: Literal["rmsprop", "adam"] = Field(
+        "rmsprop",
+        description="The master's optimizer: RMSprop (alpha 0.99, eps 1e-5) as SB3's A2C and the "
+        "A3C paper, or Adam.",
     )
     lr: float = Field(
-        1e-3,
+        7e-4,
         gt=0,
         le=1,
-        description="Learning rate of the master's Adam optimizer "
+        description="Learning rate of the master's optimizer "
         "(and of each worker's own optimizer in best_weights mode).",
+    )
+    lr_schedule: Literal["constant", "linear"] = Field(
+        "constant",
+        description="linear: the learning rate falls from lr to 0 as env steps approach max_steps.",
     )
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
     gae_lambda: float = Field(
         1.0, ge=0, le=1, description="GAE lambda; 1.0 gives plain n-step returns as in A3C."
     )
-    t_max: int = Field(8, ge=1, le=10_000, description="Steps per environment in one rollout.")
-    entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
+    t_max: int = Field(5, ge=1, le=10_000, description="Steps per environment in one rollout.")
+    entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
     value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
     max_grad_norm: float = Field(
         0.5, gt=0, description="Gradients are clipped to this global L2 norm before they are sent."

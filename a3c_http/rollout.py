@@ -15,6 +15,7 @@ import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from a3c_http.model import ActorCritic
+from a3c_http.normalize import statistics_entries
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,9 @@ class Rollout:
     valid: torch.Tensor  # [T, N] bool: False on autoreset steps
     last_value: torch.Tensor  # [N], V of the observation after the last step
     episodes: list[Episode] = field(default_factory=list)
+    # Batch moments of what this rollout saw, named as the model's running-statistics buffers
+    # (empty when the model normalises nothing); see a3c_http.normalize.
+    statistics: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def num_steps(self) -> int:
@@ -52,7 +56,14 @@ class RolloutCollector:
     """Owns a vector environment and steps it with a model, keeping episode statistics across
     rollouts."""
 
-    def __init__(self, env_id: str, env_kwargs: dict, num_envs: int, seed: int | None) -> None:
+    def __init__(
+        self,
+        env_id: str,
+        env_kwargs: dict,
+        num_envs: int,
+        seed: int | None,
+        gamma: float = 0.99,
+    ) -> None:
         self.envs = make_vector_env(env_id, env_kwargs, num_envs)
         self.num_envs = num_envs
         action_space = self.envs.single_action_space
@@ -64,11 +75,16 @@ class RolloutCollector:
         self._autoreset = np.zeros(num_envs, dtype=bool)
         self._ep_return = np.zeros(num_envs, dtype=np.float64)
         self._ep_length = np.zeros(num_envs, dtype=np.int64)
+        # The discounted return so far of each episode, whose spread scales rewards (as SB3's
+        # VecNormalize) when the model has `ret_rms`.
+        self.gamma = gamma
+        self._disc_return = np.zeros(num_envs, dtype=np.float64)
 
     def collect(self, model: ActorCritic, t_max: int) -> Rollout:
         obs_buf, act_buf, rew_buf, val_buf = [], [], [], []
-        term_buf, trunc_buf, valid_buf = [], [], []
+        term_buf, trunc_buf, valid_buf, disc_buf = [], [], [], []
         episodes: list[Episode] = []
+        ret_rms = getattr(model, "ret_rms", None)
         for _ in range(t_max):
             obs_t = torch.as_tensor(self._obs, dtype=torch.float32)
             with torch.no_grad():
@@ -85,11 +101,16 @@ class RolloutCollector:
 
             self._ep_return += reward
             self._ep_length += valid
+            self._disc_return = self._disc_return * self.gamma + reward
+            disc_buf.append(self._disc_return[valid])
+            if ret_rms is not None:
+                reward = ret_rms.scale(torch.as_tensor(reward, dtype=torch.float32)).numpy()
             ended = terminated | truncated
             for i in np.flatnonzero(ended):
                 episodes.append(Episode(float(self._ep_return[i]), int(self._ep_length[i])))
             self._ep_return[ended] = 0.0
             self._ep_length[ended] = 0
+            self._disc_return[ended] = 0.0
 
             obs_buf.append(obs_t)
             act_buf.append(action)
@@ -102,16 +123,23 @@ class RolloutCollector:
             self._obs = next_obs
         with torch.no_grad():
             last_value = model.value(torch.as_tensor(self._obs, dtype=torch.float32))
+        obs, valid = torch.stack(obs_buf), torch.stack(valid_buf)
+        statistics: dict[str, torch.Tensor] = {}
+        if hasattr(model, "obs_rms"):
+            statistics |= statistics_entries("obs_rms", obs[valid].reshape(-1, model.obs_dim))
+        if ret_rms is not None:
+            statistics |= statistics_entries("ret_rms", torch.as_tensor(np.concatenate(disc_buf)))
         return Rollout(
-            obs=torch.stack(obs_buf),
+            obs=obs,
             actions=torch.stack(act_buf),
             rewards=torch.stack(rew_buf),
             values=torch.stack(val_buf),
             terminated=torch.stack(term_buf),
             truncated=torch.stack(trunc_buf),
-            valid=torch.stack(valid_buf),
+            valid=valid,
             last_value=last_value,
             episodes=episodes,
+            statistics=statistics,
         )
 
     def close(self) -> None:

@@ -18,8 +18,10 @@ from typing import Any
 import torch
 
 from a3c_http import wire
+from a3c_http.a3c import make_optimizer, set_learning_rate
 from a3c_http.config import TrainConfig
 from a3c_http.model import ActorCritic
+from a3c_http.normalize import absorb
 from master.errors import StateConflict
 
 
@@ -52,7 +54,7 @@ class ParameterServer:
 
     def _set_model(self, config: TrainConfig, model: ActorCritic, optimizer_state: Any) -> None:
         self.model = model
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+        self.optimizer = make_optimizer(model.parameters(), config)
         if optimizer_state is not None:
             self.optimizer.load_state_dict(optimizer_state)
         self.spec = wire.spec_of(model)
@@ -97,11 +99,13 @@ class ParameterServer:
         seq: int | None,
         max_staleness: int,
         refusal: StateConflict | None,
+        lr: float | None = None,
     ) -> tuple[bytes, int, bool]:
-        """Apply gradients computed on `version` with the optimizer; return the new weights, their
-        version and whether this was a retry of gradients applied already (then nothing is applied
-        again, even if the run finished since). `refusal`: the run's reason to refuse any update,
-        raised unless the request is such a retry."""
+        """Apply gradients computed on `version` with the optimizer (at learning rate `lr`, when
+        given) and merge the batch moments the body carries for the model's running statistics;
+        return the new weights, their version and whether this was a retry of gradients applied
+        already (then nothing is applied again, even if the run finished since). `refusal`: the
+        run's reason to refuse any update, raised unless the request is such a retry."""
         with self.lock:
             model = self._require_model()
             duplicate = self._seen(worker_id, seq)
@@ -111,8 +115,11 @@ class ParameterServer:
                 self._check_fresh(version, max_staleness)
                 for name, param in model.named_parameters():
                     param.grad = grads[name]
+                if lr is not None:
+                    set_learning_rate(self.optimizer, lr)
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
+                absorb(model, grads)
                 self._applied(worker_id, seq)
             body, version = self.weights()
         return body, version, duplicate

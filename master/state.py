@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from a3c_http import wire
+from a3c_http.a3c import learning_rate
 from a3c_http.config import Settings, TrainConfig
 from a3c_http.model import model_for
 from a3c_http.store import RunStore
@@ -139,8 +140,10 @@ class ClusterState:
         running run) or WireError; nothing is applied then."""
         refusal, max_staleness = self.ledger.admit_update(worker_id, run_id)
         grads = self.params.decode(body)
+        config = self.ledger.config
+        lr = learning_rate(config, self.ledger.env_steps()) if config else None
         weights, version, duplicate = self.params.apply_gradients(
-            worker_id, version, grads, seq, max_staleness, refusal
+            worker_id, version, grads, seq, max_staleness, refusal, lr
         )
         if duplicate:
             self.ledger.count_duplicate(worker_id)

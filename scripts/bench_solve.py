@@ -50,6 +50,8 @@ def one_run(index: int, n_workers: int, overrides: dict, cap_s: float) -> dict:
         "seconds": status["elapsed_s"] if status["solved"] else wall,
         "episodes": status["global_episode"],
         "steps": status["global_steps"],
+        "env_steps": status["env_steps"],
+        "mean_return_100": status["mean_return_100"],
         "updates": status["updates_applied"],
         "rejected": status["updates_rejected"],
         "steps_per_s": status["global_steps"] / max(status["elapsed_s"], 1e-9),

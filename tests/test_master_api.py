@@ -694,7 +694,7 @@ def test_weights_need_a_run(client: TestClient) -> None:
 def test_global_model_weights_and_if_none_match(running: TestClient) -> None:
     tensors, version, _ = weights(running)
     assert version == 0
-    assert "torso.0.weight" in tensors and "value_head.bias" in tensors
+    assert "policy_torso.0.weight" in tensors and "value_head.bias" in tensors
     assert all(t.dtype == torch.float32 for t in tensors.values())
     r = running.get("/global_model_weights", headers={"If-None-Match": '"0"'})
     assert r.status_code == 304

@@ -1,6 +1,7 @@
 """Parts of the master's contract (API.md, then the README) that the black-box suites checked on
 real processes and test_master_api.py does not: the types of /status while a run runs, the
-config's README defaults, and the 100-episode window of `mean_return_100` and `target_return`.
+config's README defaults, the 100-episode window of `mean_return_100` and `target_return`, and
+the running statistics merged from the workers' gradient bodies.
 In-process (TestClient); the run's only worker is the stand-in, so every counter is the test's."""
 
 from __future__ import annotations
@@ -9,19 +10,25 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from fastapi.testclient import TestClient
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
 
 from a3c_http.config import Settings
+from a3c_http.normalize import statistics_entries
 from a3c_http.standin import StandInWorker
 from master.app import create_app
+from tests.support import OCTET
 
 # README "Training config": the defaults (target_return is CartPole-v1's reward threshold).
 CONFIG_DEFAULTS = {
     "env_id": "CartPole-v1", "env_kwargs": {}, "num_envs": 8, "hidden_sizes": [64, 64],
-    "lr": 0.001, "gamma": 0.99, "gae_lambda": 1.0, "t_max": 8, "entropy_coef": 0.01,
+    "lr": 0.0007, "gamma": 0.99, "gae_lambda": 1.0, "t_max": 5, "entropy_coef": 0.0,
     "value_coef": 0.5, "max_grad_norm": 0.5, "sync_mode": "gradients", "max_staleness": 16,
     "max_episodes": None, "max_steps": 2000000, "target_return": 475.0,
-    "heartbeat_interval_s": 2.0,
+    "heartbeat_interval_s": 2.0, "shared_torso": False, "optimizer": "rmsprop",
+    "lr_schedule": "constant", "normalize_obs": False, "normalize_reward": False,
 }
 WORKER_STATES = {"starting", "running", "done", "lost", "failed"}
 
@@ -108,3 +115,26 @@ def test_target_return_is_judged_over_a_full_window_of_100_episodes(master: Test
     assert s["state"] == "finished" and s["solved"] is True, s
     assert s["finish_reason"].startswith("solved"), s
     assert s["mean_return_100"] == pytest.approx(60), s
+
+
+def test_workers_statistics_are_merged_by_the_master_and_shipped_with_the_weights(
+    master: TestClient,
+) -> None:
+    start(master, normalize_obs=True, normalize_reward=True)
+    weights = master.get("/global_model_weights")
+    spec = {k: tuple(v.shape) for k, v in st_load(weights.content).items()}
+    version = int(weights.headers["X-Model-Version"])
+    # Two workers each saw a batch of observations: their moments travel with zero gradients.
+    for value, n in ((2.0, 30), (4.0, 10)):
+        body = {k: torch.zeros(s) for k, s in spec.items()}
+        body |= statistics_entries("obs_rms", torch.full((n, 4), value))
+        body |= statistics_entries("ret_rms", torch.full((n,), value))
+        reply = master.post("/gradients", content=st_save(body), headers={
+            **OCTET, "X-Worker-Id": "w1", "X-Model-Version": str(version)})
+        assert reply.status_code == 200, reply.text
+        version = int(reply.headers["X-Model-Version"])
+    shipped = st_load(master.get("/global_model_weights").content)
+    # 30 samples of 2 and 10 of 4: mean 2.5, variance 0.75 (the prior count of 1e-4 aside).
+    assert torch.allclose(shipped["obs_rms.mean"], torch.full((4,), 2.5), atol=1e-3)
+    assert torch.allclose(shipped["obs_rms.var"], torch.full((4,), 0.75), atol=1e-3)
+    assert float(shipped["ret_rms.count"]) == pytest.approx(40, abs=1e-3)

@@ -81,7 +81,7 @@ def test_categorical_entropy_is_minus_sum_p_log_p() -> None:
         model.policy_head.weight.mul_(300.0)
     obs = torch.randn(7, 4)
     dist, _ = model(obs)
-    logits = model.policy_head(model.torso(obs)).detach()
+    logits = model.policy_head(model.policy_torso(obs)).detach()
     p = torch.softmax(logits, dim=-1)
     by_hand = -(p * torch.log(p)).sum(dim=-1)
     assert torch.allclose(dist.entropy(), by_hand, atol=1e-5)
@@ -121,7 +121,7 @@ def test_unsupported_space_raises(obs_space: gym.Space, act_space: gym.Space) ->
 
 
 def test_build_model_sizes_from_the_env() -> None:
-    model = build_model("CartPole-v1", {}, [32, 16])
+    model = build_model("CartPole-v1", {}, [32, 16], shared_torso=True)
     assert model.discrete and model.obs_dim == 4 and model.action_dim == 2
     shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     assert shapes == {
@@ -134,6 +134,36 @@ def test_build_model_sizes_from_the_env() -> None:
         "value_head.weight": (1, 16),
         "value_head.bias": (1,),
     }
+
+
+def test_separate_torsos_keep_the_value_loss_off_the_policy() -> None:
+    model = build_model("CartPole-v1", {}, [8])
+    assert {n.split(".")[0] for n in model.state_dict()} == {
+        "policy_torso", "value_torso", "policy_head", "value_head"
+    }
+    _, value = model(torch.randn(5, 4))
+    value.sum().backward()
+    assert all(p.grad is None for p in model.policy_torso.parameters())
+    assert all(p.grad is not None for p in model.value_torso.parameters())
+
+
+def test_normalising_models_carry_their_statistics_in_the_state_dict() -> None:
+    model = build_model("Pendulum-v1", {}, [8], normalize_obs=True, normalize_reward=True,
+                        log_std_init=-2.0)
+    state = model.state_dict()
+    assert tuple(state["obs_rms.mean"].shape) == (3,) and tuple(state["ret_rms.var"].shape) == ()
+    assert torch.equal(state["log_std"], torch.tensor([-2.0]))
+    assert "obs_rms.mean" not in dict(model.named_parameters())
+    obs = torch.randn(4, 3)
+    with torch.no_grad():
+        model.obs_rms.mean.fill_(5.0)
+        model.obs_rms.var.fill_(4.0)
+    # forward sees (obs - 5) / 2: the same as an unnormalising copy fed those inputs.
+    plain = build_model("Pendulum-v1", {}, [8])
+    plain.load_state_dict({k: v for k, v in state.items() if "_rms" not in k})
+    _, value = model(obs)
+    _, expected = plain((obs - 5.0) / 2.0)
+    assert torch.allclose(value, expected, atol=1e-5)
 
 
 def test_build_model_continuous_env() -> None:

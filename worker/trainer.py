@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 import torch
 
 from a3c_http import wire
-from a3c_http.a3c import LossTerms, gradients, rollout_loss
+from a3c_http.a3c import LossTerms, gradients, make_optimizer, rollout_loss
 from a3c_http.client import Conflict, MasterClient, Stopped, Weights
 from a3c_http.config import TrainConfig
 from a3c_http.model import ActorCritic, model_for
+from a3c_http.normalize import absorb
 from a3c_http.rollout import Rollout, RolloutCollector
 
 
@@ -86,13 +87,11 @@ class Trainer:
         self._http(self.client.worker_started, self.worker_id, self.worker_url)
         model = model_for(cfg)
         spec = wire.spec_of(model)
-        collector = RolloutCollector(cfg.env_id, cfg.env_kwargs, cfg.num_envs, seed)
+        collector = RolloutCollector(cfg.env_id, cfg.env_kwargs, cfg.num_envs, seed, cfg.gamma)
         try:
             self._load(model, self._http(self.client.get_weights, spec))
             optimizer = (
-                torch.optim.Adam(model.parameters(), lr=cfg.lr)
-                if cfg.sync_mode == "best_weights"
-                else None
+                make_optimizer(model.parameters(), cfg) if cfg.sync_mode == "best_weights" else None
             )
             last_heartbeat = time.monotonic()
             while not self.stop_event.is_set():
@@ -164,6 +163,9 @@ class Trainer:
     def _push_gradients(self, model: ActorCritic, rollout: Rollout, spec: wire.Spec) -> None:
         started = time.monotonic()
         grads, _ = gradients(model, self._loss(model, rollout).total, self.config.max_grad_norm)
+        # The rollout's observation and return moments travel with the gradients; the master
+        # merges them into the shared statistics, which come back with the weights.
+        grads |= rollout.statistics
         self.progress.time_learn_s += time.monotonic() - started
         try:
             weights = self._http(
@@ -187,6 +189,7 @@ class Trainer:
         self._loss(model, rollout).total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), self.config.max_grad_norm)
         optimizer.step()
+        absorb(model, rollout.statistics)
         self.progress.time_learn_s += time.monotonic() - started
 
     def _heartbeat(self, model: ActorCritic, spec: wire.Spec) -> None:

@@ -1,0 +1,81 @@
+"""The learner in one process, without HTTP: A2C, the cluster's algorithm with one worker and no
+staleness. The benchmarks measure it beside the cluster, and the learning tests use it.
+
+Every step is the one the cluster takes: the worker's rollout, loss and clipped gradients
+(a3c_http.rollout, a3c_http.a3c), then the master's optimizer step and statistics merge
+(master/params.py applies them the same way).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from a3c_http.a3c import gradients, learning_rate, make_optimizer, rollout_loss, set_learning_rate
+from a3c_http.config import TrainConfig
+from a3c_http.model import model_for
+from a3c_http.normalize import absorb
+from a3c_http.rollout import RolloutCollector
+
+
+@dataclass
+class Result:
+    solved: bool
+    env_steps: int
+    episodes: int
+    updates: int
+    seconds: float
+    mean_return_100: float | None
+    returns: list[float] = field(default_factory=list)
+
+
+def train(config: TrainConfig, max_steps: int, window: int = 100) -> Result:
+    """Train until the mean return of the last `window` episodes reaches config.target_return
+    (resolved from the environment when unset), or for `max_steps` env steps."""
+    config = config.resolved()
+    torch.manual_seed(config.seed)
+    model = model_for(config)
+    optimizer = make_optimizer(model.parameters(), config)
+    collector = RolloutCollector(
+        config.env_id, config.env_kwargs, config.num_envs, config.seed, config.gamma
+    )
+    recent: deque[float] = deque(maxlen=window)
+    returns: list[float] = []
+    steps = updates = 0
+    started = time.monotonic()
+    solved = False
+    try:
+        while steps < max_steps and not solved:
+            rollout = collector.collect(model, config.t_max)
+            steps += rollout.num_steps
+            grads, _ = gradients(
+                model, rollout_loss(model, rollout, config).total, config.max_grad_norm
+            )
+            set_learning_rate(optimizer, learning_rate(config, steps))
+            for name, param in model.named_parameters():
+                param.grad = grads[name]
+            optimizer.step()
+            absorb(model, rollout.statistics)
+            updates += 1
+            for episode in rollout.episodes:
+                recent.append(episode.reward)
+                returns.append(episode.reward)
+            solved = (
+                config.target_return is not None
+                and len(recent) == window
+                and sum(recent) / window >= config.target_return
+            )
+    finally:
+        collector.close()
+    return Result(
+        solved=solved,
+        env_steps=steps,
+        episodes=len(returns),
+        updates=updates,
+        seconds=time.monotonic() - started,
+        mean_return_100=sum(recent) / len(recent) if recent else None,
+        returns=returns,
+    )

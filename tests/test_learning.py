@@ -1,0 +1,100 @@
+"""The learner end to end in one process, and the running statistics the workers share.
+
+Learning tests stay short: a tiny environment a correct learner solves in a few hundred steps.
+The long runs (CartPole-v1, Acrobot-v1, Pendulum-v1, LunarLander-v3) live in
+scripts/bench_learn.py.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from a3c_http.config import TrainConfig
+from a3c_http.learner import train
+from a3c_http.model import build_model, model_for
+from a3c_http.normalize import RunningMeanStd, absorb, moments, statistics_entries
+from a3c_http.rollout import RolloutCollector
+
+
+class Signal(gym.Env):
+    """Each step shows one of two signals; the action that names it earns 1, the other 0. Ten
+    steps an episode: a learner that reads its observation earns 10, a random one 5."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._t = 0
+        return self._show(), {}
+
+    def _show(self) -> np.ndarray:
+        self._signal = int(self.np_random.integers(2))
+        return np.array([1.0, -1.0] if self._signal else [-1.0, 1.0], dtype=np.float32)
+
+    def step(self, action):
+        reward = float(int(action) == self._signal)
+        self._t += 1
+        return self._show(), reward, self._t >= 10, False, {}
+
+
+gym.register("A3CTestSignal-v0", entry_point=Signal)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_the_learner_solves_a_tiny_task_in_a_few_hundred_episodes(normalize: bool) -> None:
+    config = TrainConfig(
+        env_id="A3CTestSignal-v0", num_envs=4, t_max=5, seed=0, target_return=9.5,
+        normalize_obs=normalize, normalize_reward=normalize,
+    )
+    result = train(config, max_steps=20_000)
+    assert result.solved, result.mean_return_100
+    assert result.env_steps < 10_000
+
+
+def test_merging_batches_gives_the_moments_of_all_samples() -> None:
+    torch.manual_seed(0)
+    parts = [torch.randn(n, 3) * 4 + 2 for n in (5, 1, 40)]
+    rms = RunningMeanStd((3,))
+    for part in parts:
+        rms.merge(*moments(part))
+    everything = torch.cat(parts)
+    # The prior count of 1e-4 (at mean 0, var 1) is the only difference.
+    assert torch.allclose(rms.mean, everything.mean(0), atol=1e-4)
+    assert torch.allclose(rms.var, everything.var(0, unbiased=False), atol=1e-3)
+    assert float(rms.count) == pytest.approx(46, abs=1e-3)
+    before = rms.state_dict()
+    rms.merge(*moments(torch.zeros(0, 3)))  # nothing new: nothing changes
+    assert all(torch.equal(before[k], v) for k, v in rms.state_dict().items())
+
+
+def test_absorb_merges_every_statistics_buffer_by_its_name() -> None:
+    model = build_model("CartPole-v1", {}, [8], normalize_obs=True, normalize_reward=True)
+    obs, returns = torch.full((10, 4), 3.0), torch.tensor([1.0, 3.0])
+    absorb(model, statistics_entries("obs_rms", obs) | statistics_entries("ret_rms", returns))
+    assert torch.allclose(model.obs_rms.mean, torch.full((4,), 3.0), atol=1e-3)
+    assert float(model.ret_rms.mean) == pytest.approx(2.0, abs=1e-3)
+    assert float(model.ret_rms.var) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_a_rollout_measures_its_observations_and_scales_its_rewards() -> None:
+    config = TrainConfig(num_envs=3, seed=0, normalize_obs=True, normalize_reward=True)
+    model = model_for(config)
+    with torch.no_grad():
+        model.ret_rms.var.fill_(4.0)  # rewards of CartPole (1 a step) are scaled to 0.5
+    collector = RolloutCollector(config.env_id, {}, 3, seed=0, gamma=0.5)
+    try:
+        rollout = collector.collect(model, 20)
+    finally:
+        collector.close()
+    valid = rollout.valid
+    assert torch.allclose(rollout.rewards[valid], torch.full((int(valid.sum()),), 0.5), atol=1e-4)
+    assert float(rollout.statistics["obs_rms.count"]) == rollout.num_steps
+    expected_mean = rollout.obs[valid].mean(0)
+    assert torch.allclose(rollout.statistics["obs_rms.mean"], expected_mean, atol=1e-5)
+    # Discounted returns with gamma 0.5 and reward 1 lie in [1, 2).
+    assert 1.0 <= float(rollout.statistics["ret_rms.mean"]) < 2.0
+    assert float(rollout.statistics["ret_rms.count"]) == rollout.num_steps
