@@ -13,7 +13,8 @@ log-probabilities and the entropy of the same widened Gaussian. The shared mean 
 the widened Gaussian through `log_std + offset`, so each worker's gradient is the on-policy
 gradient of its own policy, and the master's optimizer, taking the workers' gradients in turn,
 ascends the sum of their objectives. The critic stays shared: its values estimate the returns of
-the workers' policies together, so a wide worker bootstraps from values a little above its own.
+the workers' policies together, so each worker bootstraps from values that are not quite its own
+(a small bias that grows with the spread).
 """
 
 from __future__ import annotations
