@@ -26,6 +26,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # The largest seed torch.manual_seed takes (an unsigned 64-bit integer).
 MAX_SEED = 2**64 - 1
+# The widest per-worker log-std offset: e**3, twenty times the standard deviation, is plenty.
+MAX_LOG_STD_SPREAD = 3.0
 
 
 class TrainConfig(BaseModel):
@@ -134,6 +136,26 @@ class TrainConfig(BaseModel):
         description="A worker that accepted POST /start_worker but has not sent its first "
         "message within this is marked lost; unset: heartbeat_timeout_s. Raise it when starting "
         "a worker takes longer than a short heartbeat timeout.",
+    )
+
+    # Per-worker exploration (a3c_http/exploration.py): worker k of n explores its own amount.
+    entropy_coef_max: float | None = Field(
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="Spread entropy_coef over the workers: worker k of n (its place in the "
+        "run's worker list, from 0) uses entropy_coef + (entropy_coef_max - entropy_coef) * "
+        "k / (n - 1), the first entropy_coef and the last entropy_coef_max. Unset: every worker "
+        "uses entropy_coef.",
+    )
+    log_std_spread: float = Field(
+        0.0,
+        ge=0,
+        le=MAX_LOG_STD_SPREAD,
+        allow_inf_nan=False,
+        description="Continuous actions only: worker k of n adds log_std_spread * k / (n - 1) "
+        "to the log standard deviation of its Gaussian policy, both to act and in its loss (the "
+        "wider Gaussian is that worker's policy, so its gradients stay on-policy). 0: off.",
     )
 
     @field_validator(

@@ -107,6 +107,7 @@ def start_workers(
                 "worker_id": worker_id,
                 "run_id": run_id,
                 "config": config.model_dump(),
+                "exploration": ledger.exploration_of(worker_id),
             },
         )
         for worker_id, url in workers.items()

@@ -58,7 +58,7 @@ class RunLedger:
             self._elapsed_before = 0.0
             self._running_since = time.monotonic()
             self.stats = Stats()
-            self.workers = Registry.launching(worker_urls)
+            self.workers = Registry.launching(worker_urls, config)
             self.unsaved_rows = []
             self._episode_replies = {}
             return list(self.workers.records)
@@ -187,6 +187,14 @@ class RunLedger:
                 record.launching = False
                 if record.state == "starting":
                     record.last_seen = time.time()
+
+    def exploration_of(self, worker_id: str) -> dict[str, float] | None:
+        """The exploration settings the master derived for a worker it starts."""
+        with self.lock:
+            record = self.workers.get(worker_id)
+            if record is None or record.exploration is None:
+                return None
+            return dict(record.exploration)
 
     def mark_failed(self, worker_id: str, error: str) -> None:
         with self.lock:

@@ -36,6 +36,9 @@ class WorkerRecord:
     # The master is still waiting for this worker's answer to POST /start_worker: its silence
     # does not count yet (the launch has its own timeout).
     launching: bool = False
+    # The exploration settings the master derived for it and sent in POST /start_worker
+    # (a3c_http/exploration.py); None for a worker the master did not start.
+    exploration: dict[str, float] | None = None
 
     def steps_in_progress(self) -> int:
         return max(0, self.env_steps - self.steps)

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from typing import Any
 
 from a3c_http.config import TrainConfig
+from a3c_http.exploration import derive
 from master.records import ACTIVE, WorkerRecord
 
 
@@ -17,12 +18,21 @@ class Registry:
         self.records = records or {}
 
     @classmethod
-    def launching(cls, worker_urls: list[str]) -> Registry:
-        """The workers the master is about to start, `w1`, `w2`, ... in the order of the URLs."""
+    def launching(cls, worker_urls: list[str], config: TrainConfig) -> Registry:
+        """The workers the master is about to start, `w1`, `w2`, ... in the order of the URLs,
+        each with the exploration settings of its place in that order."""
         now = time.time()
+        count = len(worker_urls)
         return cls(
             {
-                f"w{i}": WorkerRecord(f"w{i}", url, "starting", now, launching=True)
+                f"w{i}": WorkerRecord(
+                    f"w{i}",
+                    url,
+                    "starting",
+                    now,
+                    launching=True,
+                    exploration=derive(config, i - 1, count).model_dump(),
+                )
                 for i, url in enumerate(worker_urls, start=1)
             }
         )

@@ -8,6 +8,7 @@ import gymnasium as gym
 from fastapi import HTTPException, Request
 from fastapi.responses import JSONResponse
 
+from a3c_http.exploration import ExplorationError
 from a3c_http.model import UnsupportedSpace
 from a3c_http.service import JSON_BODY, conflict, protected_router
 from master.deps import State
@@ -49,7 +50,7 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
     config = body.config()
     try:
         run_id, worker_ids = state.start_run(config, urls)
-    except ModelTooLarge as exc:
+    except (ModelTooLarge, ExplorationError) as exc:
         raise HTTPException(422, str(exc)) from None
     except (UnsupportedSpace, gym.error.Error, TypeError, ValueError) as exc:
         raise HTTPException(

@@ -23,6 +23,7 @@ import torch
 from a3c_http import wire
 from a3c_http.a3c import learning_rate
 from a3c_http.config import Settings, TrainConfig
+from a3c_http.exploration import check_actions
 from a3c_http.model import model_for
 from a3c_http.store import RunStore
 from master.errors import StateConflict
@@ -62,10 +63,12 @@ class ClusterState:
     def start_run(self, config: TrainConfig, worker_urls: list[str]) -> tuple[str, list[str]]:
         """Begin a new run with fresh weights and counters, the workers about to be started
         registered as `starting`; the previous run's files are archived. Returns the run id and
-        the worker ids. Raises StateConflict while a run is running."""
+        the worker ids. Raises StateConflict while a run is running, and ModelTooLarge or
+        ExplorationError for a config that does not fit (nothing is changed then)."""
         config = config.resolved()
         with torch.device("meta"):  # no memory, no init: only the sizes
             shapes = model_for(config)
+        check_actions(config, shapes.discrete)
         self._check_fits(
             config, sum(4 * p.numel() for p in shapes.state_dict().values()), "at least "
         )

@@ -86,6 +86,11 @@ def test_unknown_field_is_refused_and_named() -> None:
         ("seed", -1),
         ("seed", 2**64),
         ("seed", 2**70),
+        ("entropy_coef_max", -0.01),
+        ("entropy_coef_max", math.inf),
+        ("log_std_spread", -0.5),
+        ("log_std_spread", 3.5),
+        ("log_std_spread", math.nan),
     ],
 )
 def test_invalid_value_is_refused_naming_the_field(field: str, value: object) -> None:

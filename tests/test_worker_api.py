@@ -91,8 +91,11 @@ class FakeTrainer:
 
     instances: list[FakeTrainer] = []
 
-    def __init__(self, config, client, worker_id, worker_url, stop_event, progress) -> None:
+    def __init__(
+        self, config, client, worker_id, worker_url, stop_event, progress, log_std_offset=0.0
+    ) -> None:
         self.config = config
+        self.log_std_offset = log_std_offset
         self.worker_id = worker_id
         self.stop_event = stop_event
         self.progress = progress
@@ -154,6 +157,14 @@ def test_stop_while_idle_is_202_and_stays_idle(client: TestClient) -> None:
         ({"master_url": "http://127.0.0.1:1", "worker_id": "w 1"}, "worker_id"),
         ({"master_url": "http://127.0.0.1:1", "worker_id": "w1", "bogus": 1}, "bogus"),
         ({"master_url": "http://127.0.0.1:1", "worker_id": "w1", "config": {"lr": -1}}, "lr"),
+        (
+            {
+                "master_url": "http://127.0.0.1:1",
+                "worker_id": "w1",
+                "exploration": {"log_std_offset": 5},
+            },
+            "log_std_offset",
+        ),
         (
             {
                 "master_url": "http://127.0.0.1:1",
@@ -246,6 +257,25 @@ def test_second_start_while_running_is_409_and_stop_ends_it(
     wait_until(lambda: len(fake_trainer.instances) == 2)
     client.post("/stop")
     assert wait_for(client, lambda s: s["state"] == "done")["worker_id"] == "w3"
+
+
+def test_the_start_requests_exploration_is_trained_with_and_shown(
+    client: TestClient, fake_trainer: type[FakeTrainer]
+) -> None:
+    mine = {"entropy_coef": 0.04, "log_std_offset": 0.5}
+    # Without one (an older master, curl): the config's entropy_coef and no offset.
+    for sent, used in ((mine, mine), (None, {"entropy_coef": 0.01, "log_std_offset": 0.0})):
+        body = start_body(free_port(), config={"entropy_coef": 0.01})
+        if sent:
+            body["exploration"] = sent
+        started = len(fake_trainer.instances)
+        assert client.post("/start_worker", json=body).status_code == 202
+        assert client.get("/status").json()["exploration"] == used
+        trainer = wait_until(lambda n=started: fake_trainer.instances[n:])[0]
+        assert trainer.config.entropy_coef == used["entropy_coef"]
+        assert trainer.log_std_offset == used["log_std_offset"]
+        client.post("/stop")
+        wait_for(client, lambda s: s["state"] == "done")
 
 
 def test_trainer_exception_fails_the_worker(

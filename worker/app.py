@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from a3c_http.client import A3CError, MasterClient, MasterUnavailable
 from a3c_http.config import TrainConfig, WorkerSettings
+from a3c_http.exploration import Exploration
 from a3c_http.service import JSON_BODY, conflict, install_common, protected_router
 from worker.trainer import Progress, Trainer
 
@@ -28,6 +29,11 @@ class StartIn(BaseModel):
     worker_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/-]+$")
     config: TrainConfig = Field(default_factory=TrainConfig)
     run_id: str | None = Field(None, max_length=64)
+    exploration: Exploration | None = Field(
+        None,
+        description="This worker's exploration settings, derived by the master from its place in "
+        "the run's worker list; unset or null: the config's entropy_coef and no log-std offset.",
+    )
 
 
 class WorkerService:
@@ -43,6 +49,7 @@ class WorkerService:
         self.master_url: str | None = None
         self.run_id: str | None = None
         self.error: str | None = None
+        self.exploration: Exploration | None = None
         self.progress = Progress()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -58,6 +65,7 @@ class WorkerService:
             self.worker_id, self.master_url = body.worker_id, body.master_url
             self.run_id = body.run_id
             self.error = None
+            self.exploration = (body.exploration or Exploration()).resolved(body.config)
             self.progress = Progress()
             self._stop = threading.Event()
             self._client = MasterClient(
@@ -69,7 +77,7 @@ class WorkerService:
             )
             self._thread = threading.Thread(
                 target=self._train,
-                args=(body, own_url, self._client, self._stop, self.progress),
+                args=(body, self.exploration, own_url, self._client, self._stop, self.progress),
                 name=f"a3c-trainer-{body.worker_id}",
                 daemon=True,
             )
@@ -78,6 +86,7 @@ class WorkerService:
     def _train(
         self,
         body: StartIn,
+        exploration: Exploration,
         own_url: str,
         client: MasterClient,
         stop: threading.Event,
@@ -86,7 +95,15 @@ class WorkerService:
         error = None
         try:
             torch.set_num_threads(self.settings.torch_threads)  # this thread's intra-op threads
-            Trainer(body.config, client, body.worker_id, own_url, stop, progress).run()
+            Trainer(
+                exploration.config_for(body.config),
+                client,
+                body.worker_id,
+                own_url,
+                stop,
+                progress,
+                log_std_offset=exploration.log_std_offset,
+            ).run()
         except MasterUnavailable as exc:
             error = f"{exc} (gave up after A3C_MASTER_RETRY_S={self.master_retry_s:g} s)"
         except A3CError as exc:
@@ -132,6 +149,7 @@ class WorkerService:
             "updates": p.updates,
             "http_retries": self._client.retries if self._client else 0,
             "error": self.error,
+            "exploration": self.exploration.model_dump() if self.exploration else None,
             "metrics": {k: round(v, 6) for k, v in p.metrics.items()},
             "time": {
                 "rollout_s": round(p.time_rollout_s, 3),

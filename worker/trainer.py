@@ -21,6 +21,7 @@ from a3c_http import wire
 from a3c_http.a3c import LossTerms, gradients, make_optimizer, rollout_loss
 from a3c_http.client import Conflict, MasterClient, Stopped, Weights
 from a3c_http.config import TrainConfig
+from a3c_http.exploration import widened
 from a3c_http.model import ActorCritic, model_for
 from a3c_http.normalize import absorb
 from a3c_http.rollout import Rollout, RolloutCollector
@@ -65,13 +66,17 @@ class Trainer:
         worker_url: str | None,
         stop_event: threading.Event,
         progress: Progress,
+        log_std_offset: float = 0.0,
     ) -> None:
+        """`config` is this worker's own (its entropy_coef); `log_std_offset` widens the Gaussian
+        policy it acts and learns with (a3c_http/exploration.py)."""
         self.config = config
         self.client = client
         self.worker_id = worker_id
         self.worker_url = worker_url
         self.stop_event = stop_event
         self.progress = progress
+        self.log_std_offset = log_std_offset
         self.version = 0
 
     def run(self) -> None:
@@ -86,6 +91,7 @@ class Trainer:
         torch.manual_seed(seed)
         self._http(self.client.worker_started, self.worker_id, self.worker_url)
         model = model_for(cfg)
+        policy = widened(model, self.log_std_offset)
         spec = wire.spec_of(model)
         collector = RolloutCollector(cfg.env_id, cfg.env_kwargs, cfg.num_envs, seed, cfg.gamma)
         try:
@@ -96,7 +102,7 @@ class Trainer:
             last_heartbeat = time.monotonic()
             while not self.stop_event.is_set():
                 started = time.monotonic()
-                rollout = collector.collect(model, cfg.t_max)
+                rollout = collector.collect(policy, cfg.t_max)
                 self.progress.time_rollout_s += time.monotonic() - started
                 self.progress.env_steps += rollout.num_steps
                 improved = self._report(rollout)
@@ -156,7 +162,7 @@ class Trainer:
         return improved
 
     def _loss(self, model: ActorCritic, rollout: Rollout) -> LossTerms:
-        loss = rollout_loss(model, rollout, self.config)
+        loss = rollout_loss(widened(model, self.log_std_offset), rollout, self.config)
         self.progress.metrics.update(loss.as_floats())
         return loss
 

@@ -1,0 +1,182 @@
+"""Per-worker exploration (a3c_http/exploration.py): the master's derivation from a worker's place,
+the widened Gaussian a worker acts and learns with, and the master's side through TestClient with
+stand-in workers (the worker's side is in test_worker_api.py)."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from torch.distributions import Normal
+
+import worker.trainer as trainer_module
+from a3c_http import wire
+from a3c_http.client import MasterClient
+from a3c_http.config import Settings, TrainConfig
+from a3c_http.exploration import Exploration, ExplorationError, derive, widened
+from a3c_http.model import build_model, model_for
+from a3c_http.rollout import RolloutCollector
+from a3c_http.standin import StandInWorker
+from master.app import create_app
+from worker.trainer import Progress, Trainer
+
+# -- the derivation -------------------------------------------------------------------------------
+
+
+def test_derive_spreads_linearly_from_the_config_to_the_max() -> None:
+    cfg = TrainConfig(entropy_coef=0.01, entropy_coef_max=0.05, log_std_spread=1.0)
+    first, middle, last = (derive(cfg, k, 3) for k in range(3))
+    # The ends exactly, not up to rounding.
+    assert first == Exploration(entropy_coef=0.01, log_std_offset=0.0)
+    assert last == Exploration(entropy_coef=0.05, log_std_offset=1.0)
+    assert middle.entropy_coef == pytest.approx(0.03) and middle.log_std_offset == 0.5
+    assert derive(cfg, 0, 1) == first  # a lone worker is the first
+    with pytest.raises(ValueError, match="index 3"):
+        derive(cfg, 3, 3)
+
+
+def test_without_a_spread_every_worker_gets_the_configs_entropy_coef() -> None:
+    cfg = TrainConfig(entropy_coef=0.02)
+    same = Exploration(entropy_coef=0.02, log_std_offset=0.0)
+    assert [derive(cfg, k, 4) for k in range(4)] == [same] * 4
+
+
+# -- the widened policy ---------------------------------------------------------------------------
+
+
+def test_the_widened_policy_is_the_models_gaussian_made_wider() -> None:
+    torch.manual_seed(0)
+    model = build_model("Pendulum-v1", {}, [8])
+    policy = widened(model, 0.5)
+    obs = torch.randn(5, 3)
+    base, value = model(obs)
+    wide, wide_value = policy(obs)
+    assert torch.equal(wide.mean, base.mean) and torch.equal(wide_value, value)
+    assert torch.equal(policy.value(obs), model.value(obs))
+    assert torch.allclose(wide.stddev, base.stddev * math.exp(0.5))
+    # What the loss takes of it: the log-probabilities and the entropy of the wider Gaussian.
+    actions = wide.sample()
+    expected = Normal(base.mean, base.stddev * math.exp(0.5)).log_prob(actions).sum(-1)
+    assert torch.allclose(wide.log_prob(actions), expected)
+    assert torch.allclose(wide.entropy(), base.entropy() + 0.5 * model.action_dim)
+    # Its gradients reach the model's own mean and log_std.
+    wide.log_prob(actions).sum().backward()
+    assert model.log_std.grad is not None and model.log_std.grad.abs().sum() > 0
+    assert model.policy_head.weight.grad is not None
+
+
+def test_no_offset_is_the_model_and_discrete_actions_take_none() -> None:
+    gaussian = build_model("Pendulum-v1", {}, [8])
+    categorical = build_model("CartPole-v1", {}, [8])
+    assert widened(gaussian, 0.0) is gaussian and widened(categorical, 0.0) is categorical
+    with pytest.raises(ExplorationError, match="discrete"):
+        widened(categorical, 0.5)
+
+
+def test_a_worker_acts_and_learns_with_the_same_widened_policy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rollout is sampled from the widened Gaussian and the loss scores it under that same
+    Gaussian: on-policy for this worker."""
+    config = TrainConfig(
+        env_id="Pendulum-v1", seed=3, num_envs=2, t_max=4, heartbeat_interval_s=0.01
+    )
+    weights = wire.encode(model_for(config).state_dict())
+    widths: dict[str, float] = {}
+
+    def width(policy) -> float:  # the policy's std over the model's own
+        with torch.no_grad():
+            dist, _ = policy(torch.zeros(1, 3))
+            return float((dist.stddev / policy.log_std.exp()).mean())
+
+    collect, loss = RolloutCollector.collect, trainer_module.rollout_loss
+
+    def acting(self, policy, t_max):
+        widths.setdefault("act", width(policy))
+        return collect(self, policy, t_max)
+
+    def learning(policy, rollout, cfg):
+        widths.setdefault("learn", width(policy))
+        return loss(policy, rollout, cfg)
+
+    monkeypatch.setattr(RolloutCollector, "collect", acting)
+    monkeypatch.setattr(trainer_module, "rollout_loss", learning)
+
+    def master(request: httpx.Request) -> httpx.Response:
+        if request.url.path in ("/gradients", "/global_model_weights"):
+            return httpx.Response(200, content=weights, headers={"X-Model-Version": "0"})
+        if request.url.path == "/heartbeat":
+            return httpx.Response(200, json={"data": {"stop": True}})
+        return httpx.Response(200, json={"data": {}})
+
+    client = MasterClient("http://master", transport=httpx.MockTransport(master), run_id="r1")
+    progress = Progress()
+    Trainer(config, client, "w2", None, threading.Event(), progress, log_std_offset=0.5).run()
+    assert widths == {"act": pytest.approx(math.exp(0.5)), "learn": pytest.approx(math.exp(0.5))}
+    assert progress.updates >= 1
+
+
+# -- the master -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    for name in ("A3C_TOKEN", "A3C_MASTER_URL", "A3C_MAX_BODY_BYTES"):
+        monkeypatch.delenv(name, raising=False)
+    return Settings(run_dir=tmp_path / "run", workers_file=tmp_path / "workers.txt")
+
+
+@pytest.fixture
+def standins() -> Iterator[list[StandInWorker]]:
+    with StandInWorker() as a, StandInWorker() as b, StandInWorker() as c:
+        yield [a, b, c]
+
+
+def master(settings: Settings) -> TestClient:
+    return TestClient(create_app(settings), client=("127.0.0.1", 50000))
+
+
+def test_train_gives_each_worker_its_exploration_in_status_and_start_request(
+    settings: Settings, standins: list[StandInWorker]
+) -> None:
+    body = {
+        "workers": [s.url for s in standins],
+        "env_id": "Pendulum-v1",
+        "entropy_coef": 0.01,
+        "entropy_coef_max": 0.05,
+        "log_std_spread": 0.5,
+        "heartbeat_timeout_s": 3600,
+        "seed": 1,
+    }
+    with master(settings) as c:
+        reply = c.post("/train", json=body)
+        assert reply.status_code == 202, reply.text
+        workers = c.get("/status").json()["workers"]
+    assert [w["worker_id"] for w in workers] == ["w1", "w2", "w3"]
+    shown = [w["exploration"] for w in workers]
+    assert [e["entropy_coef"] for e in shown] == pytest.approx([0.01, 0.03, 0.05])
+    assert [e["log_std_offset"] for e in shown] == [0.0, 0.25, 0.5]
+    # Each worker was sent what /status shows of it.
+    assert [s.starts()[0]["body"]["exploration"] for s in standins] == shown
+    # Saved with the registry: a master resumed on the run folder shows the same.
+    with master(settings) as c:
+        assert [w["exploration"] for w in c.get("/status").json()["workers"]] == shown
+
+
+def test_log_std_spread_on_discrete_actions_is_refused(
+    settings: Settings, standins: list[StandInWorker]
+) -> None:
+    body = {"workers": [standins[0].url], "env_id": "CartPole-v1", "log_std_spread": 0.5}
+    with master(settings) as c:
+        reply = c.post("/train", json=body)
+        assert reply.status_code == 422, reply.text
+        assert "log_std_spread" in reply.json()["detail"]
+        assert "discrete" in reply.json()["detail"]
+        assert c.get("/status").json()["state"] == "idle"
+    assert standins[0].starts() == []
