@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import multiprocessing
 import threading
 from collections.abc import Callable
@@ -175,7 +176,11 @@ class Evaluator:
         status, payload = reply
         if status != "ok":
             return None, payload
-        return dataclasses.asdict(payload), None
+        result = dataclasses.asdict(payload)
+        if not all(math.isfinite(result[k]) for k in ("mean_return", "std_return")):
+            # JSON has no NaN or infinity: /status and the run folder could not hold them.
+            return None, f"the environment's returns are not finite: {payload.returns[:10]}"
+        return result, None
 
     def _end_child(self) -> None:
         with self._lock:

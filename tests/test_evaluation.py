@@ -206,6 +206,7 @@ def test_a_failed_evaluation_is_shown_and_the_run_goes_on(
     child.script = [
         ("error", "RuntimeError: simulator crashed"),
         EOFError("the evaluation process ended with exit code -9"),
+        ok(math.inf),
         ok(7.0),
     ]
     state.start_run(CONFIG, WORKERS)
@@ -220,6 +221,9 @@ def test_a_failed_evaluation_is_shown_and_the_run_goes_on(
     state.evaluator._step()
     assert state.status()["eval_error"] == "the evaluation process ended with exit code -9"
     assert child.made[0].closed, "a child whose pipe broke is replaced"
+    push(state, 1)
+    state.evaluator._step()
+    assert state.status()["eval_error"] == "the environment's returns are not finite: (inf, inf)"
     push(state, 1)
     state.evaluator._step()
     assert len(child.made) == 2
