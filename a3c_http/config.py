@@ -157,6 +157,23 @@ class TrainConfig(BaseModel):
         "to the log standard deviation of its Gaussian policy, both to act and in its loss (the "
         "wider Gaussian is that worker's policy, so its gradients stay on-policy). 0: off.",
     )
+    # Evaluation of the global network while it trains (master/evaluator.py).
+    eval_every_updates: int | None = Field(
+        None,
+        ge=1,
+        description="Play the global weights deterministically on the master's own environment "
+        "copies whenever the model version has advanced by at least this many since the last "
+        "evaluation started; unset: no evaluation.",
+    )
+    eval_episodes: int = Field(
+        10, ge=1, le=1000, description="Episodes each evaluation plays (their mean is reported)."
+    )
+    solved_on: Literal["train", "eval"] = Field(
+        "train",
+        description="What target_return is judged on: train, the mean return of the last 100 "
+        "training episodes; eval, the mean return of the latest evaluation (needs "
+        "eval_every_updates).",
+    )
 
     @field_validator(
         "lr", "gamma", "gae_lambda", "entropy_coef", "value_coef", "max_grad_norm", "target_return"
@@ -179,6 +196,15 @@ class TrainConfig(BaseModel):
             raise ValueError(
                 "heartbeat_timeout_s must be larger than heartbeat_interval_s, "
                 "or every worker would be marked lost between two heartbeats"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _evaluated_when_judged_on_it(self) -> TrainConfig:
+        if self.solved_on == "eval" and self.eval_every_updates is None:
+            raise ValueError(
+                "solved_on='eval' needs eval_every_updates: without evaluations there is no "
+                "evaluation to judge target_return on"
             )
         return self
 

@@ -2,7 +2,7 @@
 
     run.db                SQLite, the source of truth: the run's config and state, the global
                           weights, the optimizer state, the temporary weight slots, the episode
-                          history and the moving-average FIFO
+                          and evaluation history and the moving-average FIFO
     weights.safetensors   a copy of the global weights for users, rewritten after a save that
                           changed them
     config.json           a copy of the resolved config, for users
@@ -39,6 +39,19 @@ OWNER = ".a3c.owner"
 # What a new run moves to archive/<run_id>/ (the quickstart's plot included).
 RUN_FILES = (DB, "weights.safetensors", "config.json")
 EPISODE_FIELDS = ("global_episode", "worker_id", "reward", "length", "time")
+# One row per evaluation of the global weights (master/evaluator.py), keyed by its number from 1:
+# the weights' version, the run's elapsed seconds and env steps when they were taken, the result.
+EVALUATION_FIELDS = (
+    "evaluation",
+    "model_version",
+    "elapsed_s",
+    "global_steps",
+    "mean_return",
+    "std_return",
+    "episodes",
+    "mean_length",
+    "time",
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -52,6 +65,17 @@ CREATE TABLE IF NOT EXISTS episodes (
     time REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS queue (position INTEGER PRIMARY KEY, value REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS evaluations (
+    evaluation INTEGER PRIMARY KEY,
+    model_version INTEGER NOT NULL,
+    elapsed_s REAL NOT NULL,
+    global_steps INTEGER NOT NULL,
+    mean_return REAL NOT NULL,
+    std_return REAL NOT NULL,
+    episodes INTEGER NOT NULL,
+    mean_length REAL NOT NULL,
+    time REAL NOT NULL
+);
 """
 
 
@@ -97,6 +121,7 @@ class Snapshot:
     weights: bytes | None = None
     optimizer: bytes | None = None
     new_episodes: list[tuple] = field(default_factory=list)
+    new_evaluations: list[tuple] = field(default_factory=list)
     temporary: dict[str, bytes] = field(default_factory=dict)
     queue_head: int = 0
     queue: list[tuple[int, float]] = field(default_factory=list)
@@ -193,6 +218,10 @@ class RunStore:
             db.executemany(
                 "INSERT OR IGNORE INTO episodes VALUES (?, ?, ?, ?, ?)", snap.new_episodes
             )
+            db.executemany(
+                "INSERT OR IGNORE INTO evaluations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                snap.new_evaluations,
+            )
             db.execute("DELETE FROM queue WHERE position < ?", (snap.queue_head,))
             db.executemany("INSERT OR IGNORE INTO queue VALUES (?, ?)", snap.queue)
             db.execute("COMMIT")
@@ -240,13 +269,20 @@ class RunStore:
 
     def read_episodes(self) -> list[dict[str, Any]]:
         """The episode history as dicts, in episode order (plots, evaluation, tests)."""
+        return self._rows("episodes", EPISODE_FIELDS)
+
+    def read_evaluations(self) -> list[dict[str, Any]]:
+        """The evaluations of the run's global weights as dicts, in order."""
+        return self._rows("evaluations", EVALUATION_FIELDS)
+
+    def _rows(self, table: str, fields: tuple[str, ...]) -> list[dict[str, Any]]:
         db = self._read()
         if db is None:
             return []
         try:
-            rows = db.execute(f"SELECT {', '.join(EPISODE_FIELDS)} FROM episodes ORDER BY 1")
-            return [dict(zip(EPISODE_FIELDS, row, strict=True)) for row in rows]
-        except sqlite3.OperationalError:  # a database that never got its first save
+            rows = db.execute(f"SELECT {', '.join(fields)} FROM {table} ORDER BY 1")
+            return [dict(zip(fields, row, strict=True)) for row in rows]
+        except sqlite3.OperationalError:  # never saved yet, or saved before the table existed
             return []
         finally:
             if db is not self._db:

@@ -48,11 +48,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             target=_housekeeping, args=(state, stop), daemon=True, name="a3c-housekeeping"
         )
         thread.start()
+        state.evaluator.start()
         try:
             yield
         finally:
             stop.set()
             thread.join(timeout=10)
+            state.evaluator.close()
             try:
                 state.persist(force=True, clean=True)
             finally:

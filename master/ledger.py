@@ -1,6 +1,7 @@
 """The run ledger: which run is on and how it goes, under one lock. It holds the run (id, config,
 state, elapsed time), its statistics (episode and step counters, best score, moving average,
-last-100 window, FIFO), the worker registry (master/registry.py) and the history rows not saved yet.
+last-100 window, FIFO), its evaluations (master/evaluator.py), the worker registry
+(master/registry.py) and the history rows not saved yet.
 
 Retries are never counted twice: a worker numbers its episode reports (`X-A3C-Seq`); the last number
 counted for each worker is checked and recorded in the same critical section as the count, and a
@@ -19,7 +20,7 @@ from typing import Any, Literal
 
 from a3c_http.config import TrainConfig
 from master.errors import StateConflict
-from master.records import Stats, WorkerRecord
+from master.records import Evaluations, Stats, WorkerRecord
 from master.registry import Registry
 
 RunState = Literal["idle", "running", "finished"]
@@ -36,6 +37,7 @@ class RunLedger:
         self._elapsed_before = 0.0  # seconds run before this process (resume)
         self._running_since: float | None = None  # monotonic
         self.stats = Stats()
+        self.evals = Evaluations()
         self.workers = Registry()
         self.unsaved_rows: list[tuple] = []
         # The reply to each worker's last counted episode report, for its retries.
@@ -58,6 +60,7 @@ class RunLedger:
             self._elapsed_before = 0.0
             self._running_since = time.monotonic()
             self.stats = Stats()
+            self.evals = Evaluations()
             self.workers = Registry.launching(worker_urls, config)
             self.unsaved_rows = []
             self._episode_replies = {}
@@ -122,9 +125,12 @@ class RunLedger:
             return self.stats.global_steps + self.workers.steps_in_progress()
 
     def solved(self) -> bool:
-        """The mean return of the last 100 episodes reached the target (100 episodes needed)."""
+        """The mean return of the last 100 episodes (100 episodes needed), or with
+        `solved_on=eval` that of the latest evaluation, reached the target."""
         with self.lock:
             target = self.config.target_return if self.config else None
+            if target is not None and self.config.solved_on == "eval":
+                return self.evals.mean_return() is not None and self.evals.mean_return() >= target
             return (
                 target is not None
                 and len(self.stats.last100) == 100
@@ -136,10 +142,12 @@ class RunLedger:
         if cfg is None or self.run_state != "running":
             return
         if self.solved():
-            self.finish(
-                f"solved: mean return of the last 100 episodes {stats.mean_return_100():.1f} "
-                f">= {cfg.target_return}"
+            judged = (
+                f"the latest evaluation {self.evals.mean_return():.1f}"
+                if cfg.solved_on == "eval"
+                else f"the last 100 episodes {stats.mean_return_100():.1f}"
             )
+            self.finish(f"solved: mean return of {judged} >= {cfg.target_return}")
         elif cfg.max_episodes is not None and stats.global_episode >= cfg.max_episodes:
             self.finish(f"max_episodes={cfg.max_episodes} reached")
         elif cfg.max_steps is not None and self.env_steps() >= cfg.max_steps:
@@ -288,6 +296,22 @@ class RunLedger:
             return self._episode_reply(improved=False, duplicate=True)
         return {**reply, "stop": self.run_state != "running", "duplicate": True}
 
+    def record_evaluation(
+        self, run_id: str, taken: dict[str, Any], result: dict[str, Any] | None, error: str | None
+    ) -> bool:
+        """Fold in the evaluation (`result`, or the `error` it failed with) of the weights taken
+        from run `run_id` at `taken` (model_version, elapsed_s, global_steps); one of an earlier
+        run is dropped. Kept in any state of the run, like a late episode. True when kept."""
+        with self.lock:
+            if run_id != self.run_id:
+                return False
+            if result is None:
+                self.evals.error = error
+            else:
+                self.evals.add(taken, result)
+                self._finish_if_done()
+            return True
+
     def push_queue(self, value: float) -> int:
         with self.lock:
             self.stats.push(value, self.queue_max)
@@ -335,6 +359,7 @@ class RunLedger:
                 "elapsed_s": round(self.elapsed_s(), 3),
                 "config": self.config.model_dump() if self.config else None,
                 "workers": self.workers_public(),
+                **self.evals.public(),
             }
 
     # -- persistence (master/persistence.py) -----------------------------------------------------
@@ -347,12 +372,18 @@ class RunLedger:
                 "run_state": self.run_state,
                 "finish_reason": self.finish_reason,
                 "stats": self.stats.to_json(),
+                "evaluations": self.evals.to_json(),
                 "workers": self.workers.to_json(),
             }
 
-    def rows_saved(self, last_episode: int) -> None:
+    def rows_saved(self, last_episode: int | None, last_evaluation: int | None = None) -> None:
+        """The history rows up to these numbers are on disk."""
         with self.lock:
-            self.unsaved_rows = [r for r in self.unsaved_rows if r[0] > last_episode]
+            if last_episode is not None:
+                self.unsaved_rows = [r for r in self.unsaved_rows if r[0] > last_episode]
+            if last_evaluation is not None:
+                unsaved = self.evals.unsaved
+                self.evals.unsaved = [r for r in unsaved if r[0] > last_evaluation]
 
     def restore(
         self,
@@ -369,4 +400,5 @@ class RunLedger:
             self._elapsed_before = elapsed_s
             self._running_since = time.monotonic() if self.run_state == "running" else None
             self.stats = Stats.from_json(state["stats"], queue)
+            self.evals = Evaluations.from_json(state.get("evaluations", {}))
             self.workers = Registry.from_json(state.get("workers", []))

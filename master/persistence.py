@@ -7,7 +7,7 @@ written after they are released, so no request ever waits for the disk; only ano
 
 Nothing marks the state "dirty": a save compares what it would write with what it last wrote and
 writes only when something changed (the weights by their version, the rest by value), and only
-what changed (new history rows and FIFO entries, weights of a new version).
+what changed (new episode and evaluation rows and FIFO entries, weights of a new version).
 """
 
 from __future__ import annotations
@@ -77,8 +77,8 @@ class Persister:
                 queue_head=stats.queue_head,
                 queue_end=stats.queue_head + len(stats.queue),
             )
-            rows = list(ledger.unsaved_rows)
-            if not force and not rows and marks == saved:
+            rows, evaluations = list(ledger.unsaved_rows), list(ledger.evals.unsaved)
+            if not force and not rows and not evaluations and marks == saved:
                 return None
             weights, optimizer = (
                 params.blobs() if marks.version not in (None, saved.version) else (None, None)
@@ -95,6 +95,7 @@ class Persister:
                 weights=weights,
                 optimizer=optimizer,
                 new_episodes=rows,
+                new_evaluations=evaluations,
                 temporary=dict(params.temporary) if marks.temporary != saved.temporary else {},
                 queue_head=marks.queue_head,
                 queue=stats.queue_since(saved.queue_end),
@@ -107,8 +108,11 @@ class Persister:
         snapshot, marks = taken
         self.store.save(snapshot)  # on failure nothing is marked saved: the next save retries
         self._saved = marks
-        if snapshot.new_episodes:
-            self.ledger.rows_saved(snapshot.new_episodes[-1][0])
+        episodes, evaluations = snapshot.new_episodes, snapshot.new_evaluations
+        if episodes or evaluations:
+            self.ledger.rows_saved(
+                episodes[-1][0] if episodes else None, evaluations[-1][0] if evaluations else None
+            )
         return True
 
     def restored(self) -> None:

@@ -1,11 +1,14 @@
-"""The plain records of the master's state: a worker's entry in the registry and the run's
-counters. They hold no locks; the run ledger (master/ledger.py) guards every access."""
+"""The plain records of the master's state: a worker's entry in the registry, the run's counters
+and its evaluations. They hold no locks; the run ledger (master/ledger.py) guards every access."""
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
+
+from a3c_http.store import EVALUATION_FIELDS
 
 WorkerState = Literal["starting", "running", "done", "lost", "failed"]
 ACTIVE = ("starting", "running")
@@ -123,3 +126,46 @@ class Stats:
             queue_head=queue[0][0] if queue else int(data.get("queue_head", 0)),
             queue_dropped=int(data.get("queue_dropped", 0)),
         )
+
+
+# What an evaluation records of the weights it played and of how they played, in the order of the
+# run folder's `evaluations` columns (between the evaluation's number and the time).
+EVALUATION_VALUES = EVALUATION_FIELDS[1:-1]
+
+
+@dataclass
+class Evaluations:
+    """The run's evaluations of its global weights (master/evaluator.py): how many so far, the
+    latest, the error of the last one when it failed, and the history rows not saved yet (keyed by
+    the evaluation's number, from 1)."""
+
+    count: int = 0
+    latest: dict[str, Any] | None = None
+    error: str | None = None
+    unsaved: list[tuple] = field(default_factory=list)
+
+    def add(self, taken: dict[str, Any], result: dict[str, Any]) -> None:
+        """`taken`: the model_version, elapsed_s and global_steps of the weights when they were
+        taken; `result`: what a3c_http.evaluation.evaluate found."""
+        values = {**taken, **result}
+        self.count += 1
+        self.latest = {k: values[k] for k in EVALUATION_VALUES}
+        self.error = None
+        self.unsaved.append((self.count, *self.latest.values(), round(time.time(), 3)))
+
+    def mean_return(self) -> float | None:
+        return self.latest["mean_return"] if self.latest else None
+
+    def public(self) -> dict[str, Any]:
+        """The evaluation fields of /status: null (and 0) before the first evaluation."""
+        latest = self.latest or {}
+        out: dict[str, Any] = {f"eval_{k}": latest.get(k) for k in EVALUATION_VALUES}
+        return {**out, "evaluations": self.count, "eval_error": self.error}
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything but the rows, which the run folder keeps in a table of their own."""
+        return {"count": self.count, "latest": self.latest, "error": self.error}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Evaluations:
+        return cls(int(data.get("count", 0)), data.get("latest"), data.get("error"))

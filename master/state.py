@@ -6,8 +6,9 @@
 - `persister` (master/persistence.py): the run folder, one mutex for snapshot, write and archive.
 
 Lock order: the persister's mutex, then the ledger's lock, then the parameter server's; a part
-never calls another while it holds its own lock, so only the persister and `start_run` ever hold
-two. No file is written while the ledger's or the parameter server's lock is held.
+never calls another while it holds its own lock, so only the persister, `start_run` and the
+evaluator (master/evaluator.py, taking the weights it plays) ever hold two. No file is written
+while the ledger's or the parameter server's lock is held.
 
 The routes call the parts directly for what concerns one part only; the facade does what spans
 them: starting a run, updates (the ledger admits, the parameter server applies), status, and
@@ -27,6 +28,7 @@ from a3c_http.exploration import check_actions
 from a3c_http.model import model_for
 from a3c_http.store import RunStore
 from master.errors import StateConflict
+from master.evaluator import Evaluator
 from master.ledger import RunLedger
 from master.params import ParameterServer
 from master.persistence import Persister
@@ -51,6 +53,8 @@ class ClusterState:
         self.ledger = RunLedger(settings.queue_max)
         self.params = ParameterServer()
         self.persister = Persister(self.store, self.ledger, self.params)
+        # Started and closed by the app's lifespan (master/app.py).
+        self.evaluator = Evaluator(self.ledger, self.params, self.record_evaluation)
         if self._restore():
             self.persist()  # the skipped versions are on disk before any is handed out
 
@@ -109,6 +113,11 @@ class ClusterState:
 
     def check_liveness(self) -> None:
         self._saving_a_finish(self.ledger.check_liveness())
+
+    def record_evaluation(
+        self, run_id: str, taken: dict[str, Any], result: dict[str, Any] | None, error: str | None
+    ) -> None:
+        self._saving_a_finish(self.ledger.record_evaluation(run_id, taken, result, error))
 
     def worker_done(self, worker_id: str, error: str | None, run_id: str | None = None) -> str:
         return self._saving_a_finish(self.ledger.worker_done(worker_id, error, run_id))

@@ -91,6 +91,10 @@ def test_unknown_field_is_refused_and_named() -> None:
         ("log_std_spread", -0.5),
         ("log_std_spread", 3.5),
         ("log_std_spread", math.nan),
+        ("eval_every_updates", 0),
+        ("eval_episodes", 0),
+        ("eval_episodes", 1001),
+        ("solved_on", "test"),
     ],
 )
 def test_invalid_value_is_refused_naming_the_field(field: str, value: object) -> None:
@@ -117,6 +121,14 @@ def test_heartbeat_timeout_must_exceed_interval(interval: float, timeout: float)
 def test_heartbeat_timeout_just_above_interval_is_accepted() -> None:
     cfg = TrainConfig(heartbeat_interval_s=2.0, heartbeat_timeout_s=2.5)
     assert cfg.heartbeat_timeout_s == 2.5
+
+
+def test_solved_on_eval_needs_evaluations() -> None:
+    with pytest.raises(ValidationError) as info:
+        TrainConfig(solved_on="eval")
+    message = str(info.value)
+    assert "solved_on" in message and "eval_every_updates" in message
+    assert TrainConfig(solved_on="eval", eval_every_updates=5).solved_on == "eval"
 
 
 # -- resolved() -----------------------------------------------------------------------------------

@@ -118,6 +118,20 @@ def test_a_save_writes_what_changed_and_a_retried_row_once(owned: RunStore) -> N
     assert snap.queue == [(1, 2.0), (2, 3.0)]  # the entry before the head was popped
 
 
+def test_evaluation_rows_round_trip_and_a_retried_one_is_written_once(owned: RunStore) -> None:
+    first = (1, 12, 3.5, 800, 9.5, 0.5, 10, 9.5, 1700000000.0)
+    second = (2, 40, 9.25, 2600, 30.0, 4.0, 10, 30.0, 1700000005.0)
+    owned.save(Snapshot(config={"run_id": "r1"}, state={"n": 1}, new_evaluations=[first]))
+    owned.save(Snapshot(config={"run_id": "r1"}, state={"n": 2}, new_evaluations=[first, second]))
+    assert RunStore(owned.dir).read_evaluations() == [
+        dict(zip(store.EVALUATION_FIELDS, row, strict=True)) for row in (first, second)
+    ]
+    # The README's recipe.
+    with sqlite3.connect(owned.dir / store.DB) as db:
+        query = "SELECT model_version, mean_return FROM evaluations ORDER BY evaluation"
+        assert db.execute(query).fetchall() == [(12, 9.5), (40, 30.0)]
+
+
 def test_a_failed_save_leaves_the_previous_one_whole(owned: RunStore) -> None:
     owned.save(numbered(1))
     broken = numbered(2)
