@@ -24,6 +24,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from a3c_http.presets import with_preset
+
 # The largest seed torch.manual_seed takes (an unsigned 64-bit integer).
 MAX_SEED = 2**64 - 1
 # The widest per-worker log-std offset: e**3, twenty times the standard deviation, is plenty.
@@ -39,6 +41,11 @@ class TrainConfig(BaseModel):
     env_id: str = Field(
         "CartPole-v1",
         description="A gymnasium environment id. Box observations; Discrete or Box actions.",
+    )
+    preset: str | None = Field(
+        None,
+        description="The per-task preset (a3c_http/presets.py) whose values fill every field the "
+        "body does not give. Absent: env_id's preset, if it has one; null: none.",
     )
     env_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments for gymnasium.make(env_id, ...)."
@@ -183,6 +190,11 @@ class TrainConfig(BaseModel):
         if v is not None and not math.isfinite(v):
             raise ValueError("must be a finite number")
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        return with_preset(data)
 
     @field_validator("env_id")
     @classmethod

@@ -1,7 +1,8 @@
 """The main job on one host: a master and the workers of workers.txt, training until the run
 finishes, with progress on screen and a reward plot at the end.
 
-    python scripts/run_local.py [--port 33333] [--time-cap 840] [--config '{"lr": 0.001}']
+    python scripts/run_local.py [--env Acrobot-v1] [--port 33333] [--time-cap 840]
+        [--config '{"lr": 0.001}']
 
 Exit code: 0 when the run was solved (mean return of the last 100 episodes >= target_return),
 1 when it finished unsolved or hit the time cap, 2 when it could not start. Every process it
@@ -80,6 +81,12 @@ def main() -> int:
         help="seconds of training before the run is stopped (default 840)",
     )
     parser.add_argument(
+        "--env",
+        default=None,
+        help="the gymnasium environment to train (default CartPole-v1); its preset "
+        "(a3c_http/presets.py) fills what --config does not give",
+    )
+    parser.add_argument(
         "--config", default="{}", help="training config overrides as JSON, e.g. '{\"seed\": 1}'"
     )
     parser.add_argument("--every", type=float, default=5.0, help="seconds between progress lines")
@@ -89,6 +96,8 @@ def main() -> int:
         overrides = json.loads(args.config)
         if not isinstance(overrides, dict):
             raise ValueError("not a JSON object")
+        if args.env:
+            overrides["env_id"] = args.env
         urls = read_workers_file(args.workers_file)
     except (ValueError, WorkerListError) as exc:
         print(f"error: {exc}", file=sys.stderr)

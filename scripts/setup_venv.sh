@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make .venv and install the project into it; does nothing when it is already up to date.
-# Usage: scripts/setup_venv.sh [extra,...]   (e.g. "plot" or "dev")
+# Usage: scripts/setup_venv.sh [extra,...]   (e.g. "plot", "dev", "box2d" or "bench")
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 extras="${1:-plot}"
@@ -23,5 +23,11 @@ pip_install() {
         -c "$root/scripts/constraints.txt" "$@" 2>&1 | { grep -v "is ignored: it is neither" || true; }
 }
 pip_install "torch==2.13.0"
+case ",$extras," in
+    *,box2d,*|*,bench,*)
+        # box2d-py has no wheel: its build needs swig on PATH, from the venv.
+        pip_install swig
+        export PATH="$venv/bin:$PATH" ;;
+esac
 pip_install -e "$root[$extras]"
 touch "$stamp"

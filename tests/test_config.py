@@ -146,7 +146,7 @@ def test_resolved_fills_target_return_from_reward_threshold_and_a_seed() -> None
 
 
 def test_resolved_leaves_target_none_for_env_without_threshold() -> None:
-    resolved = TrainConfig(env_id="Pendulum-v1").resolved()
+    resolved = TrainConfig(env_id="Pendulum-v1", preset=None).resolved()  # the preset sets one
     assert resolved.target_return is None
     assert resolved.seed is not None
 
@@ -321,3 +321,29 @@ def test_the_largest_seed_is_accepted_by_every_consumer() -> None:
         env.reset(seed=derived)
     finally:
         env.close()
+
+
+def test_an_environments_preset_fills_what_the_body_does_not_give() -> None:
+    acrobot = TrainConfig(env_id="Acrobot-v1")
+    assert acrobot.preset == "Acrobot-v1" and acrobot.normalize_obs and acrobot.normalize_reward
+    # What the body gives wins over the preset.
+    assert TrainConfig(env_id="Acrobot-v1", normalize_obs=False).normalize_obs is False
+    pendulum = TrainConfig(env_id="Pendulum-v1")
+    assert (pendulum.gamma, pendulum.t_max, pendulum.target_return) == (0.9, 8, -250.0)
+    # CartPole-v1's preset is the default config; null asks for no preset at all.
+    assert TrainConfig().preset == "CartPole-v1"
+    assert TrainConfig().model_dump(exclude={"preset"}) == TrainConfig(
+        preset=None
+    ).model_dump(exclude={"preset"})
+    plain = TrainConfig(env_id="Pendulum-v1", preset=None)
+    assert plain.preset is None and plain.gamma == 0.99
+    # A named preset can be applied to another environment; the resolved config keeps its name.
+    assert TrainConfig(env_id="MountainCar-v0", preset="Acrobot-v1").normalize_obs
+    assert TrainConfig(env_id="MountainCar-v0").preset is None
+    # A saved config (every field given) reads back the same.
+    assert TrainConfig(**pendulum.model_dump()) == pendulum
+
+
+def test_an_unknown_preset_is_refused_by_name() -> None:
+    with pytest.raises(ValidationError, match="unknown preset 'Pong'"):
+        TrainConfig(preset="Pong")

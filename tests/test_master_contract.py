@@ -6,6 +6,7 @@ In-process (TestClient); the run's only worker is the stand-in, so every counter
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -138,3 +139,12 @@ def test_workers_statistics_are_merged_by_the_master_and_shipped_with_the_weight
     assert torch.allclose(shipped["obs_rms.mean"], torch.full((4,), 2.5), atol=1e-3)
     assert torch.allclose(shipped["obs_rms.var"], torch.full((4,), 0.75), atol=1e-3)
     assert float(shipped["ret_rms.count"]) == pytest.approx(40, abs=1e-3)
+
+
+def test_train_with_an_env_id_runs_its_preset_and_names_it(master: TestClient) -> None:
+    start(master, env_id="Acrobot-v1", t_max=7)
+    config = status(master)["config"]
+    assert config["preset"] == "Acrobot-v1" and config["normalize_obs"] is True
+    assert config["t_max"] == 7  # the body's value, not the preset's
+    saved = json.loads((master.app.state.cluster.settings.run_dir / "config.json").read_text())
+    assert saved["preset"] == "Acrobot-v1" and saved["normalize_reward"] is True
