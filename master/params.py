@@ -173,9 +173,13 @@ class ParameterServer:
 
     def check_round(self, expected: set[str], running: bool) -> None:
         """Close the open round when the workers it still waits for are gone (lost, done or
-        failed), or the run is no longer running: nobody else will send for it."""
+        failed), or the run is no longer running: nobody else will send for it. Also when its
+        deadline passed, should every request waiting for it have gone (disconnected)."""
         with self.lock:
-            if self.round is not None and (not running or self.round.complete(expected)):
+            current = self.round
+            if current is not None and (
+                not running or current.complete(expected) or time.monotonic() >= current.deadline
+            ):
                 self._close_round()
 
     def close_round(self, number: int) -> None:

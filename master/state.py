@@ -101,7 +101,8 @@ class ClusterState:
 
     def _saving_a_finish(self, result: Any) -> Any:
         """Save at once when the change that produced `result` finished the run (after closing
-        a sync round that no running worker is left to complete)."""
+        a sync round that no running worker is left to complete; the housekeeping thread's
+        liveness check comes here twice a second)."""
         if self.params.round is not None:  # a cheap look first: check_round looks again
             self.params.check_round(*self.ledger.round_expectation())
         if self.ledger.take_finished():

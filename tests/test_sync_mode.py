@@ -115,7 +115,7 @@ def test_a_round_waits_for_every_running_worker_and_applies_the_mean(tmp_path: P
 def test_a_round_with_a_silent_worker_closes_at_its_timeout(tmp_path: Path) -> None:
     with ThreadPoolExecutor(1) as pool, master_running(tmp_path, sync_timeout_s=0.2, **SYNC) as c:
         _, version = global_weights(c)
-        # w2 never sends: nothing but the timeout of the waiting request closes the round.
+        # w2 never sends and no other request comes: the round closes at its deadline.
         r = reply(pool.submit(push, c, "w1", version, random_grads(c, 1)))
         assert r.status_code == 200, r.text
         assert r.headers["X-Model-Version"] == str(version + 1)
