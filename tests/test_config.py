@@ -86,6 +86,12 @@ def test_unknown_field_is_refused_and_named() -> None:
         ("seed", -1),
         ("seed", 2**64),
         ("seed", 2**70),
+        ("outlier_sigma", 0.0),
+        ("outlier_sigma", math.nan),
+        ("outlier_warmup", 0),
+        ("outlier_warmup", 101),  # more than the window holds: the check would never judge
+        ("sync_timeout_s", 0.0),
+        ("sync_timeout_s", math.inf),
     ],
 )
 def test_invalid_value_is_refused_naming_the_field(field: str, value: object) -> None:
@@ -112,6 +118,14 @@ def test_heartbeat_timeout_must_exceed_interval(interval: float, timeout: float)
 def test_heartbeat_timeout_just_above_interval_is_accepted() -> None:
     cfg = TrainConfig(heartbeat_interval_s=2.0, heartbeat_timeout_s=2.5)
     assert cfg.heartbeat_timeout_s == 2.5
+
+
+def test_a_sync_round_must_end_before_its_workers_look_lost() -> None:
+    with pytest.raises(ValidationError, match="sync_timeout_s must be below heartbeat_timeout_s"):
+        TrainConfig(sync_mode="sync", sync_timeout_s=30.0, heartbeat_timeout_s=30.0)
+    assert TrainConfig(sync_mode="sync", sync_timeout_s=29.0).sync_timeout_s == 29.0
+    # Other modes never wait for a round.
+    assert TrainConfig(sync_timeout_s=60.0, heartbeat_timeout_s=30.0).sync_mode == "gradients"
 
 
 # -- resolved() -----------------------------------------------------------------------------------
