@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import anyio.to_thread
 import httpx
@@ -172,7 +171,7 @@ def test_waiting_requests_hold_no_threadpool_thread(tmp_path: Path) -> None:
 
         c.portal.call(two_tokens)
         _, version = global_weights(c)
-        pending: list[Future[Any]] = []
+        pending: list[Future[httpx.Response]] = []
         for i, worker_id in enumerate(workers[:-1]):
             pending.append(pool.submit(push, c, worker_id, version, random_grads(c, i)))
         wait_for(in_round(c, *workers[:-1]), 10, "four workers' gradients in the round")
