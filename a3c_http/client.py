@@ -33,6 +33,8 @@ import torch
 from a3c_http import wire
 from a3c_http.protocol import (
     CONTENT_TYPE,
+    GRAD_NORM_HEADER,
+    LOSS_HEADER,
     RUN_ID_HEADER,
     SEQ_HEADER,
     STOP_HEADER,
@@ -109,6 +111,7 @@ class MasterClient:
         # Worker messages carry the run id so that a late message of an earlier run is refused.
         self.run_id = run_id
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.timeout_s = timeout_s
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s, transport=transport
         )
@@ -238,10 +241,20 @@ class MasterClient:
         return self._weights(response, spec)
 
     def push_gradients(
-        self, worker_id: str, version: int, grads: Mapping[str, torch.Tensor], spec: wire.Spec
+        self,
+        worker_id: str,
+        version: int,
+        grads: Mapping[str, torch.Tensor],
+        spec: wire.Spec,
+        loss: float | None = None,
+        grad_norm: float | None = None,
+        wait_s: float = 0.0,
     ) -> Weights:
-        """Send gradients computed on weights `version`; returns the new global weights.
-        Raises `Conflict` when they were too stale to apply."""
+        """Send gradients computed on weights `version`, with the rollout's loss and their norm
+        before clipping (for the master's outlier check); returns the new global weights.
+        `wait_s`: how long the master may hold the reply beyond the usual timeout (a sync
+        round's `sync_timeout_s`). Raises `Conflict` when they were too stale or an outlier."""
+        reported = {LOSS_HEADER: loss, GRAD_NORM_HEADER: grad_norm}
         response = self._request(
             "POST",
             "/gradients",
@@ -252,7 +265,9 @@ class MasterClient:
                 VERSION_HEADER: str(version),
                 **self._seq_header(),
                 **({RUN_ID_HEADER: self.run_id} if self.run_id else {}),
+                **{name: repr(float(v)) for name, v in reported.items() if v is not None},
             },
+            timeout=self.timeout_s + wait_s,
         )
         return self._weights(response, spec)
 

@@ -103,11 +103,13 @@ class TrainConfig(BaseModel):
     max_grad_norm: float = Field(
         0.5, gt=0, description="Gradients are clipped to this global L2 norm before they are sent."
     )
-    sync_mode: Literal["gradients", "best_weights"] = Field(
+    sync_mode: Literal["gradients", "best_weights", "sync"] = Field(
         "gradients",
         description="gradients: A3C, workers push gradients and the master applies them. "
         "best_weights: the original design, a worker whose episode beats the best score pushes "
-        "its weights, which become the global weights.",
+        "its weights, which become the global weights. sync: A2C across machines, the master "
+        "waits for one gradient of each running worker for the current version and applies "
+        "their mean in one step (see sync_timeout_s).",
     )
     max_staleness: int = Field(
         16,
@@ -181,6 +183,42 @@ class TrainConfig(BaseModel):
         "training episodes; eval, the mean return of the latest evaluation (needs "
         "eval_every_updates).",
     )
+
+    # Refusing outlier updates (Gorila) and the synchronous mode (sync_mode=sync).
+    outlier_sigma: float | None = Field(
+        6.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="An update whose gradient norm (its log) is more than this many standard "
+        "deviations above the mean of the last 100 accepted updates, or whose loss is more than "
+        "this many standard deviations from their mean, is refused with 409 and counted in "
+        "updates_refused_outlier; null turns the check off.",
+    )
+    outlier_warmup: int = Field(
+        50,
+        ge=1,
+        le=100,
+        description="Accepted updates the outlier check needs before it judges (at most the "
+        "window of 100).",
+    )
+    sync_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="sync_mode=sync: a round applies what it gathered this long after its first "
+        "gradient, without the running workers that did not send one. Must be below "
+        "heartbeat_timeout_s.",
+    )
+
+    @model_validator(mode="after")
+    def _sync_timeout_fits(self) -> TrainConfig:
+        if self.sync_mode == "sync" and self.sync_timeout_s >= self.heartbeat_timeout_s:
+            raise ValueError(
+                "sync_timeout_s must be below heartbeat_timeout_s with sync_mode=sync, or a "
+                "worker waiting for its round would be marked lost"
+            )
+        return self
 
     @field_validator(
         "lr", "gamma", "gae_lambda", "entropy_coef", "value_coef", "max_grad_norm", "target_return"

@@ -18,3 +18,7 @@ SEQ_HEADER = "X-A3C-Seq"
 DUPLICATE_HEADER = "X-A3C-Duplicate"
 # "1" on a reply: the run is over, the worker should stop.
 STOP_HEADER = "X-A3C-Stop"
+# Optional on a gradient push: the rollout's total loss and the gradients' global L2 norm before
+# clipping, which the master judges against the recent updates (refusing outliers).
+LOSS_HEADER = "X-A3C-Loss"
+GRAD_NORM_HEADER = "X-A3C-Grad-Norm"

@@ -98,10 +98,12 @@ class RunLedger:
                 f"run {run_id} is over; the current run is {self.run_id}", stop=True
             )
 
-    def admit_update(self, worker_id: str, run_id: str | None) -> tuple[StateConflict | None, int]:
+    def admit_update(
+        self, worker_id: str, run_id: str | None
+    ) -> tuple[StateConflict | None, TrainConfig]:
         """Before gradients or weights are applied: raise for no run or another run; for a
         finished run, return the refusal, which the parameter server raises unless the request is
-        a retry of one taken before the finish. Also returns `max_staleness`."""
+        a retry of one taken before the finish. Also returns the run's config (its limits)."""
         with self.lock:
             if self.run_state == "idle" or self.config is None:
                 raise StateConflict("no run has started: POST /train first", stop=True)
@@ -112,7 +114,13 @@ class RunLedger:
                 refusal = StateConflict(
                     f"run {self.run_id} is finished ({self.finish_reason})", stop=True
                 )
-            return refusal, self.config.max_staleness
+            return refusal, self.config
+
+    def round_expectation(self) -> tuple[set[str], bool]:
+        """Whom a sync round waits for: the workers `running` (one still starting has not pulled
+        the weights yet; one lost, done or failed will not send), and whether the run runs."""
+        with self.lock:
+            return self.workers.running(), self.run_state == "running"
 
     def should_stop(self, run_id: str | None = None) -> bool:
         with self.lock:

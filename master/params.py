@@ -7,12 +7,19 @@ across the runs of a run folder, and a run remembers the version it began at, so
 on an earlier run's weights are refused however close their version is. Updates are never applied
 twice: a worker numbers its updates (`X-A3C-Seq`), and the number of the last one applied for each
 worker is checked and recorded in the same critical section as the change itself.
+
+Every gradient is screened before it is taken: not a retry, from the running run, fresh enough, and
+not an outlier (master/outliers.py). Then gradients mode applies it at once; sync mode adds it to
+the current round (master/rounds.py) and applies the round's mean when the round closes.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import threading
+import time
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -23,6 +30,8 @@ from a3c_http.config import TrainConfig
 from a3c_http.model import ActorCritic
 from a3c_http.normalize import absorb
 from master.errors import StateConflict
+from master.outliers import OutlierFilter
+from master.rounds import Outcome, Round, Update
 
 
 class ParameterServer:
@@ -39,11 +48,17 @@ class ParameterServer:
         self.temporary_revision = 0  # rises with every change of a temporary slot
         self._encoded: tuple[int, bytes] | None = None
         self._update_seq: dict[str, int] = {}  # worker -> X-A3C-Seq of its last applied update
+        self.outliers = OutlierFilter()
+        self.round: Round | None = None  # sync mode: the round gathering gradients
+        self._round_numbers = itertools.count(1)  # never reused, so a late timeout closes no other
+        self.sync_rounds = 0  # rounds applied in this run
+        self.sync_gradients = 0  # gradients those rounds averaged
 
     def begin(self, config: TrainConfig, model: ActorCritic, next_version: bool) -> None:
         """Fresh weights and counters for a new run; `next_version`: an earlier run used this
         folder, so the new weights get the next version."""
         with self.lock:
+            self._abandon_round(StateConflict("a new run began: this round's run is over", True))
             self._set_model(config, model, optimizer_state=None)
             self.version += 1 if next_version else 0
             self.first_version = self.version
@@ -51,6 +66,8 @@ class ParameterServer:
             self.temporary = {}
             self.temporary_revision += 1
             self._update_seq = {}
+            self.outliers.reset()
+            self.sync_rounds = self.sync_gradients = 0
 
     def _set_model(self, config: TrainConfig, model: ActorCritic, optimizer_state: Any) -> None:
         self.model = model
@@ -91,44 +108,154 @@ class ParameterServer:
         if seq is not None:
             self._update_seq[worker_id] = seq
 
-    def apply_gradients(
+    def update_of(
         self,
         worker_id: str,
         version: int,
-        grads: dict[str, torch.Tensor],
-        seq: int | None,
-        max_staleness: int,
-        refusal: StateConflict | None,
-        lr: float | None = None,
-    ) -> tuple[bytes, int, bool]:
-        """Apply gradients computed on `version` with the optimizer (at learning rate `lr`, when
-        given) and merge the batch moments the body carries for the model's running statistics;
-        return the new weights, their version and whether this was a retry of gradients applied
-        already (then nothing is applied again, even if the run finished since). `refusal`: the
-        run's reason to refuse any update, raised unless the request is such a retry."""
-        with self.lock:
-            model = self._require_model()
-            duplicate = self._seen(worker_id, seq)
-            if not duplicate:
-                if refusal is not None:
-                    raise refusal
-                self._check_fresh(version, max_staleness)
-                for name, param in model.named_parameters():
-                    param.grad = grads[name]
-                if lr is not None:
-                    set_learning_rate(self.optimizer, lr)
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                absorb(model, grads)
-                self._applied(worker_id, seq)
-            body, version = self.weights()
-        return body, version, duplicate
+        tensors: Mapping[str, torch.Tensor],
+        seq: int | None = None,
+        loss: float | None = None,
+        norm: float | None = None,
+    ) -> Update:
+        """A worker's decoded gradients as an update. This is the one place where the entries of
+        a gradient body are sorted: the model's parameters are gradients (judged and averaged);
+        the rest are the batch moments of the running statistics (a3c_http/normalize.py), merged
+        as they are when the update is applied."""
+        params = {name for name, _ in self._require_model().named_parameters()}
+        grads = {name: t for name, t in tensors.items() if name in params}
+        moments = {name: t for name, t in tensors.items() if name not in params}
+        return Update(worker_id, version, grads, seq, loss, norm, moments)
 
-    def _check_fresh(self, version: int, max_staleness: int) -> None:
+    def set_learning_rate(self, lr: float) -> None:
+        """The learning rate of the next optimizer steps (lr_schedule)."""
+        with self.lock:
+            if self.optimizer is not None:
+                set_learning_rate(self.optimizer, lr)
+
+    def apply_gradients(
+        self, update: Update, config: TrainConfig, refusal: StateConflict | None
+    ) -> Outcome:
+        """Apply gradients with the optimizer (gradients mode): the outcome is the new weights
+        and whether this was a retry of gradients applied already (then nothing is applied
+        again, even if the run finished since). `refusal`: the run's reason to refuse any
+        update, raised unless the request is such a retry."""
+        with self.lock:
+            duplicate = self._seen(update.worker_id, update.seq)
+            if not duplicate:
+                self._screen(update, config, refusal, sync=False)
+                self._step([update])
+            return Outcome.ready(self.weights(), duplicate)
+
+    def join_round(
+        self,
+        update: Update,
+        config: TrainConfig,
+        refusal: StateConflict | None,
+        expected: set[str],
+    ) -> Outcome:
+        """Add gradients to the current sync round (one per worker, for the current version);
+        the round closes at once when every worker of `expected` has sent, else at its deadline
+        or when `check_round` finds it complete. A retry of gradients of this round waits for
+        the same outcome; of an earlier round, it gets the current weights."""
+        with self.lock:
+            if self._seen(update.worker_id, update.seq):
+                return Outcome.ready(self.weights(), duplicate=True)
+            current = self.round
+            sent = current.updates.get(update.worker_id) if current is not None else None
+            if sent is not None:
+                if update.seq is not None and update.seq == sent.seq:
+                    return current.waiting(duplicate=True)
+                self.updates_rejected += 1
+                raise StateConflict(
+                    f"worker {update.worker_id} already sent gradients for version "
+                    f"{current.version} in this round (sync_mode=sync takes one per worker and "
+                    "round): wait for the round's reply"
+                )
+            self._screen(update, config, refusal, sync=True)
+            if current is None:
+                deadline = time.monotonic() + config.sync_timeout_s
+                current = self.round = Round(next(self._round_numbers), self.version, deadline)
+            current.updates[update.worker_id] = update
+            outcome = current.waiting(duplicate=False)
+            if current.complete(expected):
+                self._close_round()
+            return outcome
+
+    def check_round(self, expected: set[str], running: bool) -> None:
+        """Close the open round when the workers it still waits for are gone (lost, done or
+        failed), or the run is no longer running: nobody else will send for it. Also when its
+        deadline passed, should every request waiting for it have gone (disconnected)."""
+        with self.lock:
+            current = self.round
+            if current is not None and (
+                not running or current.complete(expected) or time.monotonic() >= current.deadline
+            ):
+                self._close_round()
+
+    def close_round(self, number: int) -> None:
+        """The deadline of round `number` passed: apply what it gathered, unless it is closed."""
+        with self.lock:
+            if self.round is not None and self.round.number == number:
+                self._close_round()
+
+    def _close_round(self) -> None:
+        """One optimizer step on the mean of the round's gradients, and every request of the
+        round gets the new weights."""
+        current, self.round = self.round, None
+        try:
+            self._step(list(current.updates.values()))
+            self.sync_rounds += 1
+            self.sync_gradients += len(current.updates)
+            current.outcome.set_result(self.weights())
+        except Exception as exc:  # the waiting requests fail with it, not the closing thread
+            current.outcome.set_exception(exc)
+
+    def _abandon_round(self, why: StateConflict) -> None:
+        """The round's gradients can no longer be applied: its requests are refused."""
+        current, self.round = self.round, None
+        if current is not None:
+            self.updates_rejected += len(current.updates)
+            current.outcome.set_exception(why)
+
+    def _screen(
+        self, update: Update, config: TrainConfig, refusal: StateConflict | None, sync: bool
+    ) -> None:
+        """Refuse what must not be applied; an update that passes joins the outlier window."""
+        if refusal is not None:
+            raise refusal
+        self._check_fresh(update.version, config.max_staleness, sync)
+        norm = update.norm if update.norm is not None else _global_norm(update.grads)
+        why = self.outliers.judge(norm, update.loss, config.outlier_sigma, config.outlier_warmup)
+        if why is not None:
+            self.updates_rejected += 1
+            raise StateConflict(f"{why}; nothing applied: pull the weights and go on")
+        self.outliers.accept(norm, update.loss)
+
+    def _step(self, updates: list[Update]) -> None:
+        """One optimizer step on the mean of the updates' gradients; the version rises once."""
+        model = self._require_model()
+        for name, param in model.named_parameters():
+            if len(updates) == 1:
+                param.grad = updates[0].grads[name]
+            else:
+                param.grad = torch.stack([u.grads[name] for u in updates]).mean(dim=0)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        for u in updates:  # every worker's observations count, also in a sync round
+            absorb(model, u.moments)
+        self.version += 1
+        self.updates_applied += len(updates)
+        for u in updates:
+            if u.seq is not None:
+                self._update_seq[u.worker_id] = u.seq
+
+    def _check_fresh(self, version: int, max_staleness: int, sync: bool) -> None:
         if version < self.first_version:
             why = f"from an earlier run (this run began at version {self.first_version})"
         elif version > self.version:
             why = "from a version this master never had"
+        elif sync and version != self.version:
+            why = f"{self.version - version} versions old (sync_mode=sync takes the current one)"
         elif self.version - version > max_staleness:
             why = f"{self.version - version} versions old (max_staleness={max_staleness})"
         else:
@@ -160,15 +287,25 @@ class ParameterServer:
                 self.temporary_revision += 1
             elif not duplicate:
                 self._require_model().load_state_dict(tensors)
+                self._abandon_round(
+                    StateConflict(
+                        f"worker {worker_id} replaced the global weights while this round "
+                        "gathered gradients: pull the weights and compute them again"
+                    )
+                )
                 self._applied(worker_id, seq)
             return self.version, duplicate
 
-    def counters(self) -> dict[str, int]:
+    def counters(self) -> dict[str, Any]:
         with self.lock:
+            rounds = self.sync_rounds
             return {
                 "model_version": self.version,
                 "updates_applied": self.updates_applied,
                 "updates_rejected": self.updates_rejected,
+                "updates_refused_outlier": self.outliers.refused,
+                "sync_rounds": rounds,
+                "sync_gradients_per_round": self.sync_gradients / rounds if rounds else None,
             }
 
     # -- persistence (master/persistence.py) ---------------------------------------------------
@@ -176,9 +313,14 @@ class ParameterServer:
     def state(self) -> dict[str, Any]:
         with self.lock:
             return {
-                **self.counters(),
+                "model_version": self.version,
+                "updates_applied": self.updates_applied,
+                "updates_rejected": self.updates_rejected,
                 "first_version": self.first_version,
                 "update_seq": dict(self._update_seq),
+                "sync_rounds": self.sync_rounds,
+                "sync_gradients": self.sync_gradients,
+                **self.outliers.state(),
             }
 
     def blobs(self) -> tuple[bytes, bytes]:
@@ -205,4 +347,12 @@ class ParameterServer:
             self.updates_applied = int(state.get("updates_applied", 0))
             self.updates_rejected = int(state.get("updates_rejected", 0))
             self._update_seq = {str(k): int(v) for k, v in state.get("update_seq", {}).items()}
+            self.sync_rounds = int(state.get("sync_rounds", 0))
+            self.sync_gradients = int(state.get("sync_gradients", 0))
+            self.outliers.restore(state)
             self.temporary = dict(temporary)
+
+
+def _global_norm(grads: Mapping[str, torch.Tensor]) -> float:
+    """The L2 norm of all gradients together, for clients that do not report theirs."""
+    return float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads.values()])))

@@ -72,6 +72,9 @@ class Registry:
     def active(self) -> int:
         return sum(r.state in ACTIVE for r in self.records.values())
 
+    def running(self) -> set[str]:
+        return {r.worker_id for r in self.records.values() if r.state == "running"}
+
     def steps_in_progress(self) -> int:
         return sum(r.steps_in_progress() for r in self.records.values())
 

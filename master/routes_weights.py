@@ -1,4 +1,7 @@
-"""Tensors over HTTP: the global weights, workers' weights and gradients (safetensors bodies)."""
+"""Tensors over HTTP: the global weights, workers' weights and gradients (safetensors bodies).
+
+POST /gradients is async so that, in sync mode, a request waiting for its round holds no thread
+(master/rounds.py); decoding, screening and optimizer steps run in the threadpool."""
 
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ from a3c_http.protocol import (
 )
 from a3c_http.service import BINARY_BODY, INVALID, conflict, protected_router
 from master.deps import State
-from master.schemas import Seq, WorkerId
+from master.rounds import settle
+from master.schemas import ReportedLoss, ReportedNorm, Seq, WorkerId
 
 router = protected_router(tags=["weights"])
 RunId = Annotated[str | None, Header(alias=RUN_ID_HEADER, max_length=64)]
@@ -84,8 +88,10 @@ async def local_model_weights(
         200: _TENSOR_BODY,
         **BINARY_BODY,
         **conflict(
-            "no run is running, `X-Run-Id` names another run, or the gradients are more than "
-            "`max_staleness` versions old (nothing applied)"
+            "no run is running, `X-Run-Id` names another run, the gradients are more than "
+            "`max_staleness` versions old (in sync mode: not of the current version, or a second "
+            "push of the worker in the round), or their norm or loss is an outlier "
+            "(`outlier_sigma`); nothing applied"
         ),
     },
     openapi_extra={"requestBody": {"required": True, **_TENSOR_BODY}},
@@ -97,9 +103,19 @@ async def gradients(
     x_model_version: Annotated[int, Header(alias=VERSION_HEADER, ge=0)],
     x_run_id: RunId = None,
     x_a3c_seq: Seq = None,
+    x_a3c_loss: ReportedLoss = None,
+    x_a3c_grad_norm: ReportedNorm = None,
 ) -> Response:
     body = await request.body()
-    weights, version, duplicate = await run_in_threadpool(
-        state.apply_gradients, x_worker_id, x_model_version, body, x_run_id, x_a3c_seq
+    outcome = await run_in_threadpool(
+        state.apply_gradients,
+        x_worker_id,
+        x_model_version,
+        body,
+        x_run_id,
+        x_a3c_seq,
+        x_a3c_loss,
+        x_a3c_grad_norm,
     )
+    weights, version, duplicate = await settle(outcome, state.params.close_round)
     return _weights_response(weights, version, duplicate)

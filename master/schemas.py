@@ -10,7 +10,7 @@ from fastapi import Header
 from pydantic import BaseModel, ConfigDict, Field
 
 from a3c_http.config import TrainConfig
-from a3c_http.protocol import SEQ_HEADER
+from a3c_http.protocol import GRAD_NORM_HEADER, LOSS_HEADER, SEQ_HEADER
 from a3c_http.service import conflict
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
@@ -28,6 +28,26 @@ Seq = Annotated[
         ge=1,
         le=2**62,
         description="The worker's rising request number; retries keep it.",
+    ),
+]
+
+# What a worker reports of the gradients it pushes, for the outlier check (optional: without them
+# the master judges the norm of the gradients it received, and no loss).
+ReportedLoss = Annotated[
+    float,
+    Header(
+        alias=LOSS_HEADER,
+        allow_inf_nan=False,
+        description="The total loss of the rollout the gradients come from.",
+    ),
+]
+ReportedNorm = Annotated[
+    float,
+    Header(
+        alias=GRAD_NORM_HEADER,
+        ge=0,
+        allow_inf_nan=False,
+        description="The global L2 norm of the gradients before clipping.",
     ),
 ]
 

@@ -12,7 +12,8 @@ while the ledger's or the parameter server's lock is held.
 
 The routes call the parts directly for what concerns one part only; the facade does what spans
 them: starting a run, updates (the ledger admits, the parameter server applies), status, and
-saving at once whatever finished the run.
+saving at once whatever finished the run. In sync mode it also tells the parameter server when
+the workers a round waits for are gone, so the round closes without them.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from master.evaluator import Evaluator
 from master.ledger import RunLedger
 from master.params import ParameterServer
 from master.persistence import Persister
+from master.rounds import Outcome
 
 __all__ = ["VERSIONS_SKIPPED_AFTER_A_CRASH", "ClusterState", "StateConflict"]
 
@@ -106,7 +108,11 @@ class ClusterState:
         return self._saving_a_finish(self.ledger.finish(reason))
 
     def _saving_a_finish(self, result: Any) -> Any:
-        """Save at once when the change that produced `result` finished the run."""
+        """Save at once when the change that produced `result` finished the run (after closing
+        a sync round that no running worker is left to complete; the housekeeping thread's
+        liveness check comes here twice a second)."""
+        if self.params.round is not None:  # a cheap look first: check_round looks again
+            self.params.check_round(*self.ledger.round_expectation())
         if self.ledger.take_finished():
             self.persist()
         return result
@@ -146,20 +152,26 @@ class ClusterState:
         body: bytes,
         run_id: str | None = None,
         seq: int | None = None,
-    ) -> tuple[bytes, int, bool]:
-        """Apply one worker's gradients; return the new weights, their version and whether the
-        request was a retry of gradients applied already. Raises StateConflict (stale, or no
-        running run) or WireError; nothing is applied then."""
-        refusal, max_staleness = self.ledger.admit_update(worker_id, run_id)
+        loss: float | None = None,
+        norm: float | None = None,
+    ) -> Outcome:
+        """Take one worker's gradients (with the loss and the norm before clipping it reported,
+        if it did): applied at once, or in sync mode added to the current round. The outcome is
+        the new weights, their version and whether the request was a retry of gradients taken
+        already (master/rounds.py: `settle`). Raises StateConflict (stale, an outlier, or no
+        running run) or WireError; nothing is taken then."""
+        refusal, config = self.ledger.admit_update(worker_id, run_id)
         grads = self.params.decode(body)
-        config = self.ledger.config
-        lr = learning_rate(config, self.ledger.env_steps()) if config else None
-        weights, version, duplicate = self.params.apply_gradients(
-            worker_id, version, grads, seq, max_staleness, refusal, lr
-        )
-        if duplicate:
+        update = self.params.update_of(worker_id, version, grads, seq, loss, norm)
+        self.params.set_learning_rate(learning_rate(config, self.ledger.env_steps()))
+        if config.sync_mode == "sync":
+            expected, _ = self.ledger.round_expectation()
+            outcome = self.params.join_round(update, config, refusal, expected)
+        else:
+            outcome = self.params.apply_gradients(update, config, refusal)
+        if outcome.duplicate:
             self.ledger.count_duplicate(worker_id)
-        return weights, version, duplicate
+        return outcome
 
     def put_weights(
         self,

@@ -8,11 +8,18 @@ import hashlib
 import io
 import json
 import pickle
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
 import torch
+from fastapi.testclient import TestClient
 from safetensors.torch import save as st_save
+
+from a3c_http.config import Settings, TrainConfig
+from master.app import create_app
 
 TOKEN = "test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -32,6 +39,29 @@ SHORT_RUN = {
 ENDLESS_RUN = {**SHORT_RUN, "max_episodes": None, "max_steps": None, "target_return": 1e9}
 # A run whose workers are stand-ins (they never report): it stays running for the test to play.
 STAND_IN_RUN = {"seed": 1, "heartbeat_timeout_s": 3600, "max_steps": None}
+
+
+
+@contextmanager
+def master_running(tmp_path: Path, workers: int = 2, **config: Any) -> Iterator[TestClient]:
+    """A master in-process (TestClient, a loopback client, no token) running a run of `config`
+    whose workers `w1`, `w2`, ... have registered: no launcher, the test plays the workers. The
+    run is finished on the way out, which answers any request still waiting for a sync round
+    (so a test that fails while one waits ends instead of hanging)."""
+    settings = Settings(run_dir=tmp_path / "run", workers_file=tmp_path / "workers.txt", token=None)
+    with TestClient(create_app(settings), client=("127.0.0.1", 50000)) as c:
+        urls = [f"http://127.0.0.1:{9001 + i}" for i in range(workers)]
+        _, worker_ids = c.app.state.cluster.start_run(
+            TrainConfig(seed=1, max_steps=None, **config), urls
+        )
+        for worker_id in worker_ids:
+            r = c.post("/worker_started", json={"worker_id": worker_id})
+            assert r.status_code == 200, r.text
+        try:
+            yield c
+        finally:
+            c.app.state.cluster.finish("the test is over")
+
 
 # What a refused request must not change (besides the registry and the weights).
 COUNTERS = (

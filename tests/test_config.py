@@ -95,6 +95,12 @@ def test_unknown_field_is_refused_and_named() -> None:
         ("eval_episodes", 0),
         ("eval_episodes", 1001),
         ("solved_on", "test"),
+        ("outlier_sigma", 0.0),
+        ("outlier_sigma", math.nan),
+        ("outlier_warmup", 0),
+        ("outlier_warmup", 101),  # more than the window holds: the check would never judge
+        ("sync_timeout_s", 0.0),
+        ("sync_timeout_s", math.inf),
     ],
 )
 def test_invalid_value_is_refused_naming_the_field(field: str, value: object) -> None:
@@ -129,6 +135,14 @@ def test_solved_on_eval_needs_evaluations() -> None:
     message = str(info.value)
     assert "solved_on" in message and "eval_every_updates" in message
     assert TrainConfig(solved_on="eval", eval_every_updates=5).solved_on == "eval"
+
+
+def test_a_sync_round_must_end_before_its_workers_look_lost() -> None:
+    with pytest.raises(ValidationError, match="sync_timeout_s must be below heartbeat_timeout_s"):
+        TrainConfig(sync_mode="sync", sync_timeout_s=30.0, heartbeat_timeout_s=30.0)
+    assert TrainConfig(sync_mode="sync", sync_timeout_s=29.0).sync_timeout_s == 29.0
+    # Other modes never wait for a round.
+    assert TrainConfig(sync_timeout_s=60.0, heartbeat_timeout_s=30.0).sync_mode == "gradients"
 
 
 # -- resolved() -----------------------------------------------------------------------------------

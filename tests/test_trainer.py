@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 
 import httpx
@@ -16,7 +17,7 @@ from worker.trainer import Progress, Trainer
 CONFIG = TrainConfig(seed=3, num_envs=2, t_max=4, heartbeat_interval_s=0.01, heartbeat_timeout_s=10)
 
 
-def make_trainer(handler) -> tuple[Trainer, Progress]:
+def make_trainer(handler, config: TrainConfig = CONFIG) -> tuple[Trainer, Progress]:
     client = MasterClient(
         "http://master",
         transport=httpx.MockTransport(handler),
@@ -25,7 +26,7 @@ def make_trainer(handler) -> tuple[Trainer, Progress]:
         run_id="r1",
     )
     progress = Progress()
-    return Trainer(CONFIG, client, "w1", "http://w1", threading.Event(), progress), progress
+    return Trainer(config, client, "w1", "http://w1", threading.Event(), progress), progress
 
 
 def test_a_stop_answered_to_registration_ends_cleanly() -> None:
@@ -69,3 +70,40 @@ def test_the_loop_pushes_gradients_reports_episodes_and_stops_when_told() -> Non
     assert progress.episodes == 5  # stopped by the fifth episode's reply
     assert pushed_versions == list(range(len(pushed_versions))) and pushed_versions
     assert {"train/policy_loss", "train/value_loss", "train/entropy"} <= set(progress.metrics)
+
+
+def test_pushes_report_loss_and_norm_and_a_refused_one_is_dropped_for_the_weights() -> None:
+    """Each push carries the rollout's loss and the norm before clipping; a 409 without stop (an
+    outlier, stale gradients) makes the worker pull the weights and go on. In sync mode the push
+    may wait sync_timeout_s longer than other requests (the client's 10 s)."""
+    config = CONFIG.model_copy(update={"sync_mode": "sync", "sync_timeout_s": 5.0})
+    model = build_model(config.env_id, config.env_kwargs, config.hidden_sizes)
+    weights = wire.encode(model.state_dict())
+    paths: list[str] = []
+    pushes: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        paths.append(path)
+        if path == "/gradients":
+            pushes.append(request)
+            if len(pushes) == 1:
+                return httpx.Response(409, json={"detail": "gradient norm 1e+09 refused"})
+            return httpx.Response(200, content=weights, headers={"X-Model-Version": "2"})
+        if path == "/global_model_weights":
+            return httpx.Response(200, content=weights, headers={"X-Model-Version": "1"})
+        if path == "/episode":
+            return httpx.Response(200, json={"data": {"improved": False, "stop": False}})
+        if path == "/heartbeat":
+            return httpx.Response(200, json={"data": {"stop": len(pushes) >= 2}})
+        return httpx.Response(200, json={"data": {}})
+
+    trainer, progress = make_trainer(handler, config)
+    trainer.run()
+    first = paths.index("/gradients")
+    assert paths[first + 1] == "/global_model_weights"  # the refused rollout is dropped
+    assert progress.updates == len(pushes) - 1
+    for request in pushes:
+        assert math.isfinite(float(request.headers["X-A3C-Loss"]))
+        assert float(request.headers["X-A3C-Grad-Norm"]) >= 0
+        assert request.extensions["timeout"]["read"] == 10.0 + 5.0

@@ -1,9 +1,11 @@
 """The worker's training loop: collect a rollout, exchange with the master, repeat.
 
 gradients mode (A3C): one round trip per update; the gradients go up, the new global weights come
-back in the same reply. best_weights mode (the original design): the worker learns with its own
-optimizer; when one of its episodes beats the best score it pushes its weights as the global ones,
-and it adopts newer global weights (another worker's best) at each heartbeat.
+back in the same reply. sync mode (A2C): the same round trip, whose reply the master holds until
+every running worker has sent its gradients for the version (at most `sync_timeout_s`).
+best_weights mode (the original design): the worker learns with its own optimizer; when one of its
+episodes beats the best score it pushes its weights as the global ones, and it adopts newer global
+weights (another worker's best) at each heartbeat.
 """
 
 from __future__ import annotations
@@ -167,18 +169,28 @@ class Trainer:
         return loss
 
     def _push_gradients(self, model: ActorCritic, rollout: Rollout, spec: wire.Spec) -> None:
+        cfg = self.config
         started = time.monotonic()
-        grads, _ = gradients(model, self._loss(model, rollout).total, self.config.max_grad_norm)
+        loss = self._loss(model, rollout).total
+        grads, norm = gradients(model, loss, cfg.max_grad_norm)
         # The rollout's observation and return moments travel with the gradients; the master
         # merges them into the shared statistics, which come back with the weights.
         grads |= rollout.statistics
         self.progress.time_learn_s += time.monotonic() - started
         try:
             weights = self._http(
-                self.client.push_gradients, self.worker_id, self.version, grads, spec
+                self.client.push_gradients,
+                self.worker_id,
+                self.version,
+                grads,
+                spec,
+                loss=float(loss.detach()),
+                grad_norm=norm,
+                wait_s=cfg.sync_timeout_s if cfg.sync_mode == "sync" else 0.0,
             )
         except Conflict:
-            # Too stale: drop this rollout's gradients and continue from the current weights.
+            # Too stale, or an outlier: drop this rollout's gradients and continue from the
+            # current weights.
             weights = self._http(self.client.get_weights, spec)
         else:
             self.progress.updates += 1

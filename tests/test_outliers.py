@@ -1,0 +1,180 @@
+"""Refusing outlier updates (Gorila): unit tests of the parameter server's check, and its HTTP
+face (the 409, the optional headers and their validation) through TestClient."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from a3c_http import wire
+from a3c_http.config import TrainConfig
+from a3c_http.model import model_for
+from master.errors import StateConflict
+from master.params import ParameterServer
+from tests.support import OCTET, master_running, snapshot
+
+CONFIG = TrainConfig(seed=1, max_steps=None)
+
+
+def server(config: TrainConfig = CONFIG) -> ParameterServer:
+    params = ParameterServer()
+    params.begin(config, model_for(config), next_version=False)
+    return params
+
+
+def grads_of(params: ParameterServer, scale: float = 0.01) -> dict[str, torch.Tensor]:
+    return {name: torch.full_like(p, scale) for name, p in params.model.named_parameters()}
+
+
+def push(
+    params: ParameterServer,
+    norm: float | None,
+    loss: float | None = None,
+    config: TrainConfig = CONFIG,
+    scale: float = 0.01,
+):
+    update = params.update_of("w1", params.version, grads_of(params, scale), loss=loss, norm=norm)
+    return params.apply_gradients(update, config, refusal=None)
+
+
+def steady(params: ParameterServer, n: int, config: TrainConfig = CONFIG, seed: int = 0) -> None:
+    """`n` updates as a healthy run sends them: log-normal norms, losses spread around 1."""
+    rng = random.Random(seed)
+    for _ in range(n):
+        push(params, math.exp(rng.gauss(0.0, 0.5)), rng.gauss(1.0, 0.3), config)
+
+
+def test_a_steady_stream_is_accepted() -> None:
+    params = server()
+    steady(params, 300)
+    counters = params.counters()
+    assert (counters["updates_applied"], counters["updates_rejected"]) == (300, 0)
+    assert counters["updates_refused_outlier"] == 0
+
+
+def test_a_1000x_norm_is_refused_and_counted_and_nothing_applied() -> None:
+    params = server()
+    steady(params, 60)
+    before = params.weights()
+    with pytest.raises(StateConflict) as refused:
+        push(params, 1000.0, 1.0)
+    detail = str(refused.value)
+    assert "gradient norm 1000 " in detail
+    assert "outlier_sigma=6" in detail
+    for word in ("mean", "std", "threshold"):
+        assert word in detail
+    assert not refused.value.stop  # the worker pulls the weights and goes on
+    assert params.weights() == before  # no step, no new version
+    counters = params.counters()
+    assert (counters["updates_applied"], counters["updates_rejected"]) == (60, 1)
+    assert counters["updates_refused_outlier"] == 1
+    # Only a norm far above the usual is refused; the run goes on with healthy updates.
+    push(params, 0.001, 1.0)
+    assert params.counters()["updates_applied"] == 61
+
+
+@pytest.mark.parametrize("loss", [1e4, -1e4])
+def test_a_loss_far_outside_the_window_on_either_side_is_refused(loss: float) -> None:
+    params = server()
+    steady(params, 60)
+    with pytest.raises(StateConflict, match=f"loss {loss:g} refused as an outlier"):
+        push(params, 1.0, loss)
+    assert params.counters()["updates_refused_outlier"] == 1
+
+
+def test_the_check_waits_for_the_warmup() -> None:
+    config = CONFIG.model_copy(update={"outlier_warmup": 20})
+    early = server(config)
+    steady(early, 19, config)
+    push(early, 1000.0, 1.0, config)  # 19 updates are no window to judge by yet
+    assert early.counters()["updates_refused_outlier"] == 0
+    judged = server(config)
+    steady(judged, 20, config)
+    with pytest.raises(StateConflict, match="outlier"):
+        push(judged, 1000.0, 1.0, config)
+
+
+def test_the_check_is_off_when_outlier_sigma_is_none() -> None:
+    config = CONFIG.model_copy(update={"outlier_sigma": None})
+    params = server(config)
+    steady(params, 60, config)
+    push(params, 1e6, 1e6, config)
+    counters = params.counters()
+    assert (counters["updates_applied"], counters["updates_refused_outlier"]) == (61, 0)
+
+
+def test_without_a_reported_norm_the_received_gradients_are_judged() -> None:
+    params = server()
+    for _ in range(60):
+        push(params, None, scale=0.01)
+    with pytest.raises(StateConflict, match="gradient norm"):
+        push(params, None, scale=10.0)
+
+
+def test_the_counter_and_the_window_are_saved_with_the_run() -> None:
+    params = server()
+    steady(params, 60)
+    with pytest.raises(StateConflict):
+        push(params, 1000.0)
+    state, (_, optimizer) = params.state(), params.blobs()
+    resumed = ParameterServer()
+    resumed.restore(CONFIG, model_for(CONFIG), state, optimizer, {}, skip_versions=0)
+    assert resumed.counters()["updates_refused_outlier"] == 1
+    with pytest.raises(StateConflict, match="outlier"):  # judged at once: no second warm-up
+        push(resumed, 1000.0)
+    # A new run starts a new window and a new count.
+    resumed.begin(CONFIG, model_for(CONFIG), next_version=True)
+    push(resumed, 1000.0)
+    assert resumed.counters()["updates_refused_outlier"] == 0
+
+
+# -- over HTTP ----------------------------------------------------------------------------------
+
+
+def gradient_push(c, version: int, **headers: str):
+    tensors = wire.decode(c.get("/global_model_weights").content, c.app.state.cluster.params.spec)
+    body = wire.encode({name: torch.full_like(t, 0.01) for name, t in tensors.items()})
+    head = {**OCTET, "X-Worker-Id": "w1", "X-Model-Version": str(version), **headers}
+    return c.post("/gradients", content=body, headers=head)
+
+
+def test_an_outlier_push_is_409_without_stop_and_changes_nothing(tmp_path: Path) -> None:
+    with master_running(tmp_path, outlier_warmup=5) as c:
+        for version in range(5):
+            r = gradient_push(c, version, **{"X-A3C-Loss": "0.5", "X-A3C-Grad-Norm": "2.0"})
+            assert r.status_code == 200, r.text
+        before = snapshot(c)
+        r = gradient_push(c, 5, **{"X-A3C-Loss": "0.5", "X-A3C-Grad-Norm": "2000"})
+        assert r.status_code == 409
+        assert "gradient norm 2000 refused as an outlier" in r.json()["detail"]
+        assert "X-A3C-Stop" not in r.headers
+        assert snapshot(c) == before
+        status = c.get("/status").json()
+        assert (status["updates_rejected"], status["updates_refused_outlier"]) == (1, 1)
+
+
+BAD_REPORTS = [
+    ("X-A3C-Loss", "nan"),
+    ("X-A3C-Loss", "-inf"),
+    ("X-A3C-Loss", "low"),
+    ("X-A3C-Grad-Norm", "inf"),
+    ("X-A3C-Grad-Norm", "-1"),
+    ("X-A3C-Grad-Norm", "1,5"),
+]
+
+
+def test_a_bad_reported_value_is_422_naming_the_header(tmp_path: Path) -> None:
+    with master_running(tmp_path) as c:
+        before = snapshot(c)
+        for header, value in BAD_REPORTS:
+            r = gradient_push(c, 0, **{header: value})
+            assert r.status_code == 422, (header, value)
+            assert header in r.json()["detail"], (header, value)
+        assert snapshot(c) == before
+        assert c.get("/status").json()["updates_rejected"] == 0
+        good = {"X-A3C-Loss": "-0.25", "X-A3C-Grad-Norm": "0"}  # a loss may be negative
+        assert gradient_push(c, 0, **good).status_code == 200
