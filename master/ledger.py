@@ -22,6 +22,7 @@ from a3c_http.config import TrainConfig
 from master.errors import StateConflict
 from master.records import Evaluations, Stats, WorkerRecord
 from master.registry import Registry
+from master.seed_counters import SeedCounters
 
 RunState = Literal["idle", "running", "finished"]
 
@@ -43,6 +44,7 @@ class RunLedger:
         # The reply to each worker's last counted episode report, for its retries.
         self._episode_replies: dict[str, tuple[int, dict[str, Any]]] = {}
         self._finished = False
+        self.seed = SeedCounters(self)  # the original design's counter endpoints
 
     # -- the run ---------------------------------------------------------------------------------
 
@@ -319,33 +321,6 @@ class RunLedger:
                 self.evals.add(taken, result)
                 self._finish_if_done()
             return True
-
-    def push_queue(self, value: float) -> int:
-        with self.lock:
-            self.stats.push(value, self.queue_max)
-            return len(self.stats.queue)
-
-    def pop_queue(self) -> float | None:
-        with self.lock:
-            return self.stats.pop()
-
-    def clear_queue(self) -> None:
-        with self.lock:
-            self.stats.clear_queue()
-
-    def add_episodes(self, n: int) -> int:
-        with self.lock:
-            self.stats.global_episode += n
-            return self.stats.global_episode
-
-    def fold_average(self, reward: float) -> float:
-        with self.lock:
-            return self.stats.fold_average(reward)
-
-    def raise_best(self, score: float) -> tuple[float, bool]:
-        with self.lock:
-            raised = self.stats.raise_best(score)
-            return self.stats.best_score, raised
 
     def status(self) -> dict[str, Any]:
         with self.lock:

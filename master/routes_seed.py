@@ -19,7 +19,7 @@ def get_best_score(state: State) -> dict[str, Any]:
 
 @router.post("/best_score", responses=JSON_BODY)
 def post_best_score(body: ScoreIn, state: State) -> dict[str, Any]:
-    best, raised = state.ledger.raise_best(body.data)
+    best, raised = state.ledger.seed.raise_best(body.data)
     return {"data": best, "raised": raised}
 
 
@@ -30,7 +30,7 @@ def get_global_episode(state: State) -> dict[str, Any]:
 
 @router.post("/global_episode", responses=JSON_BODY)
 def post_global_episode(state: State, body: CountIn | None = None) -> dict[str, Any]:
-    return {"data": state.ledger.add_episodes(body.data if body else 1)}
+    return {"data": state.ledger.seed.add_episodes(body.data if body else 1)}
 
 
 @router.get("/global_moving_average")
@@ -40,23 +40,23 @@ def get_moving_average(state: State) -> dict[str, Any]:
 
 @router.post("/global_moving_average", responses=JSON_BODY)
 def post_moving_average(body: ValueIn, state: State) -> dict[str, Any]:
-    return {"data": state.ledger.fold_average(body.data)}
+    return {"data": state.ledger.seed.fold_average(body.data)}
 
 
 @router.post("/create_queue")
 def create_queue(state: State) -> dict[str, Any]:
-    state.ledger.clear_queue()
+    state.ledger.seed.clear_queue()
     return {"data": {"length": 0}}
 
 
 @router.post("/queue", responses=JSON_BODY)
 def post_queue(body: ValueIn, state: State) -> dict[str, Any]:
-    return {"data": {"length": state.ledger.push_queue(body.data)}}
+    return {"data": {"length": state.ledger.seed.push_queue(body.data)}}
 
 
 @router.get("/queue")
 def get_queue(state: State) -> dict[str, Any]:
-    value = state.ledger.pop_queue()
+    value = state.ledger.seed.pop_queue()
     return {"data": value, "empty": value is None}
 
 
