@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import sys
 import time
@@ -138,7 +139,12 @@ def summary(rows: list[dict], learners: list[str]) -> list[str]:
     return lines
 
 
+def _interrupt(signum, frame):  # noqa: ANN001
+    raise KeyboardInterrupt  # so the cluster's `finally` ends every process it started
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _interrupt)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--seeds", type=int, default=3)
