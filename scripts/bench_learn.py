@@ -5,8 +5,9 @@ A2C with the RL Zoo's settings (and, with --learners, our learner in one process
         [--learners cluster,sb3] [--workers 2] [--config '{"t_max": 5}'] [--json out.json]
 
 Runs one after another, never two at once, alternating learners seed by seed. A run is solved when
-the mean return of its last 100 training episodes reaches the target; both sides get the same
-budget of env steps (which is also the horizon of a linear learning-rate schedule) and seconds.
+the mean return of its last 100 training episodes reaches the target. SB3 trains for the RL Zoo's
+budget of env steps (its n_timesteps, also the horizon of its linear learning-rate schedules); the
+cluster for the task's budget below (its max_steps); both stop at a cap of seconds.
 The cluster is a master and --workers workers on this host, each task with its preset (POST
 /train {"env_id": ...}). SB3 needs the `bench` extra: ./scripts/setup_venv.sh bench.
 """
@@ -37,22 +38,23 @@ TASKS = {
 
 # RL Zoo 2.9.2, hyperparams/a2c.yml (rl_zoo3 is not a dependency: its settings are copied here).
 ZOO = {
-    "CartPole-v1": {"n_envs": 8, "ent_coef": 0.0},
-    "Acrobot-v1": {"normalize": True, "n_envs": 16, "ent_coef": 0.0},
+    "CartPole-v1": {"n_timesteps": 500_000, "n_envs": 8, "ent_coef": 0.0},
+    "Acrobot-v1": {"n_timesteps": 500_000, "normalize": True, "n_envs": 16, "ent_coef": 0.0},
     "Pendulum-v1": {
-        "normalize": True, "n_envs": 8, "ent_coef": 0.0, "max_grad_norm": 0.5, "n_steps": 8,
+        "n_timesteps": 1_000_000, "normalize": True, "n_envs": 8, "ent_coef": 0.0,
+        "max_grad_norm": 0.5, "n_steps": 8,
         "gae_lambda": 0.9, "vf_coef": 0.4, "gamma": 0.9, "use_rms_prop": True,
         "normalize_advantage": False, "learning_rate": "lin_7e-4", "use_sde": True,
         "policy_kwargs": {"log_std_init": -2, "ortho_init": False},
     },
     "LunarLander-v3": {
-        "n_envs": 8, "gamma": 0.995, "n_steps": 5, "learning_rate": "lin_0.00083",
-        "ent_coef": 0.00001,
+        "n_timesteps": 200_000, "n_envs": 8, "gamma": 0.995, "n_steps": 5,
+        "learning_rate": "lin_0.00083", "ent_coef": 0.00001,
     },
 }
 
 
-def run_sb3(env_id: str, seed: int, target: float, budget_steps: int, cap_s: float) -> dict:
+def run_sb3(env_id: str, seed: int, target: float, cap_s: float) -> dict:
     import torch
     from stable_baselines3 import A2C
     from stable_baselines3.common.callbacks import BaseCallback
@@ -61,12 +63,13 @@ def run_sb3(env_id: str, seed: int, target: float, budget_steps: int, cap_s: flo
 
     torch.set_num_threads(1)  # as each of our workers; faster than 2 for these small networks
     hp = dict(ZOO[env_id])
+    budget_steps = hp.pop("n_timesteps")
     n_envs = hp.pop("n_envs")
     envs = make_vec_env(env_id, n_envs=n_envs, seed=seed)
     if hp.pop("normalize", False):
         envs = VecNormalize(envs, gamma=hp.get("gamma", 0.99))
     lr = hp.pop("learning_rate", 7e-4)
-    if isinstance(lr, str):  # "lin_X": X falling linearly to 0 over the budget
+    if isinstance(lr, str):  # "lin_X": X falling linearly to 0 over n_timesteps
         start = float(lr.removeprefix("lin_"))
         lr = lambda remaining: remaining * start  # noqa: E731
     model = A2C("MlpPolicy", envs, learning_rate=lr, seed=seed, verbose=0, device="cpu", **hp)
@@ -111,7 +114,7 @@ def run_one(learner: str, env_id: str, seed: int, args: argparse.Namespace) -> d
     cap_s = args.cap or cap_s
     overrides = json.loads(args.config)
     if learner == "sb3":
-        return run_sb3(env_id, seed, target, budget, cap_s)
+        return run_sb3(env_id, seed, target, cap_s)
     if learner == "a2c":
         return run_inprocess(env_id, seed, overrides, budget)
     config = {"env_id": env_id, "max_steps": budget, **overrides}
