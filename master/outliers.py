@@ -7,8 +7,10 @@ against it, once the window holds `outlier_warmup` of them:
 - the gradient norm (before clipping) by its logarithm, since norms span orders of magnitude and a
   healthy run's norms are roughly log-normal; only a norm far ABOVE the usual is refused (a small
   one cannot do harm);
-- the loss by its distance from the window's mean in standard deviations, on either side (it can
-  be negative, so no ratio or logarithm is meaningful).
+- the loss by the logarithm of its magnitude, the same way: only a loss whose size is far above
+  the usual is refused. (A loss's level moves a lot as a run learns, the value loss growing with
+  the returns, and the policy loss changes sign from one update to the next: judged on its linear
+  value and on both sides, a healthy CartPole run had 44 % of its updates refused.)
 
 Only accepted updates enter the window, so a burst of outliers cannot make itself look usual. A
 spread below a floor counts as the floor, so a window of (nearly) identical values does not turn
@@ -24,16 +26,14 @@ from typing import Any
 # Updates in the window: enough for a stable spread, few enough to follow a run whose losses and
 # norms drift as it learns (with the defaults, 100 updates are a few seconds of a CartPole run).
 WINDOW = 100
-# The least spread a window is given: a log-norm std of 0.1 (norms within about 10 %), and a loss
-# std of 1 % of the window's mean absolute loss.
-MIN_LOG_NORM_STD = 0.1
-MIN_RELATIVE_LOSS_STD = 0.01
-# The log of a zero norm would be -inf: a norm this small is taken as this.
-_TINY_NORM = 1e-12
+# The least spread a window is given: a std of 0.1 of the log (values within about 10 %).
+MIN_LOG_STD = 0.1
+# The log of zero would be -inf: a norm or loss this small is taken as this.
+_TINY = 1e-12
 
 
 def log_norm(norm: float) -> float:
-    return math.log(max(norm, _TINY_NORM))
+    return math.log(max(abs(norm), _TINY))
 
 
 def _mean_std(values: deque[float], floor: float) -> tuple[float, float]:
@@ -73,7 +73,7 @@ class OutlierFilter:
     def _judge_norm(self, norm: float, sigma: float, warmup: int) -> str | None:
         if len(self.log_norms) < max(warmup, 1):
             return None
-        mean, std = _mean_std(self.log_norms, MIN_LOG_NORM_STD)
+        mean, std = _mean_std(self.log_norms, MIN_LOG_STD)
         threshold = mean + sigma * std
         value = log_norm(norm)
         if value <= threshold:
@@ -88,22 +88,23 @@ class OutlierFilter:
     def _judge_loss(self, loss: float, sigma: float, warmup: int) -> str | None:
         if len(self.losses) < max(warmup, 1):
             return None
-        floor = MIN_RELATIVE_LOSS_STD * math.fsum(map(abs, self.losses)) / len(self.losses)
-        mean, std = _mean_std(self.losses, floor)
-        low, high = mean - sigma * std, mean + sigma * std
-        if low <= loss <= high:
+        mean, std = _mean_std(self.losses, MIN_LOG_STD)
+        threshold = mean + sigma * std
+        value = log_norm(loss)
+        if value <= threshold:
             return None
         return (
-            f"loss {loss:.6g} refused as an outlier: it is more than outlier_sigma={sigma:g} "
-            f"standard deviations from the mean loss of the last {len(self.losses)} accepted "
-            f"updates (mean {mean:.6g}, std {std:.6g}, thresholds {low:.6g} and {high:.6g})"
+            f"loss {loss:.6g} refused as an outlier: the log of its size {value:.3f} is more than "
+            f"outlier_sigma={sigma:g} standard deviations above the mean of the last "
+            f"{len(self.losses)} accepted updates (mean {mean:.3f}, std {std:.3f}, threshold "
+            f"{threshold:.3f}, a loss of size {math.exp(threshold):.4g})"
         )
 
     def accept(self, norm: float, loss: float | None) -> None:
         """An update was taken: it joins the window."""
         self.log_norms.append(log_norm(norm))
         if loss is not None:
-            self.losses.append(loss)
+            self.losses.append(log_norm(loss))
 
     # -- persistence (with the parameter server's state) -----------------------------------------
 

@@ -78,12 +78,22 @@ def test_a_1000x_norm_is_refused_and_counted_and_nothing_applied() -> None:
 
 
 @pytest.mark.parametrize("loss", [1e4, -1e4])
-def test_a_loss_far_outside_the_window_on_either_side_is_refused(loss: float) -> None:
+def test_a_loss_far_larger_than_the_windows_of_either_sign_is_refused(loss: float) -> None:
     params = server()
     steady(params, 60)
     with pytest.raises(StateConflict, match=f"loss {loss:g} refused as an outlier"):
         push(params, 1.0, loss)
     assert params.counters()["updates_refused_outlier"] == 1
+
+
+def test_a_loss_that_moves_as_a_run_learns_is_not_refused() -> None:
+    # The size of a loss is judged: the policy loss changes sign between updates and the value
+    # loss grows with the returns; neither is divergence.
+    params = server()
+    steady(params, 60)
+    for loss in (-0.8, 1e-9, 0.0, 3.0, -2.5):
+        push(params, 1.0, loss)
+    assert params.counters()["updates_refused_outlier"] == 0
 
 
 def test_the_check_waits_for_the_warmup() -> None:
