@@ -12,7 +12,11 @@ against it, once the window holds `outlier_warmup` of them:
   the returns, and the policy loss changes sign from one update to the next: judged on its linear
   value and on both sides, a healthy CartPole run had 44 % of its updates refused.)
 
-Only accepted updates enter the window, so a burst of outliers cannot make itself look usual. A
+A refused update enters the window too, but clipped to the threshold it crossed: a burst of
+outliers cannot make itself look usual at once, yet a run whose level really moves (the value
+loss grows with the returns, fast when a CartPole agent first balances) is followed within a few
+dozen updates instead of being refused for ever. (When only accepted updates entered, a healthy
+2-worker CartPole-v1 cluster had 4.5 % of its updates refused even at outlier_sigma=10.) A
 spread below a floor counts as the floor, so a window of (nearly) identical values does not turn
 every other value into an outlier. It holds no lock: the parameter server guards every call.
 """
@@ -34,6 +38,26 @@ _TINY = 1e-12
 
 def log_norm(norm: float) -> float:
     return math.log(max(abs(norm), _TINY))
+
+
+def _judge(
+    window: deque[float], raw: float, what: str, sigma: float, warmup: int
+) -> tuple[str | None, float]:
+    """Why `raw` (a norm or a loss) is far above the window, or None; and the log of its size,
+    clipped to the threshold, as it joins the window when the update is refused."""
+    value = log_norm(raw)
+    if len(window) < max(warmup, 1):
+        return None, value
+    mean, std = _mean_std(window, MIN_LOG_STD)
+    threshold = mean + sigma * std
+    if value <= threshold:
+        return None, value
+    return (
+        f"{what} {raw:.4g} refused as an outlier: the log of its size {value:.3f} is more than "
+        f"outlier_sigma={sigma:g} standard deviations above the mean of the last {len(window)} "
+        f"updates (mean {mean:.3f}, std {std:.3f}, threshold {threshold:.3f}, a size of "
+        f"{math.exp(threshold):.4g})"
+    ), threshold
 
 
 def _mean_std(values: deque[float], floor: float) -> tuple[float, float]:
@@ -60,51 +84,27 @@ class OutlierFilter:
     ) -> str | None:
         """Why an update with this gradient norm and loss (None: not reported) is an outlier, or
         None when it is not (or the check is off, `sigma` None, or the window still warming up).
-        A refusal is counted."""
+        A refusal is counted, and its values join the window clipped to the thresholds."""
         if sigma is None:
             return None
-        why = self._judge_norm(norm, sigma, warmup)
-        if why is None and loss is not None:
-            why = self._judge_loss(loss, sigma, warmup)
+        why, norm_seen = _judge(self.log_norms, norm, "gradient norm", sigma, warmup)
+        loss_seen = None
+        if loss is not None:
+            why_loss, loss_seen = _judge(self.losses, loss, "loss", sigma, warmup)
+            why = why or why_loss
         if why is not None:
             self.refused += 1
+            self._record(norm_seen, loss_seen)
         return why
-
-    def _judge_norm(self, norm: float, sigma: float, warmup: int) -> str | None:
-        if len(self.log_norms) < max(warmup, 1):
-            return None
-        mean, std = _mean_std(self.log_norms, MIN_LOG_STD)
-        threshold = mean + sigma * std
-        value = log_norm(norm)
-        if value <= threshold:
-            return None
-        return (
-            f"gradient norm {norm:.4g} refused as an outlier: its log {value:.3f} is more than "
-            f"outlier_sigma={sigma:g} standard deviations above the mean log-norm of the last "
-            f"{len(self.log_norms)} accepted updates (mean {mean:.3f}, std {std:.3f}, threshold "
-            f"{threshold:.3f}, a norm of {math.exp(threshold):.4g})"
-        )
-
-    def _judge_loss(self, loss: float, sigma: float, warmup: int) -> str | None:
-        if len(self.losses) < max(warmup, 1):
-            return None
-        mean, std = _mean_std(self.losses, MIN_LOG_STD)
-        threshold = mean + sigma * std
-        value = log_norm(loss)
-        if value <= threshold:
-            return None
-        return (
-            f"loss {loss:.6g} refused as an outlier: the log of its size {value:.3f} is more than "
-            f"outlier_sigma={sigma:g} standard deviations above the mean of the last "
-            f"{len(self.losses)} accepted updates (mean {mean:.3f}, std {std:.3f}, threshold "
-            f"{threshold:.3f}, a loss of size {math.exp(threshold):.4g})"
-        )
 
     def accept(self, norm: float, loss: float | None) -> None:
         """An update was taken: it joins the window."""
-        self.log_norms.append(log_norm(norm))
-        if loss is not None:
-            self.losses.append(log_norm(loss))
+        self._record(log_norm(norm), None if loss is None else log_norm(loss))
+
+    def _record(self, log_norm_value: float, log_loss: float | None) -> None:
+        self.log_norms.append(log_norm_value)
+        if log_loss is not None:
+            self.losses.append(log_loss)
 
     # -- persistence (with the parameter server's state) -----------------------------------------
 
