@@ -136,8 +136,10 @@ def summary(rows: list[dict], learners: list[str]) -> list[str]:
         n_solved = sum(r["solved"] for r in rows if r["learner"] == learner)
         n = sum(r["learner"] == learner for r in rows)
         ref = med.get("sb3")
-        ratio = (f"{steps / ref[0]:>13.2f} {secs / ref[1]:>12.2f}" if ref and learner != "sb3"
-                 else f"{'':>13} {'':>12}")
+        # A ratio to a reference that did not solve every seed would compare with its budget.
+        ref_solved = all(r["solved"] for r in rows if r["learner"] == "sb3")
+        ratio = (f"{steps / ref[0]:>13.2f} {secs / ref[1]:>12.2f}"
+                 if ref and ref_solved and learner != "sb3" else f"{'':>13} {'':>12}")
         lines.append(f"{learner:<8} {n_solved:>3}/{n:<2} {steps:>19,.0f} {secs:>16.1f} {ratio}")
     return lines
 
