@@ -93,7 +93,10 @@ class StandInWorker:
                 pass
 
         self.server = http.server.ThreadingHTTPServer((host, 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # A short poll interval: shutdown() waits for it (0.5 s by default, at every close).
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self.thread.start()
 
     @property
