@@ -45,7 +45,8 @@ def with_preset(data: Any) -> Any:
     if not isinstance(data, dict):
         return data
     env_id = data.get("env_id", "CartPole-v1")
-    name = data.get("preset", env_id if env_id in PRESETS else None)
+    own = env_id if isinstance(env_id, str) and env_id in PRESETS else None  # a bad env_id: 422
+    name = data.get("preset", own)
     if name is None:
         return data
     if not isinstance(name, str) or name not in PRESETS:

@@ -361,3 +361,6 @@ def test_an_environments_preset_fills_what_the_body_does_not_give() -> None:
 def test_an_unknown_preset_is_refused_by_name() -> None:
     with pytest.raises(ValidationError, match="unknown preset 'Pong'"):
         TrainConfig(preset="Pong")
+    for env_id in ({}, [1], None):  # found by the fuzzer: a 500 before presets checked the type
+        with pytest.raises(ValidationError, match="env_id"):
+            TrainConfig(env_id=env_id)
