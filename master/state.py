@@ -44,6 +44,18 @@ __all__ = ["VERSIONS_SKIPPED_AFTER_A_CRASH", "ClusterState", "StateConflict"]
 VERSIONS_SKIPPED_AFTER_A_CRASH = 1_000_000
 
 
+# What a field added since a run was saved meant before it existed: a run folder of an earlier
+# version resumes with the network and optimizer it was saved with (a shared torso and Adam), and
+# no preset fills in what that version did not know.
+_BEFORE_THE_FIELD = {"preset": None, "shared_torso": True, "optimizer": "adam"}
+
+
+def saved_config(data: dict[str, Any]) -> TrainConfig:
+    """The config of a saved run, as it was saved (also by an earlier version)."""
+    fields = {k: v for k, v in data.items() if k != "run_id"}
+    return TrainConfig(**{**_BEFORE_THE_FIELD, **fields})
+
+
 class ModelTooLarge(ValueError):
     """The model of a config does not fit in a request body."""
 
@@ -207,8 +219,7 @@ class ClusterState:
         snap = self.store.load()
         if snap is None:
             return False
-        config_data = {k: v for k, v in snap.config.items() if k != "run_id"}
-        config = TrainConfig(**config_data) if snap.weights else None
+        config = saved_config(snap.config) if snap.weights else None
         state = snap.state
         self.ledger.restore(state, float(state.get("elapsed_s", 0.0)), config, snap.queue)
         skipped = 0

@@ -13,7 +13,7 @@ import torch
 from a3c_http import wire
 from a3c_http.config import Settings, TrainConfig
 from a3c_http.store import RunStore
-from master.state import ClusterState, StateConflict
+from master.state import ClusterState, StateConflict, saved_config
 
 WORKERS = ["http://127.0.0.1:9"]
 
@@ -142,3 +142,14 @@ def test_a_save_taken_first_never_lands_over_a_later_one(
     assert saved.state["stats"]["global_episode"] == 3
     rows = RunStore(tmp_path / "run").read_episodes()
     assert [(r["global_episode"], r["reward"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 3.0)]
+
+
+def test_a_config_saved_before_the_learner_fields_resumes_as_it_was_saved() -> None:
+    old = TrainConfig(env_id="Acrobot-v1", preset=None).model_dump()
+    for field in ("preset", "shared_torso", "optimizer", "normalize_obs", "normalize_reward"):
+        del old[field]  # what an earlier version's config.json did not hold
+    config = saved_config({**old, "run_id": "r1"})
+    assert config.shared_torso and config.optimizer == "adam" and config.preset is None
+    assert not config.normalize_obs  # Acrobot-v1's preset does not creep in
+    fresh = TrainConfig(env_id="Acrobot-v1").resolved()
+    assert saved_config(fresh.model_dump()) == fresh  # today's saves read back unchanged
