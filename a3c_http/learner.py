@@ -14,10 +14,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from a3c_http.a3c import gradients, learning_rate, make_optimizer, rollout_loss, set_learning_rate
+from a3c_http.a3c import (
+    gradients,
+    learning_rate,
+    make_optimizer,
+    optimizer_step,
+    rollout_loss,
+    set_learning_rate,
+)
 from a3c_http.config import TrainConfig
 from a3c_http.model import model_for
-from a3c_http.normalize import absorb
 from a3c_http.rollout import RolloutCollector
 
 
@@ -55,10 +61,7 @@ def train(config: TrainConfig, max_steps: int, window: int = 100) -> Result:
                 model, rollout_loss(model, rollout, config).total, config.max_grad_norm
             )
             set_learning_rate(optimizer, learning_rate(config, steps))
-            for name, param in model.named_parameters():
-                param.grad = grads[name]
-            optimizer.step()
-            absorb(model, rollout.statistics)
+            optimizer_step(model, optimizer, grads, [rollout.statistics])
             updates += 1
             for episode in rollout.episodes:
                 recent.append(episode.reward)

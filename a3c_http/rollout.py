@@ -101,9 +101,9 @@ class RolloutCollector:
 
             self._ep_return += reward
             self._ep_length += valid
-            self._disc_return = self._disc_return * self.gamma + reward
-            disc_buf.append(self._disc_return[valid])
             if ret_rms is not None:
+                self._disc_return = self._disc_return * self.gamma + reward
+                disc_buf.append(self._disc_return[valid])
                 reward = ret_rms.scale(torch.as_tensor(reward, dtype=torch.float32)).numpy()
             ended = terminated | truncated
             for i in np.flatnonzero(ended):

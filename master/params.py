@@ -25,10 +25,9 @@ from typing import Any
 import torch
 
 from a3c_http import wire
-from a3c_http.a3c import make_optimizer, set_learning_rate
+from a3c_http.a3c import make_optimizer, optimizer_step, set_learning_rate
 from a3c_http.config import TrainConfig
 from a3c_http.model import ActorCritic
-from a3c_http.normalize import absorb
 from master.errors import StateConflict
 from master.outliers import OutlierFilter
 from master.rounds import Outcome, Round, Update
@@ -40,6 +39,7 @@ class ParameterServer:
         self.model: ActorCritic | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.spec: dict[str, tuple[int, ...]] = {}
+        self._names: set[str] = set()  # the model's parameters' names
         self.version = 0
         self.first_version = 0  # the version the current run began at
         self.updates_applied = 0
@@ -75,6 +75,7 @@ class ParameterServer:
         if optimizer_state is not None:
             self.optimizer.load_state_dict(optimizer_state)
         self.spec = wire.spec_of(model)
+        self._names = {name for name, _ in model.named_parameters()}
         self._encoded = None
 
     def _require_model(self) -> ActorCritic:
@@ -121,9 +122,9 @@ class ParameterServer:
         a gradient body are sorted: the model's parameters are gradients (judged and averaged);
         the rest are the batch moments of the running statistics (a3c_http/normalize.py), merged
         as they are when the update is applied."""
-        params = {name for name, _ in self._require_model().named_parameters()}
-        grads = {name: t for name, t in tensors.items() if name in params}
-        moments = {name: t for name, t in tensors.items() if name not in params}
+        self._require_model()
+        grads = {name: t for name, t in tensors.items() if name in self._names}
+        moments = {name: t for name, t in tensors.items() if name not in self._names}
         return Update(worker_id, version, grads, seq, loss, norm, moments)
 
     def set_learning_rate(self, lr: float) -> None:
@@ -233,16 +234,13 @@ class ParameterServer:
 
     def _step(self, updates: list[Update]) -> None:
         """One optimizer step on the mean of the updates' gradients; the version rises once."""
-        model = self._require_model()
-        for name, param in model.named_parameters():
-            if len(updates) == 1:
-                param.grad = updates[0].grads[name]
-            else:
-                param.grad = torch.stack([u.grads[name] for u in updates]).mean(dim=0)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        for u in updates:  # every worker's observations count, also in a sync round
-            absorb(model, u.moments)
+        grads = (
+            updates[0].grads
+            if len(updates) == 1
+            else {n: torch.stack([u.grads[n] for u in updates]).mean(dim=0) for n in self._names}
+        )
+        # Every worker's observations count, also in a sync round.
+        optimizer_step(self._require_model(), self.optimizer, grads, [u.moments for u in updates])
         self.version += 1
         self.updates_applied += len(updates)
         for u in updates:

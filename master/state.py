@@ -175,7 +175,8 @@ class ClusterState:
         refusal, config = self.ledger.admit_update(worker_id, run_id)
         grads = self.params.decode(body)
         update = self.params.update_of(worker_id, version, grads, seq, loss, norm)
-        self.params.set_learning_rate(learning_rate(config, self.ledger.env_steps()))
+        if config.lr_schedule != "constant":  # a constant rate is the optimizer's own
+            self.params.set_learning_rate(learning_rate(config, self.ledger.env_steps()))
         if config.sync_mode == "sync":
             expected, _ = self.ledger.round_expectation()
             outcome = self.params.join_round(update, config, refusal, expected)

@@ -14,8 +14,8 @@ import torch
 
 from a3c_http.config import TrainConfig
 from a3c_http.learner import train
-from a3c_http.model import build_model, model_for
-from a3c_http.normalize import RunningMeanStd, absorb, moments, statistics_entries
+from a3c_http.model import model_for
+from a3c_http.normalize import RunningMeanStd, moments
 from a3c_http.rollout import RolloutCollector
 
 
@@ -69,15 +69,6 @@ def test_merging_batches_gives_the_moments_of_all_samples() -> None:
     before = rms.state_dict()
     rms.merge(*moments(torch.zeros(0, 3)))  # nothing new: nothing changes
     assert all(torch.equal(before[k], v) for k, v in rms.state_dict().items())
-
-
-def test_absorb_merges_every_statistics_buffer_by_its_name() -> None:
-    model = build_model("CartPole-v1", {}, [8], normalize_obs=True, normalize_reward=True)
-    obs, returns = torch.full((10, 4), 3.0), torch.tensor([1.0, 3.0])
-    absorb(model, statistics_entries("obs_rms", obs) | statistics_entries("ret_rms", returns))
-    assert torch.allclose(model.obs_rms.mean, torch.full((4,), 3.0), atol=1e-3)
-    assert float(model.ret_rms.mean) == pytest.approx(2.0, abs=1e-3)
-    assert float(model.ret_rms.var) == pytest.approx(1.0, abs=1e-3)
 
 
 def test_a_rollout_measures_its_observations_and_scales_its_rewards() -> None:

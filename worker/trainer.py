@@ -16,6 +16,7 @@ import time
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -79,6 +80,7 @@ class Trainer:
         self.stop_event = stop_event
         self.progress = progress
         self.log_std_offset = log_std_offset
+        self.policy: Any = None  # the model, or its widened Gaussian: what acts and is scored
         self.version = 0
 
     def run(self) -> None:
@@ -93,7 +95,7 @@ class Trainer:
         torch.manual_seed(seed)
         self._http(self.client.worker_started, self.worker_id, self.worker_url)
         model = model_for(cfg)
-        policy = widened(model, self.log_std_offset)
+        self.policy = policy = widened(model, self.log_std_offset)
         spec = wire.spec_of(model)
         collector = RolloutCollector(cfg.env_id, cfg.env_kwargs, cfg.num_envs, seed, cfg.gamma)
         try:
@@ -163,15 +165,17 @@ class Trainer:
             p.metrics["time/fps"] = p.steps_per_s
         return improved
 
-    def _loss(self, model: ActorCritic, rollout: Rollout) -> LossTerms:
-        loss = rollout_loss(widened(model, self.log_std_offset), rollout, self.config)
+    def _loss(self, rollout: Rollout) -> LossTerms:
+        """The loss of the rollout under the policy that acted (the model, or its widened
+        Gaussian)."""
+        loss = rollout_loss(self.policy, rollout, self.config)
         self.progress.metrics.update(loss.as_floats())
         return loss
 
     def _push_gradients(self, model: ActorCritic, rollout: Rollout, spec: wire.Spec) -> None:
         cfg = self.config
         started = time.monotonic()
-        loss = self._loss(model, rollout).total
+        loss = self._loss(rollout).total
         grads, norm = gradients(model, loss, cfg.max_grad_norm)
         # The rollout's observation and return moments travel with the gradients; the master
         # merges them into the shared statistics, which come back with the weights.
@@ -204,7 +208,7 @@ class Trainer:
             self.progress.updates += 1
         started = time.monotonic()
         optimizer.zero_grad(set_to_none=True)
-        self._loss(model, rollout).total.backward()
+        self._loss(rollout).total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), self.config.max_grad_norm)
         optimizer.step()
         absorb(model, rollout.statistics)
