@@ -20,7 +20,6 @@ from torch import nn
 
 from a3c_http.config import TrainConfig
 from a3c_http.model import ActorCritic
-from a3c_http.normalize import absorb
 from a3c_http.rollout import Rollout
 
 
@@ -138,22 +137,6 @@ def gradients(
         for name, p in model.named_parameters()
     }
     return grads, float(norm)
-
-
-def optimizer_step(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    grads: dict[str, torch.Tensor],
-    statistics: list[dict[str, torch.Tensor]],
-) -> None:
-    """The master's update: one optimizer step on `grads` (by parameter name), then the batch
-    moments of each rollout merged into the model's running statistics (a3c_http/normalize.py)."""
-    for name, param in model.named_parameters():
-        param.grad = grads[name]
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    for moments in statistics:
-        absorb(model, moments)
 
 
 def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:

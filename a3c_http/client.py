@@ -20,6 +20,7 @@ its retries, so a retry of a request whose reply was lost is not counted twice b
 from __future__ import annotations
 
 import itertools
+import json
 import random
 import threading
 import time
@@ -32,9 +33,15 @@ import torch
 
 from a3c_http import wire
 from a3c_http.protocol import (
+    BEST_SCORE_HEADER,
     CONTENT_TYPE,
+    DUPLICATE_HEADER,
+    GLOBAL_EPISODE_HEADER,
     GRAD_NORM_HEADER,
+    IMPROVED_HEADER,
     LOSS_HEADER,
+    MOVING_AVERAGE_HEADER,
+    ROLLOUT_METADATA,
     RUN_ID_HEADER,
     SEQ_HEADER,
     STOP_HEADER,
@@ -80,9 +87,29 @@ class Conflict(MasterRejected):
 
 @dataclass(frozen=True)
 class Weights:
+    """Global weights: `vector` in the layout's order, `tensors` its entries by name (views).
+    A gradient push's reply also carries the run's figures, as `POST /episode` answers them."""
+
     tensors: dict[str, torch.Tensor]
     version: int
     stop: bool = False
+    vector: torch.Tensor | None = None
+    figures: dict[str, Any] | None = None
+
+
+def _figures(response: httpx.Response) -> dict[str, Any] | None:
+    headers = response.headers
+    if GLOBAL_EPISODE_HEADER not in headers:
+        return None
+    best, average = headers.get(BEST_SCORE_HEADER), headers.get(MOVING_AVERAGE_HEADER)
+    return {
+        "global_episode": int(headers[GLOBAL_EPISODE_HEADER]),
+        "best_score": float(best) if best is not None else None,
+        "moving_average": float(average) if average is not None else None,
+        "improved": headers.get(IMPROVED_HEADER) == "1",
+        "stop": headers.get(STOP_HEADER) == "1",
+        "duplicate": headers.get(DUPLICATE_HEADER) == "1",
+    }
 
 
 def _detail(response: httpx.Response) -> str:
@@ -219,46 +246,62 @@ class MasterClient:
 
     # -- tensors --------------------------------------------------------------------------------
 
-    def _weights(self, response: httpx.Response, spec: wire.Spec) -> Weights:
+    def _weights(self, response: httpx.Response, layout: wire.Layout) -> Weights:
         try:
             version = int(response.headers[VERSION_HEADER])
+            figures = _figures(response)
         except (KeyError, ValueError):
             raise ProtocolError(
-                f"the weights reply has no integer {VERSION_HEADER} header"
+                f"the weights reply has no integer {VERSION_HEADER} header, or a malformed "
+                "figure header"
             ) from None
         try:
-            tensors = wire.decode(response.content, spec)
+            vector, _ = layout.decode(response.content)
         except wire.WireError as exc:
             raise ProtocolError(f"the master's weights do not fit this model: {exc}") from exc
-        return Weights(tensors, version, stop=response.headers.get(STOP_HEADER) == "1")
+        return Weights(
+            layout.views(vector),
+            version,
+            stop=response.headers.get(STOP_HEADER) == "1",
+            vector=vector,
+            figures=figures,
+        )
 
-    def get_weights(self, spec: wire.Spec, if_not_version: int | None = None) -> Weights | None:
+    def get_weights(
+        self, layout: wire.Layout, if_not_version: int | None = None
+    ) -> Weights | None:
         """The global weights, or None when they are still at `if_not_version`."""
         headers = {"If-None-Match": f'"{if_not_version}"'} if if_not_version is not None else {}
         response = self._request("GET", "/global_model_weights", headers=headers)
         if response.status_code == 304:
             return None
-        return self._weights(response, spec)
+        return self._weights(response, layout)
 
     def push_gradients(
         self,
         worker_id: str,
         version: int,
-        grads: Mapping[str, torch.Tensor],
-        spec: wire.Spec,
+        grads: Mapping[str, torch.Tensor] | torch.Tensor,
+        layout: wire.Layout,
         loss: float | None = None,
         grad_norm: float | None = None,
         wait_s: float = 0.0,
+        report: Mapping[str, Any] | None = None,
     ) -> Weights:
-        """Send gradients computed on weights `version`, with the rollout's loss and their norm
-        before clipping (for the master's outlier check); returns the new global weights.
-        `wait_s`: how long the master may hold the reply beyond the usual timeout (a sync
-        round's `sync_timeout_s`). Raises `Conflict` when they were too stale or an outlier."""
+        """Send gradients computed on weights `version` (by name, or as one vector in the
+        layout's order), with the rollout's loss and their norm before clipping (for the
+        master's outlier check), and the rollout `report` (finished episodes and the worker's
+        statistics, master/schemas.py RolloutReport) in the body's metadata. Returns the new
+        global weights, with the run's figures. `wait_s`: how long the master may hold the
+        reply beyond the usual timeout (a sync round's `sync_timeout_s`). Raises `Conflict` when
+        they were too stale or an outlier. Safe to call from several threads at once."""
+        vector = grads if isinstance(grads, torch.Tensor) else layout.flatten(grads)
+        metadata = {ROLLOUT_METADATA: json.dumps(report)} if report is not None else None
         reported = {LOSS_HEADER: loss, GRAD_NORM_HEADER: grad_norm}
         response = self._request(
             "POST",
             "/gradients",
-            content=wire.encode(grads),
+            content=layout.encode(vector, metadata),
             headers={
                 "Content-Type": CONTENT_TYPE,
                 WORKER_ID_HEADER: worker_id,
@@ -269,7 +312,7 @@ class MasterClient:
             },
             timeout=self.timeout_s + wait_s,
         )
-        return self._weights(response, spec)
+        return self._weights(response, layout)
 
     def push_weights(
         self, worker_id: str, tensors: Mapping[str, torch.Tensor], temporary: bool

@@ -117,6 +117,15 @@ class TrainConfig(BaseModel):
         description="Gradients computed on weights more than this many versions old are "
         "refused with 409.",
     )
+    max_in_flight: int = Field(
+        8,
+        ge=0,
+        le=64,
+        description="Gradient pushes a worker keeps in flight while it collects its next "
+        "rollouts (gradients mode): as many as the round trip needs, up to this many and never "
+        "more than max_staleness. 0: wait for each reply before the next rollout. sync mode "
+        "always waits.",
+    )
     max_episodes: int | None = Field(None, ge=1, description="Finish after this many episodes.")
     max_steps: int | None = Field(
         2_000_000, ge=1, description="Finish after this many environment steps (all workers)."

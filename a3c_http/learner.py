@@ -3,7 +3,7 @@ staleness. The benchmarks measure it beside the cluster, and the learning tests 
 
 Every step is the one the cluster takes: the worker's rollout, loss and clipped gradients
 (a3c_http.rollout, a3c_http.a3c), then the master's optimizer step and statistics merge
-(master/params.py applies them the same way).
+(a3c_http/flatnet.py, which master/params.py uses too).
 """
 
 from __future__ import annotations
@@ -14,15 +14,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from a3c_http.a3c import (
-    gradients,
-    learning_rate,
-    make_optimizer,
-    optimizer_step,
-    rollout_loss,
-    set_learning_rate,
-)
+from a3c_http.a3c import gradients, learning_rate, rollout_loss, set_learning_rate
 from a3c_http.config import TrainConfig
+from a3c_http.flatnet import FlatNetwork
 from a3c_http.model import model_for
 from a3c_http.rollout import RolloutCollector
 
@@ -44,7 +38,7 @@ def train(config: TrainConfig, max_steps: int, window: int = 100) -> Result:
     config = config.resolved()
     torch.manual_seed(config.seed)
     model = model_for(config)
-    optimizer = make_optimizer(model.parameters(), config)
+    net = FlatNetwork(model, config)
     collector = RolloutCollector(
         config.env_id, config.env_kwargs, config.num_envs, config.seed, config.gamma
     )
@@ -60,8 +54,9 @@ def train(config: TrainConfig, max_steps: int, window: int = 100) -> Result:
             grads, _ = gradients(
                 model, rollout_loss(model, rollout, config).total, config.max_grad_norm
             )
-            set_learning_rate(optimizer, learning_rate(config, steps))
-            optimizer_step(model, optimizer, grads, [rollout.statistics])
+            set_learning_rate(net.optimizer, learning_rate(config, steps))
+            vector = net.layout.flatten(grads | rollout.statistics)
+            net.step(vector[: net.layout.n_params], [vector])
             updates += 1
             for episode in rollout.episodes:
                 recent.append(episode.reward)

@@ -190,12 +190,15 @@ class RunLedger:
         with self.lock:
             if self.should_stop(run_id):
                 return True
-            record = self._touch(worker_id)
-            for key in ("steps_per_s", "last_reward", "metrics", "env_steps"):
-                if stats.get(key) is not None:
-                    setattr(record, key, stats[key])
+            self._take_stats(self._touch(worker_id), stats)
             self._finish_if_done()
             return self.run_state != "running"
+
+    @staticmethod
+    def _take_stats(record: WorkerRecord, stats: dict[str, Any]) -> None:
+        for key in ("steps_per_s", "last_reward", "metrics", "env_steps"):
+            if stats.get(key) is not None:
+                setattr(record, key, stats[key])
 
     def worker_accepted(self, worker_id: str) -> None:
         """The worker accepted POST /start_worker: its silence counts from now."""
@@ -258,29 +261,44 @@ class RunLedger:
         run_id: str | None = None,
         seq: int | None = None,
     ) -> dict[str, Any]:
-        """Fold one finished episode into every statistic at once. Accepted in any state of the
-        current run (an episode that ended just after the finish still happened); `stop` tells
-        the worker whether to go on. A report whose `seq` this worker already used is a retry:
-        answered like the first time (`duplicate: true`), counted once."""
+        """Fold one finished episode into every statistic at once (`report_rollout`)."""
+        return self.report_rollout(worker_id, [(reward, length)], None, run_id, seq)
+
+    def report_rollout(
+        self,
+        worker_id: str,
+        episodes: list[tuple[float, int]],
+        stats: dict[str, Any] | None,
+        run_id: str | None = None,
+        seq: int | None = None,
+    ) -> dict[str, Any]:
+        """Fold the finished episodes of a rollout into every statistic at once, and take the
+        worker's statistics as a heartbeat does. Accepted in any state of the current run (an
+        episode that ended just after the finish still happened); `stop` tells the worker
+        whether to go on. A report whose `seq` this worker already used is a retry: answered like
+        the first time (`duplicate: true`), counted once."""
         with self.lock:
             self.check_same_run(run_id)
             record = self._touch(worker_id)
-            if seq is not None and seq <= record.last_seq:
+            if seq is not None and not record.take_seq(seq):
                 return self._duplicate_episode(record, seq)
-            stats = self.stats
-            stats.global_episode += 1
-            stats.global_steps += length
-            stats.push(stats.fold_average(reward), self.queue_max)
-            stats.last100.append(reward)
-            improved = stats.raise_best(reward)
-            record.episodes += 1
-            record.steps += length
-            record.last_reward = reward
-            if seq is not None:
-                record.last_seq = seq
-            self.unsaved_rows.append(
-                (stats.global_episode, worker_id, reward, length, round(time.time(), 3))
-            )
+            stats_now = self.stats
+            improved = False
+            for reward, length in episodes:
+                stats_now.global_episode += 1
+                stats_now.global_steps += length
+                stats_now.push(stats_now.fold_average(reward), self.queue_max)
+                stats_now.last100.append(reward)
+                improved = stats_now.raise_best(reward) or improved
+                record.episodes += 1
+                record.steps += length
+                record.last_reward = reward
+                self.unsaved_rows.append(
+                    (stats_now.global_episode, worker_id, reward, length, round(time.time(), 3))
+                )
+            # Reports in flight may land out of order: only the newest one's figures are kept.
+            if stats and (seq is None or seq == record.last_seq):
+                self._take_stats(record, stats)
             self._finish_if_done()
             reply = self._episode_reply(improved, duplicate=False)
             if seq is not None:

@@ -2,11 +2,18 @@
 with it (the encoded weights, the workers' temporary slots, which updates were applied), under one
 lock.
 
+The global network is a `FlatNetwork` (a3c_http/flatnet.py): its weights are one float32 vector,
+so a gradient body decodes to one vector, the optimizer steps it as one tensor, and the weights
+body is a fixed header and one copy of the vector. The bytes are made once per version, outside the
+lock (under it, only the copy of the vector is taken), and every reply and `GET` of that version
+is served from them.
+
 A version names one set of global weights, for ever: it rises by one at every change, goes on rising
 across the runs of a run folder, and a run remembers the version it began at, so gradients computed
 on an earlier run's weights are refused however close their version is. Updates are never applied
 twice: a worker numbers its updates (`X-A3C-Seq`), and the number of the last one applied for each
-worker is checked and recorded in the same critical section as the change itself.
+worker is checked and recorded in the same critical section as the change itself (per worker, a
+window of numbers: pushes in flight may arrive out of order, master/seqwindow.py).
 
 Every gradient is screened before it is taken: not a retry, from the running run, fresh enough, and
 not an outlier (master/outliers.py). Then gradients mode applies it at once; sync mode adds it to
@@ -19,35 +26,33 @@ import io
 import itertools
 import threading
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from a3c_http import wire
-from a3c_http.a3c import make_optimizer, optimizer_step, set_learning_rate
+from a3c_http.a3c import set_learning_rate
 from a3c_http.config import TrainConfig
+from a3c_http.flatnet import FlatNetwork
 from a3c_http.model import ActorCritic
 from master.errors import StateConflict
 from master.outliers import OutlierFilter
 from master.rounds import Outcome, Round, Update
+from master.seqwindow import SeqWindow
 
 
 class ParameterServer:
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.model: ActorCritic | None = None
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.spec: dict[str, tuple[int, ...]] = {}
-        self._names: set[str] = set()  # the model's parameters' names
+        self.net: FlatNetwork | None = None
         self.version = 0
         self.first_version = 0  # the version the current run began at
         self.updates_applied = 0
         self.updates_rejected = 0
         self.temporary: dict[str, bytes] = {}
         self.temporary_revision = 0  # rises with every change of a temporary slot
-        self._encoded: tuple[int, bytes] | None = None
-        self._update_seq: dict[str, int] = {}  # worker -> X-A3C-Seq of its last applied update
+        self._encoded: tuple[int, bytes] | None = None  # (version, its weights body)
+        self._update_seq: dict[str, SeqWindow] = {}  # worker -> X-A3C-Seq of updates applied
         self.outliers = OutlierFilter()
         self.round: Round | None = None  # sync mode: the round gathering gradients
         self._round_numbers = itertools.count(1)  # never reused, so a late timeout closes no other
@@ -70,68 +75,77 @@ class ParameterServer:
             self.sync_rounds = self.sync_gradients = 0
 
     def _set_model(self, config: TrainConfig, model: ActorCritic, optimizer_state: Any) -> None:
-        self.model = model
-        self.optimizer = make_optimizer(model.parameters(), config)
-        if optimizer_state is not None:
-            self.optimizer.load_state_dict(optimizer_state)
-        self.spec = wire.spec_of(model)
-        self._names = {name for name, _ in model.named_parameters()}
+        self.net = FlatNetwork(model, config, optimizer_state)
         self._encoded = None
 
-    def _require_model(self) -> ActorCritic:
-        if self.model is None:
+    @property
+    def model(self) -> ActorCritic | None:
+        return self.net.model if self.net is not None else None
+
+    @property
+    def spec(self) -> dict[str, tuple[int, ...]]:
+        return self.net.layout.spec if self.net is not None else {}
+
+    def _require_net(self) -> FlatNetwork:
+        if self.net is None:
             raise StateConflict("no run has started: POST /train first")
-        return self.model
+        return self.net
 
     def weights(self) -> tuple[bytes, int]:
-        """The global weights as safetensors bytes (encoded once per version), and their version."""
+        """The global weights as safetensors bytes, made once per version, and their version.
+        Under the lock only the vector is copied; the body is made after it is released."""
         with self.lock:
-            if self._encoded is None or self._encoded[0] != self.version:
-                self._encoded = (self.version, wire.encode(self._require_model().state_dict()))
-            return self._encoded[1], self.version
+            cached = self._encoded
+            if cached is not None and cached[0] == self.version:
+                return cached[1], cached[0]
+            net, version = self._require_net(), self.version
+            vector = net.snapshot()
+        body = net.layout.encode(vector)
+        with self.lock:
+            if self._encoded is None or self._encoded[0] < version:
+                self._encoded = (version, body)
+        return body, version
 
-    def decode(self, body: bytes) -> dict[str, torch.Tensor]:
-        """A worker's tensors, checked against the model; a body that does not fit is counted
-        as a refused update (WireError)."""
+    def decode(self, body: bytes) -> tuple[torch.Tensor, dict[str, str]]:
+        """A worker's tensors as one vector, checked against the model, and the body's metadata;
+        a body that does not fit is counted as a refused update (WireError)."""
         try:
-            return wire.decode(body, self.spec)
+            return self._require_net().layout.decode(body)
         except wire.WireError:
             with self.lock:
                 self.updates_rejected += 1
             raise
 
     def _seen(self, worker_id: str, seq: int | None) -> bool:
-        return seq is not None and seq <= self._update_seq.get(worker_id, 0)
+        return seq is not None and worker_id in self._update_seq and self._update_seq[
+            worker_id
+        ].seen(seq)
 
-    def _applied(self, worker_id: str, seq: int | None) -> None:
-        self.version += 1
-        self.updates_applied += 1
+    def _taken(self, worker_id: str, seq: int | None) -> None:
         if seq is not None:
-            self._update_seq[worker_id] = seq
+            self._update_seq.setdefault(worker_id, SeqWindow()).add(seq)
 
     def update_of(
         self,
         worker_id: str,
         version: int,
-        tensors: Mapping[str, torch.Tensor],
+        vector: torch.Tensor,
         seq: int | None = None,
         loss: float | None = None,
         norm: float | None = None,
     ) -> Update:
-        """A worker's decoded gradients as an update. This is the one place where the entries of
-        a gradient body are sorted: the model's parameters are gradients (judged and averaged);
-        the rest are the batch moments of the running statistics (a3c_http/normalize.py), merged
-        as they are when the update is applied."""
-        self._require_model()
-        grads = {name: t for name, t in tensors.items() if name in self._names}
-        moments = {name: t for name, t in tensors.items() if name not in self._names}
-        return Update(worker_id, version, grads, seq, loss, norm, moments)
+        """A worker's decoded gradient vector as an update: its parameter region is the
+        gradient (judged and averaged); the rest, if the model has running statistics, are the
+        rollout's batch moments under their buffers' names (a3c_http/normalize.py), merged as
+        they are when the update is applied."""
+        n = self._require_net().layout.n_params
+        return Update(worker_id, version, vector[:n], seq, loss, norm, vector)
 
     def set_learning_rate(self, lr: float) -> None:
         """The learning rate of the next optimizer steps (lr_schedule)."""
         with self.lock:
-            if self.optimizer is not None:
-                set_learning_rate(self.optimizer, lr)
+            if self.net is not None:
+                set_learning_rate(self.net.optimizer, lr)
 
     def apply_gradients(
         self, update: Update, config: TrainConfig, refusal: StateConflict | None
@@ -145,7 +159,7 @@ class ParameterServer:
             if not duplicate:
                 self._screen(update, config, refusal, sync=False)
                 self._step([update])
-            return Outcome.ready(self.weights(), duplicate)
+        return Outcome.ready(self.weights(), duplicate)
 
     def join_round(
         self,
@@ -237,15 +251,14 @@ class ParameterServer:
         grads = (
             updates[0].grads
             if len(updates) == 1
-            else {n: torch.stack([u.grads[n] for u in updates]).mean(dim=0) for n in self._names}
+            else torch.stack([u.grads for u in updates]).mean(dim=0)
         )
         # Every worker's observations count, also in a sync round.
-        optimizer_step(self._require_model(), self.optimizer, grads, [u.moments for u in updates])
+        self._require_net().step(grads, [u.moments for u in updates])
         self.version += 1
         self.updates_applied += len(updates)
         for u in updates:
-            if u.seq is not None:
-                self._update_seq[u.worker_id] = u.seq
+            self._taken(u.worker_id, u.seq)
 
     def _check_fresh(self, version: int, max_staleness: int, sync: bool) -> None:
         if version < self.first_version:
@@ -284,14 +297,16 @@ class ParameterServer:
                 self.temporary[worker_id] = body
                 self.temporary_revision += 1
             elif not duplicate:
-                self._require_model().load_state_dict(tensors)
+                self._require_net().model.load_state_dict(tensors)
                 self._abandon_round(
                     StateConflict(
                         f"worker {worker_id} replaced the global weights while this round "
                         "gathered gradients: pull the weights and compute them again"
                     )
                 )
-                self._applied(worker_id, seq)
+                self.version += 1
+                self.updates_applied += 1
+                self._taken(worker_id, seq)
             return self.version, duplicate
 
     def counters(self) -> dict[str, Any]:
@@ -315,7 +330,7 @@ class ParameterServer:
                 "updates_applied": self.updates_applied,
                 "updates_rejected": self.updates_rejected,
                 "first_version": self.first_version,
-                "update_seq": dict(self._update_seq),
+                "update_seq": {w: window.to_json() for w, window in self._update_seq.items()},
                 "sync_rounds": self.sync_rounds,
                 "sync_gradients": self.sync_gradients,
                 **self.outliers.state(),
@@ -325,7 +340,7 @@ class ParameterServer:
         """The weights and the optimizer's state, as bytes."""
         with self.lock:
             buf = io.BytesIO()
-            torch.save(self.optimizer.state_dict(), buf)
+            torch.save(self._require_net().optimizer_state(), buf)
             return self.weights()[0], buf.getvalue()
 
     def restore(
@@ -344,13 +359,15 @@ class ParameterServer:
             self.first_version = int(state.get("first_version", 0))
             self.updates_applied = int(state.get("updates_applied", 0))
             self.updates_rejected = int(state.get("updates_rejected", 0))
-            self._update_seq = {str(k): int(v) for k, v in state.get("update_seq", {}).items()}
+            self._update_seq = {
+                str(k): SeqWindow.from_json(v) for k, v in state.get("update_seq", {}).items()
+            }
             self.sync_rounds = int(state.get("sync_rounds", 0))
             self.sync_gradients = int(state.get("sync_gradients", 0))
             self.outliers.restore(state)
             self.temporary = dict(temporary)
 
 
-def _global_norm(grads: Mapping[str, torch.Tensor]) -> float:
+def _global_norm(grads: torch.Tensor) -> float:
     """The L2 norm of all gradients together, for clients that do not report theirs."""
-    return float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads.values()])))
+    return float(torch.linalg.vector_norm(grads))

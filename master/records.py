@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from a3c_http.store import EVALUATION_FIELDS
+from master.seqwindow import SeqWindow
 
 WorkerState = Literal["starting", "running", "done", "lost", "failed"]
 ACTIVE = ("starting", "running")
@@ -32,9 +33,11 @@ class WorkerRecord:
     last_reward: float | None = None
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
-    # The highest X-A3C-Seq of an episode report taken from this worker, and how many retries of
-    # requests already taken were answered without being counted again.
+    # The highest X-A3C-Seq of an episode report taken from this worker, the numbers below it
+    # taken too (master/seqwindow.py: reports in flight arrive out of order), and how many
+    # retries of requests already taken were answered without being counted again.
     last_seq: int = 0
+    seq_mask: int = SeqWindow().mask
     duplicates: int = 0
     # The master is still waiting for this worker's answer to POST /start_worker: its silence
     # does not count yet (the launch has its own timeout).
@@ -43,12 +46,21 @@ class WorkerRecord:
     # (a3c_http/exploration.py); None for a worker the master did not start.
     exploration: dict[str, float] | None = None
 
+    def take_seq(self, seq: int) -> bool:
+        """Record episode-report number `seq`; False when it was taken before (a retry)."""
+        window = SeqWindow(self.last_seq, self.seq_mask)
+        if window.seen(seq):
+            return False
+        window.add(seq)
+        self.last_seq, self.seq_mask = window.high, window.mask
+        return True
+
     def steps_in_progress(self) -> int:
         return max(0, self.env_steps - self.steps)
 
     def public(self, now: float) -> dict[str, Any]:
         out = asdict(self)
-        del out["last_seen"], out["launching"]
+        del out["last_seen"], out["launching"], out["seq_mask"]
         out["last_seen_s"] = round(max(0.0, now - self.last_seen), 3)
         return out
 

@@ -32,12 +32,13 @@ class Update:
 
     worker_id: str
     version: int  # the version they were computed on
-    grads: dict[str, torch.Tensor]  # by parameter name
+    grads: torch.Tensor  # one vector: the parameter region of the body (a3c_http/flatnet.py)
     seq: int | None = None
     loss: float | None = None
     norm: float | None = None  # before clipping
-    # Batch moments for the running statistics, named as their buffers (a3c_http/normalize.py).
-    moments: dict[str, torch.Tensor] = field(default_factory=dict)
+    # The whole body's vector: its buffer regions hold the batch moments of the running
+    # statistics (a3c_http/normalize.py), if the model has any.
+    moments: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

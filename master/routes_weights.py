@@ -11,9 +11,14 @@ from fastapi import Header, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from a3c_http.protocol import (
+    BEST_SCORE_HEADER,
     CONTENT_TYPE,
     DUPLICATE_HEADER,
+    GLOBAL_EPISODE_HEADER,
+    IMPROVED_HEADER,
+    MOVING_AVERAGE_HEADER,
     RUN_ID_HEADER,
+    STOP_HEADER,
     VERSION_HEADER,
     WORKER_ID_HEADER,
 )
@@ -107,7 +112,7 @@ async def gradients(
     x_a3c_grad_norm: ReportedNorm = None,
 ) -> Response:
     body = await request.body()
-    outcome = await run_in_threadpool(
+    outcome, figures = await run_in_threadpool(
         state.apply_gradients,
         x_worker_id,
         x_model_version,
@@ -118,4 +123,22 @@ async def gradients(
         x_a3c_grad_norm,
     )
     weights, version, duplicate = await settle(outcome, state.params.close_round)
-    return _weights_response(weights, version, duplicate)
+    response = _weights_response(weights, version, duplicate)
+    response.headers.update(figure_headers(figures))
+    return response
+
+
+def figure_headers(figures: dict) -> dict[str, str]:
+    """The run's figures on a gradient push's reply, as POST /episode answers them."""
+    headers = {
+        GLOBAL_EPISODE_HEADER: str(figures["global_episode"]),
+        IMPROVED_HEADER: "1" if figures["improved"] else "0",
+        STOP_HEADER: "1" if figures["stop"] else "0",
+    }
+    for name, value in (
+        (BEST_SCORE_HEADER, figures["best_score"]),
+        (MOVING_AVERAGE_HEADER, figures["moving_average"]),
+    ):
+        if value is not None:
+            headers[name] = repr(float(value))
+    return headers

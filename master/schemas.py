@@ -81,10 +81,10 @@ class WorkerDoneIn(Strict):
     run_id: RunId = None
 
 
-class HeartbeatIn(BaseModel):
+class WorkerStats(BaseModel):
+    """What a worker says of its progress: in a heartbeat, or with its gradients."""
+
     model_config = ConfigDict(extra="ignore", strict=True)
-    worker_id: WorkerId
-    run_id: RunId = None
     episodes: int | None = Field(None, ge=0)
     steps: int | None = Field(None, ge=0)
     env_steps: int | None = Field(
@@ -98,6 +98,25 @@ class HeartbeatIn(BaseModel):
     metrics: dict[Annotated[str, Field(max_length=64)], Finite] | None = Field(
         None, max_length=32, description="train/policy_loss, train/entropy, time/fps, ..."
     )
+
+
+class HeartbeatIn(WorkerStats):
+    worker_id: WorkerId
+    run_id: RunId = None
+
+
+# An episode's return and length, as one item of a rollout report.
+EpisodeOut = tuple[Finite, Annotated[int, Field(ge=1, le=1_000_000_000)]]
+
+
+class RolloutReport(BaseModel):
+    """The `a3c` entry of a gradient body's safetensors metadata (a JSON string): the episodes
+    that finished in the rollout the gradients come from, and the worker's statistics, so one
+    round trip does the work of `POST /episode` (each) and `POST /heartbeat`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    episodes: list[EpisodeOut] = Field(default_factory=list, max_length=100_000)
+    stats: WorkerStats | None = None
 
 
 class EpisodeIn(Strict):

@@ -21,12 +21,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from pydantic import ValidationError
 
 from a3c_http import wire
 from a3c_http.a3c import learning_rate
 from a3c_http.config import Settings, TrainConfig
 from a3c_http.exploration import check_actions
 from a3c_http.model import model_for
+from a3c_http.protocol import ROLLOUT_METADATA
 from a3c_http.store import RunStore
 from master.errors import StateConflict
 from master.evaluator import Evaluator
@@ -34,6 +36,7 @@ from master.ledger import RunLedger
 from master.params import ParameterServer
 from master.persistence import Persister
 from master.rounds import Outcome
+from master.schemas import RolloutReport
 
 __all__ = ["VERSIONS_SKIPPED_AFTER_A_CRASH", "ClusterState", "StateConflict"]
 
@@ -54,6 +57,22 @@ def saved_config(data: dict[str, Any]) -> TrainConfig:
     """The config of a saved run, as it was saved (also by an earlier version)."""
     fields = {k: v for k, v in data.items() if k != "run_id"}
     return TrainConfig(**{**_BEFORE_THE_FIELD, **fields})
+
+
+def rollout_report(metadata: dict[str, str]) -> RolloutReport | None:
+    """The rollout report in a gradient body's metadata (its `a3c` entry), if there is one."""
+    text = metadata.get(ROLLOUT_METADATA)
+    if text is None:
+        return None
+    try:
+        return RolloutReport.model_validate_json(text)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'report'}: {e['msg']}" for e in exc.errors()
+        )
+        raise wire.WireError(
+            f"the {ROLLOUT_METADATA!r} metadata of the body is not a rollout report: {problems}"
+        ) from None
 
 
 class ModelTooLarge(ValueError):
@@ -93,7 +112,8 @@ class ClusterState:
         with torch.random.fork_rng():
             torch.manual_seed(config.seed)
             model = model_for(config)
-        self._check_fits(config, len(wire.encode(model.state_dict())), "")
+        layout = wire.Layout.of(model)
+        self._check_fits(config, len(layout.header) + 4 * layout.numel, "")
 
         def swap() -> tuple[str, list[str]]:
             earlier_run = self.ledger.run_id is not None
@@ -166,15 +186,25 @@ class ClusterState:
         seq: int | None = None,
         loss: float | None = None,
         norm: float | None = None,
-    ) -> Outcome:
+    ) -> tuple[Outcome, dict[str, Any]]:
         """Take one worker's gradients (with the loss and the norm before clipping it reported,
-        if it did): applied at once, or in sync mode added to the current round. The outcome is
-        the new weights, their version and whether the request was a retry of gradients taken
-        already (master/rounds.py: `settle`). Raises StateConflict (stale, an outlier, or no
-        running run) or WireError; nothing is taken then."""
+        if it did): applied at once, or in sync mode added to the current round. The body's
+        metadata may carry the rollout's finished episodes and the worker's statistics
+        (master/schemas.py RolloutReport), counted first, whatever becomes of the gradients.
+        Returns the outcome (master/rounds.py `settle`: the new weights, their version and
+        whether the request was a retry of gradients taken already) and the run's figures as
+        `POST /episode` answers them. Raises StateConflict (stale, an outlier, or no running
+        run) or WireError; no gradient is taken then."""
         refusal, config = self.ledger.admit_update(worker_id, run_id)
-        grads = self.params.decode(body)
-        update = self.params.update_of(worker_id, version, grads, seq, loss, norm)
+        vector, metadata = self.params.decode(body)
+        report = rollout_report(metadata)
+        episodes, stats = (report.episodes, report.stats) if report else ([], None)
+        figures = self._saving_a_finish(
+            self.ledger.report_rollout(
+                worker_id, episodes, stats.model_dump() if stats else None, run_id, seq
+            )
+        )
+        update = self.params.update_of(worker_id, version, vector, seq, loss, norm)
         if config.lr_schedule != "constant":  # a constant rate is the optimizer's own
             self.params.set_learning_rate(learning_rate(config, self.ledger.env_steps()))
         if config.sync_mode == "sync":
@@ -182,9 +212,9 @@ class ClusterState:
             outcome = self.params.join_round(update, config, refusal, expected)
         else:
             outcome = self.params.apply_gradients(update, config, refusal)
-        if outcome.duplicate:
+        if outcome.duplicate and not figures["duplicate"]:
             self.ledger.count_duplicate(worker_id)
-        return outcome
+        return outcome, figures
 
     def put_weights(
         self,
@@ -197,7 +227,8 @@ class ClusterState:
         """A worker's weights: its temporary slot, or (temporary=False) the new global weights.
         Returns the model version and whether this was a retry of weights already taken."""
         refusal, _ = self.ledger.admit_update(worker_id, run_id)
-        tensors = self.params.decode(body)
+        vector, _ = self.params.decode(body)
+        tensors = self.params.net.layout.views(vector)
         version, duplicate = self.params.put_weights(
             worker_id, tensors, body, temporary, seq, refusal
         )

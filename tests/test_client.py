@@ -27,6 +27,7 @@ from a3c_http.client import (
 
 BASE = "http://master.test:33333"
 SPEC = {"w": (2, 2), "b": (2,)}
+LAYOUT = wire.Layout(list(SPEC.items()), n_params=6)
 TENSORS = {"w": torch.tensor([[1.0, 2.0], [3.0, 4.0]]), "b": torch.tensor([0.5, -0.5])}
 
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -180,7 +181,7 @@ def test_conflict_with_stop_header() -> None:
 def test_conflict_without_stop_header() -> None:
     handler = Recorder(httpx.Response(409, json={"detail": "stale gradients"}))
     with pytest.raises(Conflict) as info:
-        make_client(handler).push_gradients("w1", 3, TENSORS, SPEC)
+        make_client(handler).push_gradients("w1", 3, TENSORS, LAYOUT)
     assert info.value.stop is False
 
 
@@ -207,7 +208,7 @@ def test_base_url_trailing_slash() -> None:
 
 def test_get_weights_not_modified_returns_none() -> None:
     handler = Recorder(httpx.Response(304))
-    assert make_client(handler).get_weights(SPEC, if_not_version=7) is None
+    assert make_client(handler).get_weights(LAYOUT, if_not_version=7) is None
     (request,) = handler.requests
     assert request.method == "GET" and request.url.path == "/global_model_weights"
     assert request.headers["If-None-Match"] == '"7"'
@@ -215,7 +216,7 @@ def test_get_weights_not_modified_returns_none() -> None:
 
 def test_get_weights_decodes_body_and_version() -> None:
     handler = Recorder(weights_response(8))
-    got = make_client(handler).get_weights(SPEC)
+    got = make_client(handler).get_weights(LAYOUT)
     assert "If-None-Match" not in handler.requests[0].headers
     assert got is not None
     assert got.version == 8 and got.stop is False
@@ -226,7 +227,7 @@ def test_get_weights_decodes_body_and_version() -> None:
 def test_get_weights_that_do_not_fit_raise_protocol_error_without_retry() -> None:
     handler = Recorder(weights_response(8))
     with pytest.raises(ProtocolError, match="missing") as info:
-        make_client(handler).get_weights({**SPEC, "extra": (1,)})
+        make_client(handler).get_weights(wire.Layout([*SPEC.items(), ("extra", (1,))], 7))
     assert isinstance(info.value.__cause__, wire.WireError)
     assert isinstance(info.value, A3CError)
     assert handler.calls == 1
@@ -237,14 +238,14 @@ def test_a_weights_reply_without_a_version_is_a_protocol_error() -> None:
         return httpx.Response(200, content=wire.encode(TENSORS))
 
     with pytest.raises(ProtocolError, match="X-Model-Version"):
-        make_client(handler).get_weights(SPEC)
+        make_client(handler).get_weights(LAYOUT)
 
 
 def test_push_gradients_headers_body_and_reply() -> None:
     grads = {"w": torch.full((2, 2), 0.25), "b": torch.tensor([1.0, -1.0])}
     handler = Recorder(weights_response(13, stop=True))
     client = make_client(handler, token="t", run_id="run-42")
-    reply = client.push_gradients("w7", 12, grads, SPEC)
+    reply = client.push_gradients("w7", 12, grads, LAYOUT)
     (request,) = handler.requests
     assert request.method == "POST" and request.url.path == "/gradients"
     assert request.headers["X-Worker-Id"] == "w7"
@@ -262,13 +263,13 @@ def test_push_gradients_headers_body_and_reply() -> None:
 
 def test_push_gradients_without_run_id_sends_no_run_header() -> None:
     handler = Recorder(weights_response(1))
-    make_client(handler).push_gradients("w1", 0, TENSORS, SPEC)
+    make_client(handler).push_gradients("w1", 0, TENSORS, LAYOUT)
     assert "X-Run-Id" not in handler.requests[0].headers
 
 
 def test_push_gradients_retried_on_5xx_resends_the_same_body() -> None:
     handler = Recorder(httpx.Response(503), weights_response(2))
-    make_client(handler).push_gradients("w1", 1, TENSORS, SPEC)
+    make_client(handler).push_gradients("w1", 1, TENSORS, LAYOUT)
     assert handler.calls == 2
     assert handler.requests[0].content == handler.requests[1].content
     assert handler.requests[1].content

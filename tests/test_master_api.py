@@ -423,7 +423,8 @@ def test_train_refuses_a_seed_torch_cannot_take(client: TestClient, launched: li
 
 
 def _encoded_size(hidden_sizes: list[int]) -> int:
-    return len(wire.encode(build_model("CartPole-v1", {}, hidden_sizes).state_dict()))
+    model = build_model("CartPole-v1", {}, hidden_sizes)
+    return len(wire.Layout.of(model).encode(torch.cat([p.reshape(-1) for p in model.parameters()])))
 
 
 def test_train_refuses_hidden_sizes_whose_weights_exceed_the_body_limit(

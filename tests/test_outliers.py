@@ -27,8 +27,9 @@ def server(config: TrainConfig = CONFIG) -> ParameterServer:
     return params
 
 
-def grads_of(params: ParameterServer, scale: float = 0.01) -> dict[str, torch.Tensor]:
-    return {name: torch.full_like(p, scale) for name, p in params.model.named_parameters()}
+def grads_of(params: ParameterServer, scale: float = 0.01) -> torch.Tensor:
+    """A gradient vector as a decoded body is (a3c_http/flatnet.py)."""
+    return torch.full((params.net.layout.numel,), scale)
 
 
 def push(

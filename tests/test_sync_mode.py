@@ -72,7 +72,7 @@ def stepped(
     config = c.app.state.cluster.ledger.config
     model = model_for(config)
     model.load_state_dict(start)
-    used = c.app.state.cluster.params.optimizer
+    used = c.app.state.cluster.params.net.optimizer
     optimizer = type(used)(model.parameters(), **used.defaults)
     for grads in grad_sets:
         for name, param in model.named_parameters():
@@ -187,10 +187,10 @@ def test_a_round_steps_on_the_mean_not_the_sum() -> None:
     config = TrainConfig(seed=1, max_steps=None, sync_mode="sync")
     params = ParameterServer()
     params.begin(config, model_for(config), next_version=False)
-    params.optimizer = torch.optim.SGD(params.model.parameters(), lr=1.0)
+    params.net.optimizer = torch.optim.SGD([params.net.params], lr=1.0)
     before = {k: v.clone() for k, v in params.model.state_dict().items()}
     names = [n for n, _ in params.model.named_parameters()]
-    grads = [{n: torch.full_like(before[n], float(k)) for n in names} for k in (1, 2, 6)]
+    grads = [torch.full((params.net.layout.numel,), float(k)) for k in (1, 2, 6)]
     workers = {"a", "b", "c"}
     outcomes = [
         params.join_round(params.update_of(w, 0, g), config, None, workers)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 
@@ -38,37 +39,44 @@ def test_a_stop_answered_to_registration_ends_cleanly() -> None:
     assert progress.episodes == 0
 
 
-def test_the_loop_pushes_gradients_reports_episodes_and_stops_when_told() -> None:
-    model = build_model(CONFIG.env_id, CONFIG.env_kwargs, CONFIG.hidden_sizes)
-    weights = wire.encode(model.state_dict())
-    seen: dict[str, int] = {}
+def test_one_round_trip_per_update_carries_the_episodes_and_the_stop() -> None:
+    """Each push carries the rollout's finished episodes and the worker's statistics in the
+    body's metadata; the reply's X-A3C-Stop ends the run. No /episode, no /heartbeat while the
+    replies come."""
+    config = CONFIG.model_copy(update={"max_in_flight": 0, "heartbeat_interval_s": 60.0})
+    model = build_model(config.env_id, config.env_kwargs, config.hidden_sizes)
+    layout = wire.Layout.of(model)
+    weights = layout.encode(layout.flatten(model.state_dict()))
+    paths: list[str] = []
+    reports: list[dict] = []
     pushed_versions: list[int] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
-        path = request.url.path
-        seen[path] = seen.get(path, 0) + 1
-        if path == "/gradients":
-            grads = wire.decode(request.content, wire.spec_of(model))
-            assert all(torch.isfinite(g).all() for g in grads.values())
+        paths.append(request.url.path)
+        if request.url.path == "/gradients":
+            vector, metadata = layout.decode(request.content)
+            assert torch.isfinite(vector).all()
+            reports.append(json.loads(metadata["a3c"]))
             version = int(request.headers["X-Model-Version"])
             pushed_versions.append(version)
-            return httpx.Response(
-                200, content=weights, headers={"X-Model-Version": str(version + 1)}
-            )
-        if path == "/global_model_weights":
+            done = sum(len(r["episodes"]) for r in reports) >= 5
+            headers = {"X-Model-Version": str(version + 1), "X-A3C-Stop": "1" if done else "0"}
+            return httpx.Response(200, content=weights, headers=headers)
+        if request.url.path == "/global_model_weights":
             return httpx.Response(200, content=weights, headers={"X-Model-Version": "0"})
-        if path == "/episode":
-            n = seen[path]
-            return httpx.Response(200, json={"data": {"improved": n == 1, "stop": n >= 5}})
-        if path == "/heartbeat":
-            return httpx.Response(200, json={"data": {"stop": False}})
         return httpx.Response(200, json={"data": {}})
 
-    trainer, progress = make_trainer(handler)
+    trainer, progress = make_trainer(handler, config)
     trainer.run()
-    assert seen["/worker_started"] == 1
-    assert progress.episodes == 5  # stopped by the fifth episode's reply
-    assert pushed_versions == list(range(len(pushed_versions))) and pushed_versions
+    assert set(paths) == {"/worker_started", "/global_model_weights", "/gradients"}
+    episodes = [e for r in reports for e in r["episodes"]]
+    assert len(episodes) >= 5 and progress.episodes == len(episodes)
+    assert all(length >= 1 and math.isfinite(ret) for ret, length in episodes)
+    assert progress.steps == sum(length for _, length in episodes)
+    env_steps = [r["stats"]["env_steps"] for r in reports]
+    assert env_steps == sorted(env_steps) and env_steps[0] > 0
+    assert reports[-1]["stats"]["episodes"] == progress.episodes
+    assert pushed_versions == list(range(len(pushed_versions)))  # each on the newest weights
     assert {"train/policy_loss", "train/value_loss", "train/entropy"} <= set(progress.metrics)
 
 
@@ -76,7 +84,9 @@ def test_pushes_report_loss_and_norm_and_a_refused_one_is_dropped_for_the_weight
     """Each push carries the rollout's loss and the norm before clipping; a 409 without stop (an
     outlier, stale gradients) makes the worker pull the weights and go on. In sync mode the push
     may wait sync_timeout_s longer than other requests (the client's 10 s)."""
-    config = CONFIG.model_copy(update={"sync_mode": "sync", "sync_timeout_s": 5.0})
+    config = CONFIG.model_copy(
+        update={"sync_mode": "sync", "sync_timeout_s": 5.0, "heartbeat_interval_s": 60.0}
+    )
     model = build_model(config.env_id, config.env_kwargs, config.hidden_sizes)
     weights = wire.encode(model.state_dict())
     paths: list[str] = []
@@ -89,20 +99,17 @@ def test_pushes_report_loss_and_norm_and_a_refused_one_is_dropped_for_the_weight
             pushes.append(request)
             if len(pushes) == 1:
                 return httpx.Response(409, json={"detail": "gradient norm 1e+09 refused"})
-            return httpx.Response(200, content=weights, headers={"X-Model-Version": "2"})
+            headers = {"X-Model-Version": "2", "X-A3C-Stop": "1"}
+            return httpx.Response(200, content=weights, headers=headers)
         if path == "/global_model_weights":
             return httpx.Response(200, content=weights, headers={"X-Model-Version": "1"})
-        if path == "/episode":
-            return httpx.Response(200, json={"data": {"improved": False, "stop": False}})
-        if path == "/heartbeat":
-            return httpx.Response(200, json={"data": {"stop": len(pushes) >= 2}})
         return httpx.Response(200, json={"data": {}})
 
     trainer, progress = make_trainer(handler, config)
     trainer.run()
     first = paths.index("/gradients")
     assert paths[first + 1] == "/global_model_weights"  # the refused rollout is dropped
-    assert progress.updates == len(pushes) - 1
+    assert progress.updates == len(pushes) - 1 and progress.refused == 1
     for request in pushes:
         assert math.isfinite(float(request.headers["X-A3C-Loss"]))
         assert float(request.headers["X-A3C-Grad-Norm"]) >= 0

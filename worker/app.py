@@ -156,6 +156,11 @@ class WorkerService:
                 "learn_s": round(p.time_learn_s, 3),
                 "http_s": round(p.time_http_s, 3),
             },
+            "exchanges": {
+                "in_flight": p.in_flight,
+                "round_trip_ms": round(p.round_trip_s * 1000, 3) if p.round_trip_s else None,
+                "refused": p.refused,
+            },
         }
 
 

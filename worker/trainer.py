@@ -1,8 +1,12 @@
 """The worker's training loop: collect a rollout, exchange with the master, repeat.
 
-gradients mode (A3C): one round trip per update; the gradients go up, the new global weights come
-back in the same reply. sync mode (A2C): the same round trip, whose reply the master holds until
-every running worker has sent its gradients for the version (at most `sync_timeout_s`).
+gradients mode (A3C): one round trip per update; the gradients go up with the rollout's finished
+episodes and the worker's statistics (in the body's metadata), the new global weights and the
+run's figures come back in the same reply. Up to `max_in_flight` pushes are in flight while the
+worker collects its next rollouts (worker/pipeline.py). sync mode (A2C): the same round trip, whose
+reply the master holds until every running worker has sent its gradients for the version (at most
+`sync_timeout_s`); the worker waits for it. A heartbeat goes only when no reply came for
+`heartbeat_interval_s`.
 best_weights mode (the original design): the worker learns with its own optimizer; when one of its
 episodes beats the best score it pushes its weights as the global ones, and it adopts newer global
 weights (another worker's best) at each heartbeat.
@@ -22,12 +26,13 @@ import torch
 
 from a3c_http import wire
 from a3c_http.a3c import LossTerms, gradients, make_optimizer, rollout_loss
-from a3c_http.client import Conflict, MasterClient, Stopped, Weights
+from a3c_http.client import A3CError, Conflict, MasterClient, Stopped, Weights
 from a3c_http.config import TrainConfig
 from a3c_http.exploration import widened
 from a3c_http.model import ActorCritic, model_for
 from a3c_http.normalize import absorb
 from a3c_http.rollout import Rollout, RolloutCollector
+from worker.pipeline import Pipeline
 
 
 @dataclass
@@ -44,7 +49,10 @@ class Progress:
     # Seconds spent in each phase, for the HTTP-versus-compute figures of the benchmarks.
     time_rollout_s: float = 0.0
     time_learn_s: float = 0.0
-    time_http_s: float = 0.0
+    time_http_s: float = 0.0  # waiting for the master: replies, and the weights at the start
+    in_flight: int = 0  # gradient pushes on their way, after the last rollout
+    round_trip_s: float | None = None  # moving average of the pushes' round trips
+    refused: int = 0  # pushes the master refused (too stale, or outliers): their rollouts dropped
     # The latest training metrics under the names SB3 and TensorBoard users chart.
     metrics: dict[str, float] = field(default_factory=dict)
     recent_returns: deque = field(default_factory=lambda: deque(maxlen=100))
@@ -82,6 +90,8 @@ class Trainer:
         self.log_std_offset = log_std_offset
         self.policy: Any = None  # the model, or its widened Gaussian: what acts and is scored
         self.version = 0
+        self.layout: wire.Layout | None = None
+        self.last_reply = time.monotonic()
 
     def run(self) -> None:
         """Train until told to stop. Raises on failure; the caller reports it."""
@@ -96,28 +106,40 @@ class Trainer:
         self._http(self.client.worker_started, self.worker_id, self.worker_url)
         model = model_for(cfg)
         self.policy = policy = widened(model, self.log_std_offset)
-        spec = wire.spec_of(model)
+        self.layout = wire.Layout.of(model)
         collector = RolloutCollector(cfg.env_id, cfg.env_kwargs, cfg.num_envs, seed, cfg.gamma)
+        local = cfg.sync_mode == "best_weights"
+        in_flight = min(cfg.max_in_flight, cfg.max_staleness)
+        pipeline = Pipeline(0 if cfg.sync_mode == "sync" else in_flight)
         try:
-            self._load(model, self._http(self.client.get_weights, spec))
-            optimizer = (
-                make_optimizer(model.parameters(), cfg) if cfg.sync_mode == "best_weights" else None
-            )
+            self._load(model, self._http(self.client.get_weights, self.layout))
+            self.last_reply = time.monotonic()
+            optimizer = make_optimizer(model.parameters(), cfg) if local else None
             last_heartbeat = time.monotonic()
             while not self.stop_event.is_set():
                 started = time.monotonic()
                 rollout = collector.collect(policy, cfg.t_max)
                 self.progress.time_rollout_s += time.monotonic() - started
                 self.progress.env_steps += rollout.num_steps
-                improved = self._report(rollout)
                 if optimizer is None:
-                    self._push_gradients(model, rollout, spec)
+                    self._note_episodes(rollout.episodes)
+                    self._push_gradients(model, rollout, pipeline)
+                    self._take_replies(model, pipeline)
+                    quiet_since = self.last_reply
                 else:
-                    self._learn_locally(model, optimizer, rollout, spec, improved)
-                if time.monotonic() - last_heartbeat >= cfg.heartbeat_interval_s:
+                    improved = self._report(rollout)
+                    self._learn_locally(model, optimizer, rollout, improved)
+                    quiet_since = last_heartbeat
+                if time.monotonic() - quiet_since >= cfg.heartbeat_interval_s:
                     last_heartbeat = time.monotonic()
-                    self._heartbeat(model, spec)
+                    self._heartbeat(model)
+            self._settle(pipeline.drain(), ending=True)  # this worker's /stop
+        except _Stop:
+            # What is on the wire was taken (or refused) by the master: count it like the rest.
+            self._settle(pipeline.drain(), ending=True)
+            raise
         finally:
+            pipeline.close()
             collector.close()
 
     # -- exchanges with the master --------------------------------------------------------------
@@ -143,26 +165,31 @@ class Trainer:
         if weights.stop:
             raise _Stop
 
-    def _report(self, rollout: Rollout) -> bool:
-        """Send each finished episode; True when one of them raised the best score."""
-        improved = False
-        for ep in rollout.episodes:
-            reply = self._http(self.client.episode, self.worker_id, ep.reward, ep.length)
-            progress = self.progress
-            progress.episodes += 1
-            progress.steps += ep.length
-            progress.last_reward = ep.reward
-            improved = improved or bool(reply["improved"])
-            if reply["stop"]:
-                raise _Stop
+    def _note_episodes(self, episodes: list) -> None:
+        """Finished episodes in this worker's own progress."""
         p = self.progress
-        p.recent_returns.extend(ep.reward for ep in rollout.episodes)
+        for ep in episodes:
+            p.episodes += 1
+            p.steps += ep.length
+            p.last_reward = ep.reward
+        p.recent_returns.extend(ep.reward for ep in episodes)
         elapsed = time.monotonic() - p.started_at
         p.steps_per_s = round(p.env_steps / elapsed, 1) if elapsed else None
         if p.recent_returns:
             p.metrics["rollout/ep_rew_mean"] = sum(p.recent_returns) / len(p.recent_returns)
         if p.steps_per_s is not None:
             p.metrics["time/fps"] = p.steps_per_s
+
+    def _report(self, rollout: Rollout) -> bool:
+        """best_weights mode: send each finished episode; True when one of them raised the best
+        score."""
+        improved = False
+        for ep in rollout.episodes:
+            reply = self._http(self.client.episode, self.worker_id, ep.reward, ep.length)
+            self._note_episodes([ep])
+            improved = improved or bool(reply["improved"])
+            if reply["stop"]:
+                raise _Stop
         return improved
 
     def _loss(self, rollout: Rollout) -> LossTerms:
@@ -172,35 +199,89 @@ class Trainer:
         self.progress.metrics.update(loss.as_floats())
         return loss
 
-    def _push_gradients(self, model: ActorCritic, rollout: Rollout, spec: wire.Spec) -> None:
+    def _stats(self) -> dict[str, Any]:
+        p = self.progress
+        return {
+            "episodes": p.episodes,
+            "steps": p.steps,
+            "env_steps": p.env_steps,
+            "steps_per_s": p.steps_per_s,
+            "last_reward": p.last_reward,
+            "metrics": dict(p.metrics),
+        }
+
+    def _push_gradients(self, model: ActorCritic, rollout: Rollout, pipeline: Pipeline) -> None:
+        """Hand the rollout's gradients, episodes and statistics to the pipeline (one push)."""
         cfg = self.config
         started = time.monotonic()
         loss = self._loss(rollout).total
         grads, norm = gradients(model, loss, cfg.max_grad_norm)
         # The rollout's observation and return moments travel with the gradients; the master
         # merges them into the shared statistics, which come back with the weights.
-        grads |= rollout.statistics
+        vector = self.layout.flatten(grads | rollout.statistics)
         self.progress.time_learn_s += time.monotonic() - started
-        try:
-            weights = self._http(
-                self.client.push_gradients,
-                self.worker_id,
-                self.version,
-                grads,
-                spec,
-                loss=float(loss.detach()),
-                grad_norm=norm,
-                wait_s=cfg.sync_timeout_s if cfg.sync_mode == "sync" else 0.0,
-            )
-        except Conflict:
-            # Too stale, or an outlier: drop this rollout's gradients and continue from the
-            # current weights.
-            weights = self._http(self.client.get_weights, spec)
-        else:
-            self.progress.updates += 1
-        self._load(model, weights)
+        report = {
+            "episodes": [[ep.reward, ep.length] for ep in rollout.episodes],
+            "stats": self._stats(),
+        }
+        args = (self.worker_id, self.version, vector, self.layout)
+        kwargs = {
+            "loss": float(loss.detach()),
+            "grad_norm": norm,
+            "wait_s": cfg.sync_timeout_s if cfg.sync_mode == "sync" else 0.0,
+            "report": report,
+        }
+        pipeline.submit(lambda: self.client.push_gradients(*args, **kwargs))
 
-    def _learn_locally(self, model, optimizer, rollout: Rollout, spec, improved: bool) -> None:
+    def _take_replies(self, model: ActorCritic, pipeline: Pipeline) -> None:
+        """Take the replies that are in (waiting while more than max_in_flight are out), and
+        load the newest weights they bring."""
+        started = time.monotonic()
+        try:
+            done = pipeline.completed()
+        finally:
+            self.progress.time_http_s += time.monotonic() - started
+        newest, stop = self._settle(done)
+        self.progress.in_flight = len(pipeline)
+        self.progress.round_trip_s = pipeline.round_trip_s
+        if stop:
+            raise _Stop
+        if newest is not None and newest.version > self.version:
+            self._load(model, newest)
+        elif newest is None and done and not len(pipeline):
+            # Every reply was a refusal (too stale, or outliers): catch up with the master.
+            self._load(model, self._http(self.client.get_weights, self.layout, self.version))
+
+    def _settle(self, done: list, ending: bool = False) -> tuple[Weights | None, bool]:
+        """Count the replies of `done` pushes; the newest weights among them, and whether one
+        said the run is over. `ending`: the run is ending, a failed push is not the worker's
+        failure any more."""
+        newest: Weights | None = None
+        stop = False
+        for future in done:
+            try:
+                weights = future.result()
+            except Conflict as exc:
+                # Too stale, or an outlier: those gradients are dropped; the next reply, or the
+                # current weights, bring the worker up to date.
+                stop = stop or exc.stop
+                self.progress.refused += 0 if exc.stop else 1
+                continue
+            except Stopped:
+                stop = True
+                continue
+            except A3CError:
+                if ending:
+                    continue
+                raise
+            self.progress.updates += 1
+            self.last_reply = time.monotonic()
+            stop = stop or weights.stop
+            if newest is None or weights.version > newest.version:
+                newest = weights
+        return newest, stop
+
+    def _learn_locally(self, model, optimizer, rollout: Rollout, improved: bool) -> None:
         if improved:
             # The weights that played the record episode become the global weights.
             reply = self._http(self.client.push_weights, self.worker_id, model.state_dict(), False)
@@ -214,20 +295,10 @@ class Trainer:
         absorb(model, rollout.statistics)
         self.progress.time_learn_s += time.monotonic() - started
 
-    def _heartbeat(self, model: ActorCritic, spec: wire.Spec) -> None:
-        p = self.progress
-        stop = self._http(
-            self.client.heartbeat,
-            self.worker_id,
-            episodes=p.episodes,
-            steps=p.steps,
-            env_steps=p.env_steps,
-            steps_per_s=p.steps_per_s,
-            last_reward=p.last_reward,
-            metrics=p.metrics,
-        )
+    def _heartbeat(self, model: ActorCritic) -> None:
+        stop = self._http(self.client.heartbeat, self.worker_id, **self._stats())
         if stop:
             raise _Stop
         if self.config.sync_mode == "best_weights":
             self._http(self.client.push_weights, self.worker_id, model.state_dict(), True)
-            self._load(model, self._http(self.client.get_weights, spec, self.version))
+            self._load(model, self._http(self.client.get_weights, self.layout, self.version))
