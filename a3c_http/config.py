@@ -343,6 +343,9 @@ class Settings(_FromEnv):
     master_url: str | None = Field(None, pattern=r"^https?://")
     persist_interval_s: PositiveSeconds = 5.0
     queue_max: int = Field(10_000, ge=1)
+    # quiet: uvicorn's access log leaves out the successful requests of the workers' training
+    # loop (hundreds a second); all: every request, as uvicorn logs by default.
+    access_log: Literal["quiet", "all"] = "quiet"
 
 
 class WorkerSettings(_FromEnv):

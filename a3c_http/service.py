@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import logging
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, HTTPException, Request, Security
@@ -251,9 +252,44 @@ def protected_router(**kwargs: Any) -> APIRouter:
     return APIRouter(dependencies=[Security(bearer)], responses=AUTH_ERRORS, **kwargs)
 
 
-def install_common(app: FastAPI, token: str | None, max_body_bytes: int) -> None:
+class QuietAccessLog(logging.Filter):
+    """Leaves out uvicorn's access line of a successful request to one of `paths`: a master
+    serving hundreds of gradient pushes a second would otherwise spend a good part of its time
+    writing them (A3C_ACCESS_LOG=all keeps them). Errors (4xx, 5xx) and every other route are
+    logged as ever."""
+
+    def __init__(self, paths: set[str]) -> None:
+        super().__init__()
+        self.paths = frozenset(paths)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        # uvicorn's access record: (client, method, path with query, HTTP version, status)
+        if isinstance(args, tuple) and len(args) == 5:
+            path = str(args[2]).partition("?")[0]
+            return not (path in self.paths and isinstance(args[4], int) and args[4] < 400)
+        return True
+
+
+def quiet_access_log(paths: set[str]) -> None:
+    """Install `QuietAccessLog` on uvicorn's access logger (once per process)."""
+    logger = logging.getLogger("uvicorn.access")
+    for old in [f for f in logger.filters if isinstance(f, QuietAccessLog)]:
+        logger.removeFilter(old)
+    logger.addFilter(QuietAccessLog(paths))
+
+
+def install_common(
+    app: FastAPI,
+    token: str | None,
+    max_body_bytes: int,
+    quiet_paths: set[str] | None = None,
+) -> None:
     """Health route, auth, body limit, the 422 format and the 405's `Allow` shared by both
-    services (the routes declare the errors they answer: `protected_router`, `JSON_BODY`, ...)."""
+    services (the routes declare the errors they answer: `protected_router`, `JSON_BODY`, ...);
+    `quiet_paths`: routes whose successful requests uvicorn's access log leaves out."""
+    if quiet_paths:
+        quiet_access_log(quiet_paths)
     app.include_router(health_router)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)

@@ -62,7 +62,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="a3c-http master", version="0.1.0", lifespan=lifespan)
     app.state.cluster = state
-    install_common(app, settings.token, settings.max_body_bytes)
+    # The routes of the workers' training loop: hundreds of requests a second.
+    hot = {"/gradients", "/episode", "/heartbeat", "/global_model_weights", "/local_model_weights"}
+    install_common(
+        app,
+        settings.token,
+        settings.max_body_bytes,
+        quiet_paths=hot if settings.access_log == "quiet" else None,
+    )
     for module in (routes_seed, routes_weights, routes_run):
         app.include_router(module.router)
 

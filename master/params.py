@@ -58,6 +58,7 @@ class ParameterServer:
         self._round_numbers = itertools.count(1)  # never reused, so a late timeout closes no other
         self.sync_rounds = 0  # rounds applied in this run
         self.sync_gradients = 0  # gradients those rounds averaged
+        self.staleness_total = 0  # versions between the weights of applied gradients and theirs
 
     def begin(self, config: TrainConfig, model: ActorCritic, next_version: bool) -> None:
         """Fresh weights and counters for a new run; `next_version`: an earlier run used this
@@ -73,6 +74,7 @@ class ParameterServer:
             self._update_seq = {}
             self.outliers.reset()
             self.sync_rounds = self.sync_gradients = 0
+            self.staleness_total = 0
 
     def _set_model(self, config: TrainConfig, model: ActorCritic, optimizer_state: Any) -> None:
         self.net = FlatNetwork(model, config, optimizer_state)
@@ -255,6 +257,7 @@ class ParameterServer:
         )
         # Every worker's observations count, also in a sync round.
         self._require_net().step(grads, [u.moments for u in updates])
+        self.staleness_total += sum(self.version - u.version for u in updates)
         self.version += 1
         self.updates_applied += len(updates)
         for u in updates:
@@ -311,7 +314,7 @@ class ParameterServer:
 
     def counters(self) -> dict[str, Any]:
         with self.lock:
-            rounds = self.sync_rounds
+            rounds, applied = self.sync_rounds, self.updates_applied
             return {
                 "model_version": self.version,
                 "updates_applied": self.updates_applied,
@@ -319,6 +322,7 @@ class ParameterServer:
                 "updates_refused_outlier": self.outliers.refused,
                 "sync_rounds": rounds,
                 "sync_gradients_per_round": self.sync_gradients / rounds if rounds else None,
+                "staleness_mean": round(self.staleness_total / applied, 3) if applied else None,
             }
 
     # -- persistence (master/persistence.py) ---------------------------------------------------
@@ -333,6 +337,7 @@ class ParameterServer:
                 "update_seq": {w: window.to_json() for w, window in self._update_seq.items()},
                 "sync_rounds": self.sync_rounds,
                 "sync_gradients": self.sync_gradients,
+                "staleness_total": self.staleness_total,
                 **self.outliers.state(),
             }
 
@@ -364,6 +369,7 @@ class ParameterServer:
             }
             self.sync_rounds = int(state.get("sync_rounds", 0))
             self.sync_gradients = int(state.get("sync_gradients", 0))
+            self.staleness_total = int(state.get("staleness_total", 0))
             self.outliers.restore(state)
             self.temporary = dict(temporary)
 

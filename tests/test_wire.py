@@ -163,3 +163,53 @@ def test_bytearray_and_memoryview_are_accepted() -> None:
     for view in (bytearray(data), memoryview(data)):
         out = wire.decode(view, SPEC)  # type: ignore[arg-type]
         assert torch.equal(out["layer.bias"], good_tensors()["layer.bias"])
+
+
+# -- Layout: the hot path's form of the same file ------------------------------------------------
+
+LAYOUT = wire.Layout(list(SPEC.items()), n_params=8)
+
+
+def test_a_layout_body_is_a_safetensors_file_and_reads_back_with_its_metadata() -> None:
+    vector = LAYOUT.flatten(good_tensors())
+    body = LAYOUT.encode(vector, {"a3c": "{}"})
+    out, metadata = LAYOUT.decode(body)
+    assert torch.equal(out, vector) and metadata == {"a3c": "{}"}
+    # Any safetensors reader takes it, and any writer's file is read by the layout.
+    assert all(torch.equal(wire.decode(body, SPEC)[n], t) for n, t in good_tensors().items())
+    assert torch.equal(LAYOUT.decode(wire.encode(good_tensors()))[0], vector)
+    assert len(LAYOUT.encode(vector)) == len(LAYOUT.header) + 4 * LAYOUT.numel
+
+
+def test_a_model_layout_puts_the_parameters_first() -> None:
+    from a3c_http.config import TrainConfig
+    from a3c_http.model import model_for
+
+    model = model_for(TrainConfig(normalize_obs=True))
+    layout = wire.Layout.of(model)
+    params = [name for name, _ in model.named_parameters()]
+    assert layout.names[: len(params)] == params and "obs_rms.mean" in layout.names[len(params) :]
+    assert layout.n_params == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        (b"\x01", "8-byte header"),
+        ((10**9).to_bytes(8, "little") + b"{}", "overruns"),
+        ((4).to_bytes(8, "little") + b"[1] ", "not an object"),
+        ((3).to_bytes(8, "little") + b"{x}", "header"),
+    ],
+)
+def test_a_broken_layout_body_is_a_wire_error(body: bytes, named: str) -> None:
+    with pytest.raises(wire.WireError, match=named):
+        LAYOUT.decode(body)
+
+
+def test_the_layout_names_the_tensor_with_non_finite_values_and_bad_metadata() -> None:
+    tensors = good_tensors()
+    tensors["layer.bias"][1] = float("nan")
+    with pytest.raises(wire.WireError, match="'layer.bias' holds NaN"):
+        LAYOUT.decode(LAYOUT.encode(LAYOUT.flatten(tensors)))
+    with pytest.raises(wire.WireError, match="__metadata__"):
+        LAYOUT.decode(st_save(good_tensors(), metadata={"a": "b"}).replace(b'"b"', b"[1]"))

@@ -158,6 +158,7 @@ class WorkerService:
             },
             "exchanges": {
                 "in_flight": p.in_flight,
+                "in_flight_limit": p.in_flight_limit,
                 "round_trip_ms": round(p.round_trip_s * 1000, 3) if p.round_trip_s else None,
                 "refused": p.refused,
             },

@@ -3,50 +3,77 @@
 A worker that waits for each reply before it steps again spends the round trip idle: at 20 ms each
 way, nine tenths of its time. Instead it hands each push to a small pool of sender threads and
 goes on collecting its next rollout with the weights it has; the replies are taken between
-rollouts, and the newest weights any of them brings are loaded then. At most `limit` pushes are in
-flight; with a fast master the replies come back before the next rollout is ready and only one
-ever is. The gradients of a rollout are always those of the weights that acted in it, so they stay
-on-policy; what grows with the pushes in flight is their staleness at the master, which
-`max_staleness` bounds (docs: README, "Latency").
+rollouts, and the newest weights any of them brings are loaded then.
+
+How many may be in flight is what the round trip needs, no more: the shortest recent round trip
+(the path's own delay, without the time requests queue at a busy master) divided by the time the
+worker takes to compute one rollout, rounded up, at least 1 and at most `max_in_flight`. More
+would not make the worker faster, only its gradients staler (as a router's deep buffer adds delay,
+not bandwidth). The gradients of a rollout are always those of the weights that acted in it, so
+they stay on-policy; what grows with the pushes in flight is their staleness at the master, which
+`max_staleness` bounds (README, "Latency").
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
+# Round trips remembered for the shortest one: a few seconds of pushes, so a changed path is
+# followed.
+_RTT_WINDOW = 200
+
 
 class Pipeline:
-    def __init__(self, limit: int) -> None:
-        """`limit`: pushes that may be in flight while the caller computes (0: none, each
-        reply is awaited at once)."""
-        self.limit = limit
-        self._pool = ThreadPoolExecutor(max_workers=max(1, limit), thread_name_prefix="a3c-push")
+    def __init__(self, max_in_flight: int) -> None:
+        """`max_in_flight`: pushes that may be in flight while the caller computes (0: none,
+        each reply is awaited at once)."""
+        self.max_in_flight = max_in_flight
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(1, max_in_flight), thread_name_prefix="a3c-push"
+        )
         self._in_flight: deque[Future] = deque()
-        self.round_trip_s: float | None = None  # moving average of the last replies' round trips
+        self._round_trips: deque[float] = deque(maxlen=_RTT_WINDOW)
+        self.compute_s: float | None = None  # moving average of one rollout and its gradients
 
     def __len__(self) -> int:
         return len(self._in_flight)
+
+    @property
+    def round_trip_s(self) -> float | None:
+        """The shortest recent round trip."""
+        return min(self._round_trips, default=None)
+
+    @property
+    def limit(self) -> int:
+        """Pushes that may stay in flight while the next rollout is computed."""
+        rtt, compute = self.round_trip_s, self.compute_s
+        if self.max_in_flight == 0 or rtt is None or not compute:
+            return min(1, self.max_in_flight)
+        return max(1, min(self.max_in_flight, math.ceil(rtt / compute)))
+
+    def computed(self, seconds: float) -> None:
+        """The caller took `seconds` to compute one rollout and its gradients."""
+        c = self.compute_s
+        self.compute_s = seconds if c is None else 0.9 * c + 0.1 * seconds
 
     def submit(self, send: Callable[[], Any]) -> None:
         started = time.monotonic()
 
         def timed() -> Any:
-            try:
-                return send()
-            finally:
-                took = time.monotonic() - started
-                rtt = self.round_trip_s
-                self.round_trip_s = took if rtt is None else 0.9 * rtt + 0.1 * took
+            result = send()
+            self._round_trips.append(time.monotonic() - started)
+            return result
 
         self._in_flight.append(self._pool.submit(timed))
 
     def completed(self) -> list[Future]:
-        """The pushes that are done, in the order they were sent, once at most `limit` are
-        still in flight (waiting for replies until then)."""
+        """The pushes that are done, once at most `limit` are still in flight (waiting for
+        replies until then)."""
         done: list[Future] = []
         while True:
             finished = [f for f in self._in_flight if f.done()]

@@ -51,7 +51,8 @@ class Progress:
     time_learn_s: float = 0.0
     time_http_s: float = 0.0  # waiting for the master: replies, and the weights at the start
     in_flight: int = 0  # gradient pushes on their way, after the last rollout
-    round_trip_s: float | None = None  # moving average of the pushes' round trips
+    in_flight_limit: int = 0  # how many the round trip needs now (worker/pipeline.py)
+    round_trip_s: float | None = None  # the shortest recent round trip of a push
     refused: int = 0  # pushes the master refused (too stale, or outliers): their rollouts dropped
     # The latest training metrics under the names SB3 and TensorBoard users chart.
     metrics: dict[str, float] = field(default_factory=dict)
@@ -124,6 +125,7 @@ class Trainer:
                 if optimizer is None:
                     self._note_episodes(rollout.episodes)
                     self._push_gradients(model, rollout, pipeline)
+                    pipeline.computed(time.monotonic() - started)
                     self._take_replies(model, pipeline)
                     quiet_since = self.last_reply
                 else:
@@ -243,6 +245,7 @@ class Trainer:
             self.progress.time_http_s += time.monotonic() - started
         newest, stop = self._settle(done)
         self.progress.in_flight = len(pipeline)
+        self.progress.in_flight_limit = pipeline.limit
         self.progress.round_trip_s = pipeline.round_trip_s
         if stop:
             raise _Stop

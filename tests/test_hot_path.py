@@ -1,0 +1,138 @@
+"""The pieces of the hot path, each on its own: the window of request numbers, the worker's
+pipeline of pushes, the flat network and its optimizer, and the quiet access log."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+import torch
+
+from a3c_http.a3c import make_optimizer
+from a3c_http.config import TrainConfig
+from a3c_http.flatnet import FlatNetwork
+from a3c_http.model import model_for
+from a3c_http.service import QuietAccessLog
+from master.seqwindow import WIDTH, SeqWindow
+from worker.pipeline import Pipeline
+
+# -- SeqWindow ------------------------------------------------------------------------------------
+
+
+def test_numbers_out_of_order_are_each_taken_once() -> None:
+    window = SeqWindow()
+    for seq in (5, 2, 4, 1):
+        assert not window.seen(seq)
+        window.add(seq)
+    assert all(window.seen(s) for s in (1, 2, 4, 5)) and not window.seen(3)
+    window.add(3)
+    assert window.seen(3) and not window.seen(6)
+
+
+def test_a_number_older_than_the_window_counts_as_taken_and_a_huge_jump_is_cheap() -> None:
+    window = SeqWindow()
+    window.add(WIDTH + 10)
+    assert window.seen(9) and not window.seen(WIDTH + 9)
+    window.add(2**62)  # a jump this big must neither take memory nor forget the new number
+    assert window.seen(2**62) and not window.seen(2**62 - 1) and window.mask == 1
+
+
+def test_the_window_survives_a_save_and_an_earlier_versions_single_number() -> None:
+    window = SeqWindow()
+    for seq in (1, 3, 7):
+        window.add(seq)
+    again = SeqWindow.from_json(window.to_json())
+    assert [again.seen(s) for s in range(1, 9)] == [window.seen(s) for s in range(1, 9)]
+    legacy = SeqWindow.from_json(7)  # every number up to 7 was taken
+    assert legacy.seen(1) and legacy.seen(7) and not legacy.seen(8)
+
+
+# -- Pipeline -------------------------------------------------------------------------------------
+
+
+class TwoInFlight(Pipeline):
+    limit = 2  # what the round trip needs is the next test's matter
+
+
+def test_the_pipeline_keeps_at_most_its_limit_in_flight_and_drains_the_rest() -> None:
+    gates = [threading.Event() for _ in range(4)]
+    pipeline = TwoInFlight(max_in_flight=8)
+    for i, gate in enumerate(gates):
+        pipeline.submit(lambda i=i, gate=gate: gate.wait(30) and i)
+    gates[1].set()  # later pushes answered first: enough once two are left out
+    gates[3].set()
+    done = pipeline.completed()
+    assert sorted(f.result() for f in done) == [1, 3] and len(pipeline) == 2
+    for gate in gates:
+        gate.set()
+    assert [f.result() for f in pipeline.drain()] == [0, 2] and len(pipeline) == 0
+    pipeline.close()
+
+
+@pytest.mark.parametrize(
+    ("max_in_flight", "rtt", "compute", "limit"),
+    [(0, 1.0, 0.01, 0), (8, 0.001, 0.01, 1), (8, 0.045, 0.01, 5), (8, 1.0, 0.01, 8)],
+)
+def test_the_limit_is_what_the_round_trip_needs(
+    max_in_flight: int, rtt: float, compute: float, limit: int
+) -> None:
+    pipeline = Pipeline(max_in_flight)
+    assert pipeline.limit == min(1, max_in_flight)  # nothing measured yet
+    pipeline._round_trips.extend([rtt * 3, rtt])  # the shortest counts: the path, no queue
+    pipeline.computed(compute)
+    assert pipeline.limit == limit
+    pipeline.close()
+
+
+# -- FlatNetwork ----------------------------------------------------------------------------------
+
+
+def test_the_flat_step_is_the_per_tensor_step_and_takes_a_saved_per_tensor_state() -> None:
+    """Stepping the whole vector as one tensor is RMSprop over the model's tensors one by one;
+    an optimizer state saved by an earlier version (per tensor) resumes exactly."""
+    config = TrainConfig(seed=0)
+    torch.manual_seed(0)
+    reference = model_for(config)
+    optimizer = make_optimizer(reference.parameters(), config)
+    net = FlatNetwork(model_for(config), config)
+    net.model.load_state_dict(reference.state_dict())
+    grads = [[torch.randn_like(p) for p in reference.parameters()] for _ in range(3)]
+    for step in grads[:2]:
+        for p, g in zip(reference.parameters(), step, strict=True):
+            p.grad = g
+        optimizer.step()
+        net.step(torch.cat([g.reshape(-1) for g in step]), [])
+    resumed = FlatNetwork(model_for(config), config, optimizer.state_dict())
+    resumed.model.load_state_dict(reference.state_dict())
+    for p, g in zip(reference.parameters(), grads[2], strict=True):
+        p.grad = g
+    optimizer.step()
+    resumed.step(torch.cat([g.reshape(-1) for g in grads[2]]), [])
+    for name, tensor in reference.state_dict().items():
+        assert torch.allclose(resumed.model.state_dict()[name], tensor, atol=1e-7), name
+    # The model's tensors are views of the vector: loading weights writes the vector.
+    resumed.model.load_state_dict({k: torch.zeros_like(v) for k, v in tensor_items(resumed)})
+    assert not resumed.flat.any()
+
+
+def tensor_items(net: FlatNetwork) -> list[tuple[str, torch.Tensor]]:
+    return list(net.model.state_dict().items())
+
+
+# -- QuietAccessLog -------------------------------------------------------------------------------
+
+
+def access(path: str, status: int) -> logging.LogRecord:
+    return logging.LogRecord(
+        "uvicorn.access", logging.INFO, "", 0, '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:5", "POST", path, "1.1", status), None,
+    )  # fmt: skip
+
+
+def test_the_access_log_leaves_out_only_successes_of_the_hot_routes() -> None:
+    quiet = QuietAccessLog({"/gradients"})
+    assert not quiet.filter(access("/gradients", 200))
+    assert quiet.filter(access("/gradients", 409))  # errors stay visible
+    assert quiet.filter(access("/train?x=1", 202))  # and every other route
+    assert not quiet.filter(access("/gradients?a=b", 304))
