@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
@@ -49,6 +50,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         thread.start()
         state.evaluator.start()
+        # Everything built so far (torch, FastAPI, the app) lives as long as the process: out of
+        # the garbage collector's sight, a full collection takes microseconds instead of ~90 ms,
+        # which would otherwise land on the latency of whichever requests it interrupts.
+        gc.freeze()
         try:
             yield
         finally:

@@ -28,6 +28,11 @@ from master.rounds import settle
 from master.schemas import ReportedLoss, ReportedNorm, Seq, WorkerId
 
 router = protected_router(tags=["weights"])
+# A gradient body up to this size is applied on the event loop itself: for such a model the
+# update (decode, one optimizer step) takes less time than the hop to a threadpool thread and back,
+# and pushes waiting in threads would only contend for the GIL and the parameter server's lock.
+# Larger ones go to the threadpool, so that the loop keeps serving other requests meanwhile.
+INLINE_BYTES = 1 << 20
 RunId = Annotated[str | None, Header(alias=RUN_ID_HEADER, max_length=64)]
 
 _TENSOR_BODY = {
@@ -112,16 +117,11 @@ async def gradients(
     x_a3c_grad_norm: ReportedNorm = None,
 ) -> Response:
     body = await request.body()
-    outcome, figures = await run_in_threadpool(
-        state.apply_gradients,
-        x_worker_id,
-        x_model_version,
-        body,
-        x_run_id,
-        x_a3c_seq,
-        x_a3c_loss,
-        x_a3c_grad_norm,
-    )
+    args = (x_worker_id, x_model_version, body, x_run_id, x_a3c_seq, x_a3c_loss, x_a3c_grad_norm)
+    if len(body) <= INLINE_BYTES:
+        outcome, figures = state.apply_gradients(*args)
+    else:
+        outcome, figures = await run_in_threadpool(state.apply_gradients, *args)
     weights, version, duplicate = await settle(outcome, state.params.close_round)
     response = _weights_response(weights, version, duplicate)
     response.headers.update(figure_headers(figures))
