@@ -101,6 +101,8 @@ class DelayProxy:
         try:
             # Both ends closed in both directions, or a connection failed: the pair is done.
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        except asyncio.CancelledError:
+            pass  # close(): end quietly (Python 3.11's start_server logs a cancelled handler)
         finally:
             for task in tasks:
                 task.cancel()
