@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import signal
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -186,7 +188,7 @@ def show_solve(f: dict) -> None:
     say(f"  ratio cluster / SB3: {fmt(f.get('ratio'), '.2f')}")
     if "sb3" in f and f["sb3"]["solved"] < f["sb3"]["runs"]:
         say(f"  (SB3 solved {f['sb3']['solved']}/{f['sb3']['runs']}: its median counts the "
-            f"cap of {f['cap_s']:g} s for the others)")
+            f"runs that did not solve at the cap, {f['cap_s']:g} s)")
 
 
 SHOW = {"throughput": show_throughput, "master": show_master, "latency": show_latency,
@@ -260,6 +262,18 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _commit() -> str | None:
+    """The checkout's commit (with "+dirty" for uncommitted changes): what was measured."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty.strip() else "")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sections", default=",".join(SECTIONS),
@@ -283,7 +297,8 @@ def main() -> int:
     figures: dict = {"meta": {"argv": sys.argv[1:], "plan": asdict(plan), "sections": sections,
                               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                               "python": platform.python_version(), "torch": torch.__version__,
-                              "host": platform.node()}}
+                              "host": platform.node(), "cpus": os.cpu_count(),
+                              "commit": _commit()}}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     code = 0
     try:
