@@ -24,7 +24,15 @@ from dataclasses import dataclass, field
 import torch
 
 from a3c_http import wire
-from a3c_http.protocol import DUPLICATE_HEADER, VERSION_HEADER
+from a3c_http.protocol import (
+    DUPLICATE_HEADER,
+    GRAD_NORM_HEADER,
+    LOSS_HEADER,
+    RUN_ID_HEADER,
+    SEQ_HEADER,
+    VERSION_HEADER,
+    WORKER_ID_HEADER,
+)
 
 try:
     import uvloop
@@ -79,8 +87,8 @@ class Level:
     def summary(self) -> dict:
         lat = sorted(self.latencies_ms)
 
-        def q(p: float) -> float | None:
-            return round(lat[min(len(lat) - 1, int(p * len(lat)))], 3) if lat else None
+        def q(p: float) -> float | None:  # the nearest-rank percentile
+            return round(lat[max(0, math.ceil(p * len(lat)) - 1)], 3) if lat else None
 
         return {
             "workers": self.workers,
@@ -135,10 +143,16 @@ async def _level(
     window_end = [window_start + window_s]
 
     async def simulated_worker(index: int) -> None:
-        worker_id = f"{tag}-{index}"
+        # What does not change from one request to the next, written once.
+        fixed = (
+            f"POST /gradients HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Content-Type: {wire.CONTENT_TYPE}\r\n"
+            f"{WORKER_ID_HEADER}: {tag}-{index}\r\n{RUN_ID_HEADER}: {run_id}\r\n"
+        )
         seen = version
-        reader, writer = await asyncio.open_connection(host, port)
+        writer = None
         try:
+            reader, writer = await asyncio.open_connection(host, port)
             for seq in itertools.count(1):
                 if stop.is_set():
                     return
@@ -146,12 +160,9 @@ async def _level(
                 sent = time.perf_counter()
                 writer.write(
                     (
-                        f"POST /gradients HTTP/1.1\r\nHost: {host}:{port}\r\n"
-                        f"Content-Type: {wire.CONTENT_TYPE}\r\n"
-                        f"Content-Length: {len(body.data)}\r\n"
-                        f"X-Worker-Id: {worker_id}\r\n{VERSION_HEADER}: {seen}\r\n"
-                        f"X-Run-Id: {run_id}\r\nX-A3C-Seq: {seq}\r\n"
-                        f"X-A3C-Loss: {body.loss!r}\r\nX-A3C-Grad-Norm: {body.norm!r}\r\n\r\n"
+                        f"{fixed}Content-Length: {len(body.data)}\r\n"
+                        f"{VERSION_HEADER}: {seen}\r\n{SEQ_HEADER}: {seq}\r\n"
+                        f"{LOSS_HEADER}: {body.loss!r}\r\n{GRAD_NORM_HEADER}: {body.norm!r}\r\n\r\n"
                     ).encode()
                 )
                 writer.write(body.data)
@@ -175,7 +186,8 @@ async def _level(
         except (OSError, asyncio.IncompleteReadError, TimeoutError, KeyError) as exc:
             level.errors[type(exc).__name__] += 1  # this simulated worker ends with it
         finally:
-            writer.close()
+            if writer is not None:
+                writer.close()
 
     workers = [asyncio.create_task(simulated_worker(i)) for i in range(n)]
     try:
@@ -193,7 +205,7 @@ async def _level(
 
 
 def push_level(
-    url_host: str,
+    host: str,
     port: int,
     n: int,
     bodies: list[Body],
@@ -210,7 +222,7 @@ def push_level(
     SIGTERM meanwhile closes every connection and then goes to the caller's own handler."""
     received: list[int] = []
     coro = _level(
-        url_host, port, n, bodies, run_id, version, warmup_s, window_s, max_count, tag, received
+        host, port, n, bodies, run_id, version, warmup_s, window_s, max_count, tag, received
     )
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     wall, cpu = time.perf_counter(), time.process_time()

@@ -75,6 +75,9 @@ def n_params(config: TrainConfig) -> int:
 
 
 def master(levels: list[int], warmup_s: float, window_s: float, max_count: int) -> dict:
+    """Per model and number of simulated workers: pushes/s, latency and errors (bench_load.py),
+    and `lost`: 200 replies the master's `updates_applied` did not count (or, below 0, counted
+    without a 200)."""
     out: dict = {"max_staleness": MAX_STALENESS, "warmup_s": warmup_s, "window_s": window_s,
                  "max_count": max_count, "models": {}}
     with standin_master() as (cluster, worker):
