@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -32,9 +33,17 @@ class Result:
     returns: list[float] = field(default_factory=list)
 
 
-def train(config: TrainConfig, max_steps: int, window: int = 100) -> Result:
+def train(
+    config: TrainConfig,
+    max_steps: int,
+    window: int = 100,
+    *,
+    progress: Callable[[int], None] | None = None,
+) -> Result:
     """Train until the mean return of the last `window` episodes reaches config.target_return
-    (resolved from the environment when unset), or for `max_steps` env steps."""
+    (resolved from the environment when unset), or for `max_steps` env steps. `progress`, when
+    given, is called with the env steps so far after every update (the benchmarks time the
+    steady state with it)."""
     config = config.resolved()
     torch.manual_seed(config.seed)
     model = model_for(config)
@@ -66,6 +75,8 @@ def train(config: TrainConfig, max_steps: int, window: int = 100) -> Result:
                 and len(recent) == window
                 and sum(recent) / window >= config.target_return
             )
+            if progress is not None:
+                progress(steps)
     finally:
         collector.close()
     return Result(

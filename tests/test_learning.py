@@ -89,3 +89,13 @@ def test_a_rollout_measures_its_observations_and_scales_its_rewards() -> None:
     # Discounted returns with gamma 0.5 and reward 1 lie in [1, 2).
     assert 1.0 <= float(rollout.statistics["ret_rms.mean"]) < 2.0
     assert float(rollout.statistics["ret_rms.count"]) == rollout.num_steps
+
+
+def test_the_learner_reports_its_env_steps_after_every_update() -> None:
+    config = TrainConfig(env_id="A3CTestSignal-v0", num_envs=4, t_max=5, seed=0, target_return=1e9)
+    seen: list[int] = []
+    result = train(config, max_steps=200, progress=seen.append)
+    # One call per update, with the steps so far (the reset-only steps left out: at most 20).
+    assert len(seen) == result.updates >= 10
+    assert all(0 < b - a <= 20 for a, b in zip([0, *seen], seen, strict=False))
+    assert seen[-1] == result.env_steps >= 200

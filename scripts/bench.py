@@ -1,0 +1,324 @@
+"""Benchmark: every figure of the cluster's performance bar in one run, one section after another
+(never two at once: a 2-core machine would measure their contention).
+
+    .venv/bin/python scripts/bench.py [--sections throughput,master,latency,wire,solve]
+        [--quick] [--seeds 3] [--budget 60000] [--json runs/bench.json]
+
+- throughput: env steps/s of (a) the learner in one process without HTTP, (b) the cluster with
+  one worker, (c) with two, in the steady state of a budget of env steps; the ratios to (a) and
+  the workers' share of time in HTTP (scripts/bench_steps.py);
+- master: gradient pushes/s and latency with 1, 4, 16 and 64 simulated workers pushing
+  ready-made gradients over keep-alive connections, for the default model and one of about a
+  million parameters; errors, and updates lost (200 replies against `updates_applied`)
+  (scripts/bench_server.py, scripts/bench_load.py);
+- latency: env steps/s of the 2-worker cluster with its workers behind a loopback proxy that
+  delays each direction by 0, 1, 5 and 20 ms (a3c_http/delayproxy.py), and the time to solve
+  CartPole-v1 at 5 ms;
+- wire: bytes of one gradient exchange on the wire against the raw float32 size of the
+  parameters, and the encode and decode times;
+- solve: wall time to CartPole-v1's target of the default cluster (scripts/bench_solve.py) and
+  of SB3's A2C with the RL Zoo's settings (scripts/bench_learn.py), alternating, seed by seed.
+
+Prints a table per section and, at the end, the bar: each goal, its measured figure, met or NOT
+met. Every figure goes to the JSON file, rewritten after each section. `--quick` gives every
+section a tiny budget (seconds each), only to check that the script works. Ctrl-C or SIGTERM ends
+every process it started (by pid) and exits with what was measured so far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from scripts import bench_server, bench_steps  # noqa: E402
+from scripts.bench_learn import TASKS, run_sb3  # noqa: E402
+from scripts.bench_solve import one_run  # noqa: E402
+from scripts.bench_steps import say, ticker  # noqa: E402
+
+SECTIONS = ("throughput", "master", "latency", "wire", "solve")
+LEVELS = [1, 4, 16, 64]
+DELAYS_MS = [0.0, 1.0, 5.0, 20.0]
+TARGET = TASKS["CartPole-v1"][0]
+
+
+@dataclass(frozen=True)
+class Plan:
+    budget: int  # env steps of each throughput and latency run
+    cap_s: float  # ... or this many seconds
+    warmup_s: float  # per master level, unmeasured
+    window_s: float  # per master level, measured
+    max_count: int  # per master level, replies at most
+    reps: int  # wire encode / decode repetitions
+    solve_cap_s: float  # seconds before a run to the target gives up
+    seeds: int
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Plan:
+        if args.quick:
+            return cls(args.budget or 6_000, 30.0, 0.3, 1.0, 20_000, 20, 8.0, args.seeds or 1)
+        return cls(args.budget or 60_000, 300.0, 1.0, 5.0, 50_000, 200, 600.0, args.seeds or 3)
+
+
+# -- the solve section --------------------------------------------------------------------------
+
+
+def solve(seeds: int, cap_s: float) -> dict:
+    try:
+        import stable_baselines3  # noqa: F401
+        have_sb3 = True
+    except ImportError:
+        have_sb3 = False
+        say("  stable-baselines3 is not installed: the SB3 half is skipped "
+            "(install it with ./scripts/setup_venv.sh bench)")
+    runs = []
+    for seed in range(seeds):
+        for learner in ("cluster", "sb3") if have_sb3 else ("cluster",):
+            with ticker(f"{learner} seed {seed}"):
+                r = (one_run(seed, 2, {}, cap_s) if learner == "cluster"
+                     else run_sb3("CartPole-v1", seed, TARGET, cap_s))
+            runs.append({"learner": learner, "seed": seed, "solved": r["solved"],
+                         "seconds": round(r["seconds"], 3), "env_steps": r["env_steps"],
+                         "mean_return_100": r["mean_return_100"]})
+            say(f"  {learner:<7} seed {seed}: {'solved' if r['solved'] else 'NOT solved'} in "
+                f"{r['seconds']:.1f} s, {r['env_steps']:,} env steps")
+    out: dict = {"target": TARGET, "cap_s": cap_s, "sb3_installed": have_sb3, "runs": runs}
+    for learner in ("cluster", "sb3"):
+        mine = [r for r in runs if r["learner"] == learner]
+        if mine:
+            out[learner] = {"median_s": statistics.median(r["seconds"] for r in mine),
+                            "solved": sum(r["solved"] for r in mine), "runs": len(mine)}
+    if "cluster" in out and "sb3" in out:
+        out["ratio"] = round(out["cluster"]["median_s"] / out["sb3"]["median_s"], 4)
+    return out
+
+
+RUNNERS: dict[str, Callable[[Plan], dict]] = {
+    "throughput": lambda p: bench_steps.throughput(p.budget, p.cap_s),
+    "master": lambda p: bench_server.master(LEVELS, p.warmup_s, p.window_s, p.max_count),
+    "latency": lambda p: bench_steps.latency(p.budget, p.cap_s, DELAYS_MS, p.solve_cap_s),
+    "wire": lambda p: bench_server.wire_figures(p.reps),
+    "solve": lambda p: solve(p.seeds, p.solve_cap_s),
+}
+
+# -- tables -------------------------------------------------------------------------------------
+
+
+def fmt(value: object, spec: str = ",.0f") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return format(value, spec) if isinstance(value, int | float) else str(value)
+
+
+def table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(c) for c in col) for col in zip(header, *rows, strict=True)]
+    say(f"\n{title}")
+    for row in [header, *rows]:
+        cells = [c.rjust(w) for c, w in zip(row, widths, strict=True)]
+        cells[0] = row[0].ljust(widths[0])
+        say("  " + "  ".join(cells))
+
+
+def show_throughput(f: dict) -> None:
+    names = {"learner": "(a) learner, no HTTP", "cluster_1": "(b) cluster, 1 worker",
+             "cluster_2": "(c) cluster, 2 workers"}
+    rows = []
+    for key, name in names.items():
+        r = f[key]
+        rows.append([name, fmt(r["steps_per_s"]), fmt(r.get("ratio", 1.0), ".2f"),
+                     fmt(r["steady"]), fmt(r.get("http_share"), ".0%")])
+    table(f"throughput ({f['budget']:,} env steps a run)",
+          ["run", "env steps/s", "vs (a)", "steady", "HTTP share"], rows)
+
+
+def show_master(f: dict) -> None:
+    for name, m in f["models"].items():
+        rows = [[str(r["workers"]), fmt(r["pushes_per_s"]), fmt(r["p50_ms"], ".2f"),
+                 fmt(r["p99_ms"], ".2f"), fmt(r["max_ms"], ".1f"),
+                 ", ".join(f"{k}: {v}" for k, v in r["errors"].items()) or "0",
+                 fmt(r["applied"]), str(r["lost"]), fmt(r["client_cpu"], ".0%")]
+                for r in m["levels"]]
+        table(f"master, {name} model ({m['params']:,} parameters); max_staleness "
+              f"{f['max_staleness']:,}: n pushers at once are up to n - 1 versions stale by "
+              "construction", ["workers", "pushes/s", "p50 ms", "p99 ms", "max ms", "errors",
+                               "applied", "lost", "client CPU"], rows)
+
+
+def show_latency(f: dict) -> None:
+    rows = [[f"{r['delay_ms']:g} ms", fmt(r["steps_per_s"]), fmt(r["ratio"], ".2f"),
+             fmt(r["steady"]), fmt(r["http_share"], ".0%")] for r in f["levels"]]
+    table(f"latency: 2-worker cluster, workers behind a delay each way ({f['budget']:,} env "
+          "steps a run)", ["delay", "env steps/s", "vs 0 ms", "steady", "HTTP share"], rows)
+    s = f["solve_5ms"]
+    say(f"  CartPole-v1 at 5 ms each way: {'solved' if s['solved'] else 'NOT solved'} in "
+        f"{s['seconds']:.1f} s, {s['env_steps']:,} env steps")
+
+
+def show_wire(f: dict) -> None:
+    rows = [[name, fmt(m["params"]), fmt(m["raw_bytes"]),
+             f"{m['request_bytes']:,} ({m['request_ratio']:.3f})",
+             f"{m['reply_bytes']:,} ({m['reply_ratio']:.3f})",
+             fmt(m["encode_ms"], ".3f"), fmt(m["decode_ms"], ".3f")]
+            for name, m in f["models"].items()]
+    table("wire: one gradient exchange, HTTP headers included (ratio to the raw float32 size)",
+          ["model", "params", "raw bytes", "request bytes", "reply bytes", "encode ms",
+           "decode ms"], rows)
+
+
+def show_solve(f: dict) -> None:
+    rows = [[name, f"{f[name]['solved']}/{f[name]['runs']}", fmt(f[name]["median_s"], ".1f")]
+            for name in ("cluster", "sb3") if name in f]
+    table(f"solve: CartPole-v1 to {f['target']:g}", ["learner", "solved", "median s"], rows)
+    say(f"  ratio cluster / SB3: {fmt(f.get('ratio'), '.2f')}")
+    if "sb3" in f and f["sb3"]["solved"] < f["sb3"]["runs"]:
+        say(f"  (SB3 solved {f['sb3']['solved']}/{f['sb3']['runs']}: its median counts the "
+            f"runs that did not solve at the cap, {f['cap_s']:g} s)")
+
+
+SHOW = {"throughput": show_throughput, "master": show_master, "latency": show_latency,
+        "wire": show_wire, "solve": show_solve}
+
+# -- the bar ------------------------------------------------------------------------------------
+
+
+def _level(f: dict, model: str, workers: int) -> dict | None:
+    levels = f.get("master", {}).get("models", {}).get(model, {}).get("levels", [])
+    return next((r for r in levels if r["workers"] == workers), None)
+
+
+def bar(f: dict) -> list[dict]:
+    """Each goal of the bar: what was measured, and met (True / False; None: not measured)."""
+    goals = []
+
+    def goal(text: str, measured: str | None, met: bool | None) -> None:
+        goals.append({"goal": text, "measured": measured or "not measured", "met": met})
+
+    s = f.get("solve", {})
+    if "ratio" in s:
+        every = s["cluster"]["solved"] == s["cluster"]["runs"]
+        goal("solve: cluster / SB3 median wall time <= 1.0, solved in every seed",
+             f"{s['ratio']:.2f}, {s['cluster']['solved']}/{s['cluster']['runs']} solved",
+             s["ratio"] <= 1.0 and every)
+    else:
+        goal("solve: cluster / SB3 median wall time <= 1.0, solved in every seed", None, None)
+    ratio = f.get("throughput", {}).get("cluster_1", {}).get("ratio")
+    goal("throughput: (b) cluster with 1 worker / (a) learner >= 0.9",
+         fmt(ratio, ".2f") if ratio else None, None if ratio is None else ratio >= 0.9)
+    r16 = _level(f, "default", 16)
+    goal("master, default model, 16 workers: >= 1,000 pushes/s, p99 < 25 ms",
+         r16 and f"{fmt(r16['pushes_per_s'])}/s, p99 {fmt(r16['p99_ms'], '.1f')} ms",
+         None if r16 is None else bool(r16["pushes_per_s"]) and r16["pushes_per_s"] >= 1000
+         and r16["p99_ms"] is not None and r16["p99_ms"] < 25)
+    r64 = _level(f, "default", 64)
+    goal("master, default model, 64 workers: no errors, nothing lost",
+         r64 and f"{sum(r64['errors'].values())} errors, {r64['lost']} lost",
+         None if r64 is None else not r64["errors"] and r64["lost"] == 0)
+    w = f.get("wire", {}).get("models", {})
+    worst = max((max(m["request_ratio"], m["reply_ratio"]) for m in w.values()), default=None)
+    goal("wire: bytes per exchange / raw size <= 1.05 (request / reply)",
+         ", ".join(f"{n} {m['request_ratio']:.3f} / {m['reply_ratio']:.3f}"
+                   for n, m in w.items()) or None, None if worst is None else worst <= 1.05)
+    lat = f.get("latency", {})
+    r20 = next((r for r in lat.get("levels", []) if r["delay_ms"] == 20), None)
+    goal("latency: 20 ms each way >= 0.8 of the undelayed env steps/s",
+         r20 and fmt(r20["ratio"], ".2f"), None if r20 is None or r20["ratio"] is None
+         else r20["ratio"] >= 0.8)
+    s5 = lat.get("solve_5ms")
+    goal("latency: CartPole-v1 solved at 5 ms each way",
+         s5 and f"{'solved' if s5['solved'] else 'NOT solved'} in {s5['seconds']:.0f} s",
+         None if s5 is None else s5["solved"])
+    return goals
+
+
+def show_bar(goals: list[dict]) -> None:
+    verdict = {True: "met", False: "NOT met", None: "-"}
+    table("the bar", ["goal", "measured", "result"],
+          [[g["goal"], g["measured"], verdict[g["met"]]] for g in goals])
+
+
+# -- the command --------------------------------------------------------------------------------
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    # Once only: the cleanup that follows (every process ended by its pid) must run to its end.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def _commit() -> str | None:
+    """The checkout's commit (with "+dirty" for uncommitted changes): what was measured."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty.strip() else "")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated, run in the order given; of {', '.join(SECTIONS)}")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny budgets, only to check that the script works")
+    parser.add_argument("--seeds", type=int, default=None, help="solve: seeds (3; --quick 1)")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="env steps of each throughput and latency run (60,000; --quick 6,000)")
+    parser.add_argument("--json", type=Path, default=ROOT / "runs" / "bench.json",
+                        help="where the figures go (default runs/bench.json)")
+    args = parser.parse_args()
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown or not sections:
+        parser.error(f"unknown sections {unknown}; known: {', '.join(SECTIONS)}")
+    plan = Plan.of(args)
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    torch.set_num_threads(1)  # as each worker (A3C_TORCH_THREADS): the same compute per step
+    figures: dict = {"meta": {"argv": sys.argv[1:], "plan": asdict(plan), "sections": sections,
+                              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                              "python": platform.python_version(), "torch": torch.__version__,
+                              "host": platform.node(), "cpus": os.cpu_count(),
+                              "commit": _commit()}}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    code = 0
+    try:
+        for name in sections:
+            say(f"\n== {name}")
+            started = time.monotonic()
+            figures[name] = RUNNERS[name](plan)
+            figures[name]["section_s"] = round(time.monotonic() - started, 1)
+            SHOW[name](figures[name])
+            args.json.write_text(json.dumps(figures, indent=1))
+    except KeyboardInterrupt:
+        figures["meta"]["interrupted"] = True
+        say("\ninterrupted: every process this run started has been ended")
+        code = 130
+    figures["bar"] = bar(figures)
+    show_bar(figures["bar"])
+    args.json.write_text(json.dumps(figures, indent=1))
+    say(f"\nfigures written to {args.json}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

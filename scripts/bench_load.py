@@ -1,0 +1,240 @@
+"""The load generator of `scripts/bench.py --sections master`: simulated workers that push
+ready-made gradients to a real master as fast as it answers.
+
+It must cost little CPU, so that it measures the master and not itself: one asyncio process
+(uvloop when importable), one keep-alive connection per simulated worker, and hand-written
+HTTP/1.1: the request's bytes are written as they are, and the reply is read as a status line,
+headers and a Content-Length body. Each request is a real `POST /gradients` as API.md describes
+it (a safetensors body, X-Worker-Id, X-Model-Version = the version of that worker's last reply,
+X-Run-Id, a rising X-A3C-Seq, X-A3C-Loss and X-A3C-Grad-Norm).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+import signal
+import statistics
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from a3c_http import wire
+from a3c_http.protocol import (
+    DUPLICATE_HEADER,
+    GRAD_NORM_HEADER,
+    LOSS_HEADER,
+    RUN_ID_HEADER,
+    SEQ_HEADER,
+    VERSION_HEADER,
+    WORKER_ID_HEADER,
+)
+
+try:
+    import uvloop
+except ImportError:  # asyncio's own loop: the figures then include a slower client
+    uvloop = None
+
+# A reply slower than this counts as an error (and ends that simulated worker).
+REPLY_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Body:
+    """One ready-made gradient body, with the loss and norm a worker would report for it."""
+
+    data: bytes
+    loss: float
+    norm: float
+
+
+def ready_bodies(spec: wire.Spec, count: int = 8, seed: int = 0) -> list[Body]:
+    """`count` gradient bodies of the model's shape with random values, whose norms (about 0.5,
+    the default clipping) and losses (about 1) vary by about 10 % from one to the next: the
+    master's outlier check judges them against a window with some spread, as in a real run, and
+    refuses none."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        tensors = {name: torch.randn(shape, generator=gen) for name, shape in spec.items()}
+        norm = 0.5 * math.exp(0.1 * torch.randn((), generator=gen).item())
+        total = math.sqrt(sum(float(t.pow(2).sum()) for t in tensors.values()))
+        tensors = {name: t * (norm / total) for name, t in tensors.items()}
+        loss = math.exp(0.1 * torch.randn((), generator=gen).item())
+        out.append(Body(wire.encode(tensors), loss, norm))
+    return out
+
+
+@dataclass
+class Level:
+    """What one level of concurrency measured. `ok`, `errors` and `duplicates` count the whole
+    level (warm-up included: what the master's counters saw); `window_ok` and `latencies_ms`
+    only the replies that arrived within the measured window."""
+
+    workers: int
+    client_cpu: float = 0.0  # this process's CPU time over the level's wall time
+    window_s: float = 0.0
+    window_ok: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+    ok: int = 0
+    duplicates: int = 0
+    errors: Counter = field(default_factory=Counter)
+
+    def summary(self) -> dict:
+        lat = sorted(self.latencies_ms)
+
+        def q(p: float) -> float | None:  # the nearest-rank percentile
+            return round(lat[max(0, math.ceil(p * len(lat)) - 1)], 3) if lat else None
+
+        return {
+            "workers": self.workers,
+            "pushes_per_s": round(self.window_ok / self.window_s, 1) if self.window_s else None,
+            "p50_ms": round(statistics.median(lat), 3) if lat else None,
+            "p99_ms": q(0.99),
+            "max_ms": round(lat[-1], 3) if lat else None,
+            "window_s": round(self.window_s, 3),
+            "client_cpu": round(self.client_cpu, 3),
+            "window_pushes": self.window_ok,
+            "ok": self.ok,
+            "duplicates": self.duplicates,
+            "errors": dict(self.errors),
+        }
+
+
+async def _reply(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
+    """Read one HTTP/1.1 reply: its status and lower-case headers (the body is read and
+    dropped)."""
+    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+    status = int(head[0].split(" ", 2)[1])
+    headers = {}
+    for line in head[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    await reader.readexactly(int(headers["content-length"]))
+    return status, headers
+
+
+async def _level(
+    host: str,
+    port: int,
+    n: int,
+    bodies: list[Body],
+    run_id: str,
+    version: int,
+    warmup_s: float,
+    window_s: float,
+    max_count: int,
+    tag: str,
+    received: list[int],
+) -> Level:
+    level = Level(n)
+    stop = asyncio.Event()
+    # Ctrl-C or SIGTERM: end every connection first, then push_level passes the signal on.
+    main, loop = asyncio.current_task(), asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda sig=sig: (received.append(sig), main.cancel()))
+    window_start = time.perf_counter() + warmup_s
+    # The window ends after window_s, or sooner once it holds max_count replies.
+    window_end = [window_start + window_s]
+
+    async def simulated_worker(index: int) -> None:
+        # What does not change from one request to the next, written once.
+        fixed = (
+            f"POST /gradients HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Content-Type: {wire.CONTENT_TYPE}\r\n"
+            f"{WORKER_ID_HEADER}: {tag}-{index}\r\n{RUN_ID_HEADER}: {run_id}\r\n"
+        )
+        seen = version
+        writer = None
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+            for seq in itertools.count(1):
+                if stop.is_set():
+                    return
+                body = bodies[(index + seq) % len(bodies)]
+                sent = time.perf_counter()
+                writer.write(
+                    (
+                        f"{fixed}Content-Length: {len(body.data)}\r\n"
+                        f"{VERSION_HEADER}: {seen}\r\n{SEQ_HEADER}: {seq}\r\n"
+                        f"{LOSS_HEADER}: {body.loss!r}\r\n{GRAD_NORM_HEADER}: {body.norm!r}\r\n\r\n"
+                    ).encode()
+                )
+                writer.write(body.data)
+                status, headers = await asyncio.wait_for(_reply(reader), REPLY_TIMEOUT_S)
+                done = time.perf_counter()
+                if status != 200:
+                    level.errors[str(status)] += 1
+                else:
+                    level.ok += 1
+                    seen = int(headers[VERSION_HEADER.lower()])
+                    level.duplicates += headers.get(DUPLICATE_HEADER.lower()) == "1"
+                    if window_start <= done <= window_end[0]:
+                        level.window_ok += 1
+                        level.latencies_ms.append((done - sent) * 1000)
+                        if level.window_ok >= max_count:
+                            window_end[0] = done
+                            stop.set()
+                if headers.get("connection", "").lower() == "close":
+                    writer.close()
+                    reader, writer = await asyncio.open_connection(host, port)
+        except (OSError, asyncio.IncompleteReadError, TimeoutError, KeyError) as exc:
+            level.errors[type(exc).__name__] += 1  # this simulated worker ends with it
+        finally:
+            if writer is not None:
+                writer.close()
+
+    workers = [asyncio.create_task(simulated_worker(i)) for i in range(n)]
+    try:
+        # Only a full window (max_count) sets `stop` before the window's end.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), window_end[0] - time.perf_counter())
+        stop.set()
+        await asyncio.gather(*workers)
+    finally:
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+    level.window_s = window_end[0] - window_start
+    return level
+
+
+def push_level(
+    host: str,
+    port: int,
+    n: int,
+    bodies: list[Body],
+    run_id: str,
+    version: int,
+    warmup_s: float,
+    window_s: float,
+    max_count: int,
+    tag: str,
+) -> Level:
+    """`n` simulated workers push `bodies` (in turn) as fast as the master answers: `warmup_s`
+    unmeasured, then a window of `window_s` (or up to `max_count` replies); each then finishes
+    its request in flight, so the master's counters are final when this returns. A SIGINT or
+    SIGTERM meanwhile closes every connection and then goes to the caller's own handler."""
+    received: list[int] = []
+    coro = _level(
+        host, port, n, bodies, run_id, version, warmup_s, window_s, max_count, tag, received
+    )
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    wall, cpu = time.perf_counter(), time.process_time()
+    try:
+        level = uvloop.run(coro) if uvloop is not None else asyncio.run(coro)
+    except asyncio.CancelledError:
+        if not received:
+            raise
+    finally:  # the loop's signal handling ends with it: the caller's handlers are back
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    if received:
+        signal.raise_signal(received[0])
+    level.client_cpu = (time.process_time() - cpu) / (time.perf_counter() - wall)
+    return level

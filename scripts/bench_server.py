@@ -1,0 +1,174 @@
+"""The parameter server alone, for `scripts/bench.py`: how many gradient pushes a master takes
+(`master`) and how many bytes one exchange puts on the wire (`wire`), for the default model and
+one of about a million parameters.
+
+The master is a real uvicorn process whose run has no real worker (as scripts/bench_http.py
+does it): a StandInWorker accepts `POST /start_worker` and never trains, and this process plays
+the workers. The run never ends by itself: no step budget, a day-long heartbeat timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+
+from a3c_http import wire
+from a3c_http.a3c import gradients, rollout_loss
+from a3c_http.config import TrainConfig
+from a3c_http.delayproxy import DelayProxy
+from a3c_http.localcluster import LocalCluster
+from a3c_http.model import ActorCritic, model_for
+from a3c_http.protocol import (
+    GRAD_NORM_HEADER,
+    LOSS_HEADER,
+    RUN_ID_HEADER,
+    SEQ_HEADER,
+    VERSION_HEADER,
+    WORKER_ID_HEADER,
+)
+from a3c_http.rollout import RolloutCollector
+from a3c_http.standin import StandInWorker
+from scripts.bench_load import push_level, ready_bodies
+from scripts.bench_steps import UNREACHABLE, say
+
+# The models measured: CartPole-v1's default, and hidden layers of 700 (990,503 parameters).
+MODELS = {"default": [64, 64], "1M": [700, 700]}
+# With n pushers at once each push is up to n - 1 versions stale by construction: none refused.
+MAX_STALENESS = 1_000_000
+
+
+@contextlib.contextmanager
+def standin_master() -> Iterator[tuple[LocalCluster, StandInWorker]]:
+    """A master process with no worker process; the stand-in is the run's only worker host."""
+    with tempfile.TemporaryDirectory(prefix="a3c-bench-") as tmp, StandInWorker() as worker:
+        cluster = LocalCluster(Path(tmp) / "run", Path(tmp) / "logs", workers=[])
+        try:
+            say("  starting a master (its workers are played by this process)")
+            cluster.start()
+            yield cluster, worker
+        finally:
+            cluster.close()
+
+
+def start_run(
+    cluster: LocalCluster, worker: StandInWorker, hidden_sizes: list[int]
+) -> tuple[str, TrainConfig]:
+    """End the master's run, if any, and start one of a model with `hidden_sizes`."""
+    # A plain POST /stop: there is no worker process to wait for (LocalCluster.stop_run would).
+    cluster.http.post(f"{cluster.master.url}/stop").raise_for_status()
+    fields = {"seed": 0, "max_steps": None, "target_return": UNREACHABLE,
+              "heartbeat_timeout_s": 86_400, "max_staleness": MAX_STALENESS,
+              "hidden_sizes": hidden_sizes}
+    reply = cluster.train(**fields, workers=[worker.url])
+    reply.raise_for_status()
+    return reply.json()["data"]["run_id"], TrainConfig(**fields)
+
+
+def n_params(config: TrainConfig) -> int:
+    return sum(p.numel() for p in model_for(config).parameters())
+
+
+def master(levels: list[int], warmup_s: float, window_s: float, max_count: int) -> dict:
+    """Per model and number of simulated workers: pushes/s, latency and errors (bench_load.py),
+    and `lost`: 200 replies the master's `updates_applied` did not count (or, below 0, counted
+    without a 200)."""
+    out: dict = {"max_staleness": MAX_STALENESS, "warmup_s": warmup_s, "window_s": window_s,
+                 "max_count": max_count, "models": {}}
+    with standin_master() as (cluster, worker):
+        host, port = cluster.master.host, cluster.master.port
+        for name, hidden in MODELS.items():
+            run_id, config = start_run(cluster, worker, hidden)
+            spec = wire.spec_of(model_for(config))
+            bodies = ready_bodies(spec)
+            count = n_params(config)
+            say(f"  {name} model, hidden {hidden}: {count:,} parameters, "
+                f"{len(bodies[0].data):,} bytes a push")
+            rows = []
+            for n in levels:
+                before = cluster.status()
+                level = push_level(host, port, n, bodies, run_id, before["model_version"],
+                                   warmup_s, window_s, max_count, tag=f"sim-{name}-{n}")
+                after = cluster.status()
+                applied = after["updates_applied"] - before["updates_applied"]
+                row = {**level.summary(), "applied": applied, "lost": level.ok - applied,
+                       "rejected": after["updates_rejected"] - before["updates_rejected"]}
+                rows.append(row)
+                say(f"    {n:>3} workers: {row['pushes_per_s'] or 0:,.0f} pushes/s, p50 "
+                    f"{row['p50_ms']} ms, p99 {row['p99_ms']} ms, errors {row['errors'] or 0}")
+            out["models"][name] = {"hidden_sizes": hidden, "params": count, "levels": rows}
+    return out
+
+
+def real_gradients(model: ActorCritic, config: TrainConfig) -> tuple[dict, float, float]:
+    """The gradients of one rollout of `model`, as a worker sends them, with the loss and the
+    norm before clipping it reports."""
+    collector = RolloutCollector(config.env_id, config.env_kwargs, config.num_envs, 0)
+    try:
+        rollout = collector.collect(model, config.t_max)
+    finally:
+        collector.close()
+    loss = rollout_loss(model, rollout, config).total
+    grads, norm = gradients(model, loss, config.max_grad_norm)
+    return grads, float(loss.detach()), float(norm)
+
+
+def _exchange(
+    http: httpx.Client, run_id: str, body: bytes, loss: float, norm: float, version: int, seq: int
+) -> int:
+    """One POST /gradients as a worker sends it; the version of the reply."""
+    reply = http.post("/gradients", content=body, headers={
+        "Content-Type": wire.CONTENT_TYPE, WORKER_ID_HEADER: "bench-wire",
+        VERSION_HEADER: str(version), SEQ_HEADER: str(seq), RUN_ID_HEADER: run_id,
+        LOSS_HEADER: repr(loss), GRAD_NORM_HEADER: repr(norm)})
+    if reply.status_code != 200:
+        raise RuntimeError(f"POST /gradients: {reply.status_code} {reply.text[:300]}")
+    return int(reply.headers[VERSION_HEADER])
+
+
+def median_ms(reps: int, fn: Callable[..., object], *args: object) -> float:
+    """The median time of `fn(*args)` over `reps` calls, in milliseconds."""
+    times = []
+    for _ in range(reps):
+        started = time.perf_counter()
+        fn(*args)
+        times.append((time.perf_counter() - started) * 1000)
+    return round(statistics.median(times), 4)
+
+
+def wire_figures(reps: int) -> dict:
+    """Per model: the raw float32 size of its state_dict, the bytes of one gradient exchange
+    as DelayProxy (delay 0) counts them on the wire, each way, HTTP headers included, and the
+    median times of wire.encode and wire.decode."""
+    out: dict = {"reps": reps, "models": {}}
+    with standin_master() as (cluster, worker), DelayProxy(cluster.master.port, 0) as proxy, \
+            httpx.Client(base_url=proxy.url, timeout=30, trust_env=False) as http:
+        for name, hidden in MODELS.items():
+            run_id, config = start_run(cluster, worker, hidden)
+            model = model_for(config)
+            spec = wire.spec_of(model)
+            raw = 4 * sum(t.numel() for t in model.state_dict().values())
+            grads, loss, norm = real_gradients(model, config)
+            body = wire.encode(grads)
+            version = cluster.status()["model_version"]
+            push = (http, run_id, body, loss, norm)
+            version = _exchange(*push, version, seq=1)  # the connection is open: the next
+            up, down = proxy.bytes_up, proxy.bytes_down  # exchange counts alone
+            _exchange(*push, version, seq=2)
+            up, down = proxy.bytes_up - up, proxy.bytes_down - down
+            row = {
+                "hidden_sizes": hidden, "params": n_params(config), "raw_bytes": raw,
+                "body_bytes": len(body), "request_bytes": up, "reply_bytes": down,
+                "request_ratio": round(up / raw, 4), "reply_ratio": round(down / raw, 4),
+                "encode_ms": median_ms(reps, wire.encode, grads),
+                "decode_ms": median_ms(reps, wire.decode, body, spec),
+            }
+            out["models"][name] = row
+            say(f"    {name}: raw {raw:,} B, request {up:,} B ({row['request_ratio']:.3f}), "
+                f"reply {down:,} B ({row['reply_ratio']:.3f})")
+    return out

@@ -1,0 +1,212 @@
+"""Env steps per second for `scripts/bench.py`: the learner in one process, the cluster with one and
+two workers (`throughput`), and the 2-worker cluster with its workers behind a loopback proxy that
+delays each direction (`latency`), plus the time to solve at 5 ms each way.
+
+Rates are of the steady state: from the first sample past 10 % of the budget to the last before
+the end, so start-up (uvicorn, torch, the environments) is not counted. The cluster's samples are
+its workers' own step counters (GET /status `env_steps`, live), stamped here; the master's count
+trails them by up to a heartbeat.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from a3c_http.config import TrainConfig
+from a3c_http.delayproxy import DelayProxy
+from a3c_http.learner import train
+from a3c_http.localcluster import LocalCluster, ServiceProcess, free_port, wait_for
+
+PROGRESS_S = 5.0  # a progress line at least this often
+STEADY_FROM = 0.1  # the share of the budget left out as start-up
+# Nothing stops early: the target return is out of reach.
+UNREACHABLE = 1e9
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+@contextlib.contextmanager
+def ticker(label: str, every_s: float = PROGRESS_S) -> Iterator[None]:
+    """A progress line every `every_s` while the body runs (for calls that print nothing)."""
+    done = threading.Event()
+    started = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(every_s):
+            say(f"    ... {label}: {time.monotonic() - started:.0f} s")
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def steady_rate(samples: list[tuple[float, int]], budget: int) -> tuple[float | None, bool]:
+    """Steps per second between the first sample (time, steps) past STEADY_FROM of the budget
+    and the last one, and whether that is the steady state; with fewer than two such samples,
+    the rate over all of them (False)."""
+    past = [s for s in samples if s[1] >= STEADY_FROM * budget]
+    steady = len(past) >= 2 and past[-1][0] > past[0][0]
+    chosen = past if steady else samples
+    if len(chosen) < 2 or chosen[-1][0] <= chosen[0][0]:
+        return None, False
+    (t0, s0), (t1, s1) = chosen[0], chosen[-1]
+    return round((s1 - s0) / (t1 - t0), 1), steady
+
+
+def learner_rate(budget: int) -> dict:
+    """(a): the learner in one process, without HTTP, default config, for `budget` env steps."""
+    samples: list[tuple[float, int]] = []
+    last_said = [time.monotonic()]
+
+    def progress(steps: int) -> None:
+        now = time.monotonic()
+        samples.append((now, steps))
+        if now - last_said[0] >= PROGRESS_S:
+            last_said[0] = now
+            say(f"    learner: {steps:,} env steps")
+
+    result = train(TrainConfig(seed=0, target_return=UNREACHABLE), budget, progress=progress)
+    rate, steady = steady_rate(samples, budget)
+    return {"steps_per_s": rate, "steady": steady, "env_steps": result.env_steps,
+            "seconds": round(result.seconds, 3), "updates": result.updates}
+
+
+@contextlib.contextmanager
+def local_cluster(n_workers: int) -> Iterator[LocalCluster]:
+    """A master and `n_workers` workers on free loopback ports, ended by pid on the way out."""
+    with tempfile.TemporaryDirectory(prefix="a3c-bench-") as tmp:
+        cluster = LocalCluster(
+            Path(tmp) / "run", Path(tmp) / "logs",
+            [("127.0.0.1", free_port()) for _ in range(n_workers)],
+        )
+        try:
+            say(f"  starting a master and {n_workers} workers")
+            cluster.start()
+            yield cluster
+        finally:
+            cluster.close()
+
+
+def _shares(statuses: list[dict]) -> dict:
+    spent = {k: sum(s["time"][k] for s in statuses) for k in ("rollout_s", "learn_s", "http_s")}
+    total = sum(spent.values()) or 1.0
+    return {f"{k.removesuffix('_s')}_share": round(v / total, 4) for k, v in spent.items()}
+
+
+def cluster_rate(
+    cluster: LocalCluster,
+    workers: list[ServiceProcess],
+    budget: int,
+    cap_s: float,
+    label: str,
+    **body: object,
+) -> dict:
+    """One run of `workers` for `budget` env steps (or `cap_s` seconds, then stopped), default
+    config plus `body`; its steady rate and where the workers spent their time."""
+    reply = cluster.train(
+        seed=0, max_steps=budget, target_return=UNREACHABLE,
+        workers=[w.url for w in workers], **body,
+    )
+    reply.raise_for_status()
+    samples: list[tuple[float, int]] = []
+    last_said = [time.monotonic()]
+
+    def finished() -> dict | None:
+        steps = sum(cluster.worker_status(w)["env_steps"] for w in workers)
+        now = time.monotonic()
+        status = cluster.status()
+        if status["state"] != "running":
+            return status
+        samples.append((now, steps))
+        if now - last_said[0] >= PROGRESS_S:
+            last_said[0] = now
+            rate, _ = steady_rate(samples, budget)
+            say(f"    {label}: {steps:,} env steps" + (f", {rate:,.0f}/s" if rate else ""))
+        return None
+
+    capped = False
+    try:
+        wait_for(finished, cap_s, f"{label} to reach {budget:,} env steps", interval_s=0.25)
+    except TimeoutError:
+        capped = True
+    status, _ = cluster.stop_run()
+    rate, steady = steady_rate(samples, budget)
+    return {
+        "steps_per_s": rate, "steady": steady, "capped": capped,
+        "env_steps": status["env_steps"], "elapsed_s": status["elapsed_s"],
+        "updates": status["updates_applied"], "rejected": status["updates_rejected"],
+        **_shares([cluster.worker_status(w) for w in workers]),
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 4) if a and b else None
+
+
+def throughput(budget: int, cap_s: float) -> dict:
+    say(f"  (a) the learner in one process, {budget:,} env steps")
+    learner = learner_rate(budget)
+    out = {"budget": budget, "learner": learner}
+    with local_cluster(2) as cluster:
+        for n in (1, 2):
+            say(f"  ({'bc'[n - 1]}) the cluster with {n} worker{'s' * (n > 1)}")
+            out[f"cluster_{n}"] = r = cluster_rate(
+                cluster, cluster.workers[:n], budget, cap_s, f"cluster, {n} worker(s)"
+            )
+            r["ratio"] = _ratio(r["steps_per_s"], learner["steps_per_s"])
+    return out
+
+
+def solve_run(cluster: LocalCluster, cap_s: float, label: str, **body: object) -> dict:
+    """One run of the default config (CartPole-v1's own target) until solved or `cap_s`."""
+    cluster.train(seed=0, **body).raise_for_status()
+    last_said = [time.monotonic()]
+
+    def finished() -> dict | None:
+        status = cluster.status()
+        if status["state"] != "running":
+            return status
+        if time.monotonic() - last_said[0] >= PROGRESS_S:
+            last_said[0] = time.monotonic()
+            mean = status["mean_return_100"]
+            say(f"    {label}: {status['elapsed_s']:.0f} s, {status['env_steps']:,} env steps, "
+                f"mean return {'-' if mean is None else f'{mean:.1f}'}")
+        return None
+
+    with contextlib.suppress(TimeoutError):
+        wait_for(finished, cap_s, f"{label} to solve", interval_s=0.5)
+    status, _ = cluster.stop_run()
+    return {"solved": status["solved"], "seconds": status["elapsed_s"],
+            "env_steps": status["env_steps"], "mean_return_100": status["mean_return_100"]}
+
+
+def latency(budget: int, cap_s: float, delays_ms: list[float], solve_cap_s: float) -> dict:
+    """The 2-worker cluster with its workers reaching the master through a DelayProxy (the
+    master's own calls to the workers go direct)."""
+    out: dict = {"budget": budget, "levels": []}
+    with local_cluster(2) as cluster:
+        for delay in delays_ms:
+            say(f"  {delay:g} ms each way")
+            with DelayProxy(cluster.master.port, delay / 1000) as proxy:
+                r = cluster_rate(cluster, cluster.workers, budget, cap_s,
+                                 f"{delay:g} ms", master_url=proxy.url)
+                r.update(delay_ms=delay, bytes_up=proxy.bytes_up, bytes_down=proxy.bytes_down)
+            out["levels"].append(r)
+        base = next((r["steps_per_s"] for r in out["levels"] if r["delay_ms"] == 0), None)
+        for r in out["levels"]:
+            r["ratio"] = _ratio(r["steps_per_s"], base)
+        say("  time to solve CartPole-v1 at 5 ms each way")
+        with DelayProxy(cluster.master.port, 0.005) as proxy:
+            out["solve_5ms"] = solve_run(cluster, solve_cap_s, "5 ms", master_url=proxy.url)
+    return out
