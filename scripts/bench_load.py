@@ -52,20 +52,20 @@ class Body:
     norm: float
 
 
-def ready_bodies(spec: wire.Spec, count: int = 8, seed: int = 0) -> list[Body]:
-    """`count` gradient bodies of the model's shape with random values, whose norms (about 0.5,
-    the default clipping) and losses (about 1) vary by about 10 % from one to the next: the
-    master's outlier check judges them against a window with some spread, as in a real run, and
-    refuses none."""
+def ready_bodies(layout: wire.Layout, count: int = 8, seed: int = 0) -> list[Body]:
+    """`count` gradient bodies of the model's shape with random values, in the layout a worker
+    sends (a3c_http/wire.py `Layout`), whose norms (about 0.5, the default clipping) and losses
+    (about 1) vary by about 10 % from one to the next: the master's outlier check judges them
+    against a window with some spread, as in a real run, and refuses none."""
     gen = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(count):
-        tensors = {name: torch.randn(shape, generator=gen) for name, shape in spec.items()}
+        tensors = {name: torch.randn(shape, generator=gen) for name, shape in layout.spec.items()}
         norm = 0.5 * math.exp(0.1 * torch.randn((), generator=gen).item())
         total = math.sqrt(sum(float(t.pow(2).sum()) for t in tensors.values()))
         tensors = {name: t * (norm / total) for name, t in tensors.items()}
         loss = math.exp(0.1 * torch.randn((), generator=gen).item())
-        out.append(Body(wire.encode(tensors), loss, norm))
+        out.append(Body(layout.encode(layout.flatten(tensors)), loss, norm))
     return out
 
 

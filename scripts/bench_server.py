@@ -16,22 +16,13 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
-
 from a3c_http import wire
 from a3c_http.a3c import gradients, rollout_loss
+from a3c_http.client import MasterClient
 from a3c_http.config import TrainConfig
 from a3c_http.delayproxy import DelayProxy
 from a3c_http.localcluster import LocalCluster
 from a3c_http.model import ActorCritic, model_for
-from a3c_http.protocol import (
-    GRAD_NORM_HEADER,
-    LOSS_HEADER,
-    RUN_ID_HEADER,
-    SEQ_HEADER,
-    VERSION_HEADER,
-    WORKER_ID_HEADER,
-)
 from a3c_http.rollout import RolloutCollector
 from a3c_http.standin import StandInWorker
 from scripts.bench_load import push_level, ready_bodies
@@ -84,8 +75,7 @@ def master(levels: list[int], warmup_s: float, window_s: float, max_count: int) 
         host, port = cluster.master.host, cluster.master.port
         for name, hidden in MODELS.items():
             run_id, config = start_run(cluster, worker, hidden)
-            spec = wire.spec_of(model_for(config))
-            bodies = ready_bodies(spec)
+            bodies = ready_bodies(wire.Layout.of(model_for(config)))
             count = n_params(config)
             say(f"  {name} model, hidden {hidden}: {count:,} parameters, "
                 f"{len(bodies[0].data):,} bytes a push")
@@ -118,19 +108,6 @@ def real_gradients(model: ActorCritic, config: TrainConfig) -> tuple[dict, float
     return grads, float(loss.detach()), float(norm)
 
 
-def _exchange(
-    http: httpx.Client, run_id: str, body: bytes, loss: float, norm: float, version: int, seq: int
-) -> int:
-    """One POST /gradients as a worker sends it; the version of the reply."""
-    reply = http.post("/gradients", content=body, headers={
-        "Content-Type": wire.CONTENT_TYPE, WORKER_ID_HEADER: "bench-wire",
-        VERSION_HEADER: str(version), SEQ_HEADER: str(seq), RUN_ID_HEADER: run_id,
-        LOSS_HEADER: repr(loss), GRAD_NORM_HEADER: repr(norm)})
-    if reply.status_code != 200:
-        raise RuntimeError(f"POST /gradients: {reply.status_code} {reply.text[:300]}")
-    return int(reply.headers[VERSION_HEADER])
-
-
 def median_ms(reps: int, fn: Callable[..., object], *args: object) -> float:
     """The median time of `fn(*args)` over `reps` calls, in milliseconds."""
     times = []
@@ -143,30 +120,44 @@ def median_ms(reps: int, fn: Callable[..., object], *args: object) -> float:
 
 def wire_figures(reps: int) -> dict:
     """Per model: the raw float32 size of its state_dict, the bytes of one gradient exchange
-    as DelayProxy (delay 0) counts them on the wire, each way, HTTP headers included, and the
-    median times of wire.encode and wire.decode."""
+    as a worker makes it (MasterClient.push_gradients, with a rollout's episodes and statistics
+    in the body's metadata) counted on the wire by DelayProxy (delay 0), each way, HTTP headers
+    included, and the median times to encode a gradient body and decode one."""
     out: dict = {"reps": reps, "models": {}}
-    with standin_master() as (cluster, worker), DelayProxy(cluster.master.port, 0) as proxy, \
-            httpx.Client(base_url=proxy.url, timeout=30, trust_env=False) as http:
+    with standin_master() as (cluster, worker), DelayProxy(cluster.master.port, 0) as proxy:
         for name, hidden in MODELS.items():
             run_id, config = start_run(cluster, worker, hidden)
             model = model_for(config)
-            spec = wire.spec_of(model)
-            raw = 4 * sum(t.numel() for t in model.state_dict().values())
+            layout = wire.Layout.of(model)
+            raw = 4 * layout.numel
             grads, loss, norm = real_gradients(model, config)
-            body = wire.encode(grads)
-            version = cluster.status()["model_version"]
-            push = (http, run_id, body, loss, norm)
-            version = _exchange(*push, version, seq=1)  # the connection is open: the next
-            up, down = proxy.bytes_up, proxy.bytes_down  # exchange counts alone
-            _exchange(*push, version, seq=2)
-            up, down = proxy.bytes_up - up, proxy.bytes_down - down
+            # What a CartPole worker's push carries besides the gradients: an episode or two and
+            # its statistics.
+            report = {
+                "episodes": [[23.0, 23]],
+                "stats": {"episodes": 41, "steps": 1017, "env_steps": 1240,
+                          "steps_per_s": 4123.4, "last_reward": 23.0,
+                          "metrics": {"train/policy_loss": -0.0123, "train/value_loss": 0.234,
+                                      "train/entropy": 0.6912, "train/loss": 0.1047,
+                                      "rollout/ep_rew_mean": 21.3, "time/fps": 4123.4}},
+            }
+            with MasterClient(proxy.url, run_id=run_id) as client:
+                version = cluster.status()["model_version"]
+                push = ("bench-wire", version, grads, layout)
+                extra = {"loss": loss, "grad_norm": norm, "report": report}
+                # The connection is open after the first: the second exchange counts alone.
+                version = client.push_gradients(*push, **extra).version
+                up, down = proxy.bytes_up, proxy.bytes_down
+                client.push_gradients("bench-wire", version, grads, layout, **extra)
+                up, down = proxy.bytes_up - up, proxy.bytes_down - down
+            vector = layout.flatten(grads)
+            body = layout.encode(vector)
             row = {
                 "hidden_sizes": hidden, "params": n_params(config), "raw_bytes": raw,
                 "body_bytes": len(body), "request_bytes": up, "reply_bytes": down,
                 "request_ratio": round(up / raw, 4), "reply_ratio": round(down / raw, 4),
-                "encode_ms": median_ms(reps, wire.encode, grads),
-                "decode_ms": median_ms(reps, wire.decode, body, spec),
+                "encode_ms": median_ms(reps, layout.encode, vector),
+                "decode_ms": median_ms(reps, layout.decode, body),
             }
             out["models"][name] = row
             say(f"    {name}: raw {raw:,} B, request {up:,} B ({row['request_ratio']:.3f}), "

@@ -31,8 +31,9 @@ def test_the_steady_rate_leaves_out_the_start_up() -> None:
 
 
 def test_the_ready_made_gradients_fit_the_model_and_report_their_true_norm() -> None:
-    spec = wire.spec_of(model_for(TrainConfig()))
-    bodies = ready_bodies(spec, count=3)
+    layout = wire.Layout.of(model_for(TrainConfig()))
+    spec = layout.spec
+    bodies = ready_bodies(layout, count=3)
     assert len({b.data for b in bodies}) == 3
     for body in bodies:
         tensors = wire.decode(body.data, spec)
