@@ -87,14 +87,18 @@ class Conflict(MasterRejected):
 
 @dataclass(frozen=True)
 class Weights:
-    """Global weights: `vector` in the layout's order, `tensors` its entries by name (views).
+    """Global weights: `vector` in `layout`'s order (`tensors`: its entries by name, as views).
     A gradient push's reply also carries the run's figures, as `POST /episode` answers them."""
 
-    tensors: dict[str, torch.Tensor]
+    vector: torch.Tensor
+    layout: wire.Layout
     version: int
     stop: bool = False
-    vector: torch.Tensor | None = None
     figures: dict[str, Any] | None = None
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return self.layout.views(self.vector)
 
 
 def _figures(response: httpx.Response) -> dict[str, Any] | None:
@@ -139,9 +143,17 @@ class MasterClient:
         self.run_id = run_id
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.timeout_s = timeout_s
+        # The workers talk to the master directly: HTTP_PROXY and the like are not for a
+        # cluster's own traffic (and the gradient pushes below skip the client's machinery).
+        self._transport = transport or httpx.HTTPTransport()
         self._http = httpx.Client(
-            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s, transport=transport
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            timeout=timeout_s,
+            transport=self._transport,
+            trust_env=False,
         )
+        self._auth = list(headers.items())
         self.retry_deadline_s = retry_deadline_s
         # Once set, a failed request is not retried (Stopped); never set, its wait is a sleep.
         self._stop_event = stop or threading.Event()
@@ -164,14 +176,42 @@ class MasterClient:
 
     # -- transport ------------------------------------------------------------------------------
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _direct(
+        self, method: str, path: str, content: bytes, headers: dict[str, str], timeout: float
+    ) -> httpx.Response:
+        """The request straight to the transport, without the client's cookies, redirects, URL
+        merging and hooks: a third of the CPU of a gradient push, which a worker spends while it
+        collects its next rollout (885 -> 586 us a push, measured on this machine)."""
+        request = httpx.Request(
+            method,
+            self._http.base_url.copy_with(
+                raw_path=self._http.base_url.raw_path.rstrip(b"/") + path.encode()
+            ),
+            headers=[*self._auth, *headers.items()],
+            content=content,
+            extensions={"timeout": httpx.Timeout(timeout).as_dict()},
+        )
+        response = self._transport.handle_request(request)
+        try:
+            response.read()
+        finally:
+            response.close()
+        return response
+
+    def _request(
+        self, method: str, path: str, direct: dict[str, Any] | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        """`direct`: the arguments of `_direct`, for the hot path; else those of httpx's."""
         deadline = time.monotonic() + self.retry_deadline_s
         delay = self.backoff_s
         attempt = 0
         while True:
             attempt += 1
             try:
-                response = self._http.request(method, path, **kwargs)
+                if direct is not None:
+                    response = self._direct(method, path, **direct)
+                else:
+                    response = self._http.request(method, path, **kwargs)
             except httpx.TransportError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             else:
@@ -260,11 +300,7 @@ class MasterClient:
         except wire.WireError as exc:
             raise ProtocolError(f"the master's weights do not fit this model: {exc}") from exc
         return Weights(
-            layout.views(vector),
-            version,
-            stop=response.headers.get(STOP_HEADER) == "1",
-            vector=vector,
-            figures=figures,
+            vector, layout, version, stop=response.headers.get(STOP_HEADER) == "1", figures=figures
         )
 
     def get_weights(
@@ -298,19 +334,19 @@ class MasterClient:
         vector = grads if isinstance(grads, torch.Tensor) else layout.flatten(grads)
         metadata = {ROLLOUT_METADATA: json.dumps(report)} if report is not None else None
         reported = {LOSS_HEADER: loss, GRAD_NORM_HEADER: grad_norm}
+        headers = {
+            "Content-Type": CONTENT_TYPE,
+            WORKER_ID_HEADER: worker_id,
+            VERSION_HEADER: str(version),
+            **self._seq_header(),
+            **({RUN_ID_HEADER: self.run_id} if self.run_id else {}),
+            **{name: repr(float(v)) for name, v in reported.items() if v is not None},
+        }
+        content = layout.encode(vector, metadata)
         response = self._request(
             "POST",
             "/gradients",
-            content=layout.encode(vector, metadata),
-            headers={
-                "Content-Type": CONTENT_TYPE,
-                WORKER_ID_HEADER: worker_id,
-                VERSION_HEADER: str(version),
-                **self._seq_header(),
-                **({RUN_ID_HEADER: self.run_id} if self.run_id else {}),
-                **{name: repr(float(v)) for name, v in reported.items() if v is not None},
-            },
-            timeout=self.timeout_s + wait_s,
+            direct={"content": content, "headers": headers, "timeout": self.timeout_s + wait_s},
         )
         return self._weights(response, layout)
 

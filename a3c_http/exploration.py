@@ -104,8 +104,8 @@ class WidenedPolicy:
                 f"log_std_offset needs a Gaussian policy; this model's is {type(dist).__name__}"
             )
         base = dist.base_dist
-        wide = Normal(base.loc, base.scale * math.exp(self.offset))
-        return Independent(wide, dist.reinterpreted_batch_ndims), value
+        wide = Normal(base.loc, base.scale * math.exp(self.offset), validate_args=False)
+        return Independent(wide, dist.reinterpreted_batch_ndims, validate_args=False), value
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)

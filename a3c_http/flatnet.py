@@ -28,10 +28,7 @@ class FlatNetwork:
     ) -> None:
         self.model = model
         self.layout = layout = Layout.of(model)
-        self.flat = layout.flatten(model.state_dict()).clone()
-        views = layout.views(self.flat)
-        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-            tensor.data = views[name]
+        self.flat = bind(model, layout)
         self.params = nn.Parameter(self.flat[: layout.n_params])
         self.optimizer = make_optimizer([self.params], config)
         self._statistics = layout.numel > layout.n_params  # normalising models have buffers
@@ -55,6 +52,16 @@ class FlatNetwork:
 
     def optimizer_state(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
+
+
+def bind(model: nn.Module, layout: Layout) -> torch.Tensor:
+    """Make every parameter and buffer of `model` a view of one new vector in `layout`'s order
+    (holding their current values), and return it: loading weights is then one copy into it."""
+    flat = layout.flatten(model.state_dict()).clone()
+    views = layout.views(flat)
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        tensor.data = views[name]
+    return flat
 
 
 def flat_optimizer_state(saved: dict[str, Any], layout: Layout) -> dict[str, Any]:

@@ -85,7 +85,7 @@ def test_a_worker_acts_and_learns_with_the_same_widened_policy(
     """The rollout is sampled from the widened Gaussian and the loss scores it under that same
     Gaussian: on-policy for this worker."""
     config = TrainConfig(
-        env_id="Pendulum-v1", seed=3, num_envs=2, t_max=4, heartbeat_interval_s=0.01
+        env_id="Pendulum-v1", seed=3, num_envs=2, t_max=4
     )
     weights = wire.encode(model_for(config).state_dict())
     widths: dict[str, float] = {}
@@ -109,10 +109,11 @@ def test_a_worker_acts_and_learns_with_the_same_widened_policy(
     monkeypatch.setattr(trainer_module, "rollout_loss", learning)
 
     def master(request: httpx.Request) -> httpx.Response:
-        if request.url.path in ("/gradients", "/global_model_weights"):
+        if request.url.path == "/global_model_weights":
             return httpx.Response(200, content=weights, headers={"X-Model-Version": "0"})
-        if request.url.path == "/heartbeat":
-            return httpx.Response(200, json={"data": {"stop": True}})
+        if request.url.path == "/gradients":  # one update, and the run is over
+            headers = {"X-Model-Version": "1", "X-A3C-Stop": "1"}
+            return httpx.Response(200, content=weights, headers=headers)
         return httpx.Response(200, json={"data": {}})
 
     client = MasterClient("http://master", transport=httpx.MockTransport(master), run_id="r1")

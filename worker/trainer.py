@@ -29,6 +29,7 @@ from a3c_http.a3c import LossTerms, gradients, make_optimizer, rollout_loss
 from a3c_http.client import A3CError, Conflict, MasterClient, Stopped, Weights
 from a3c_http.config import TrainConfig
 from a3c_http.exploration import widened
+from a3c_http.flatnet import bind
 from a3c_http.model import ActorCritic, model_for
 from a3c_http.normalize import absorb
 from a3c_http.rollout import Rollout, RolloutCollector
@@ -92,6 +93,7 @@ class Trainer:
         self.policy: Any = None  # the model, or its widened Gaussian: what acts and is scored
         self.version = 0
         self.layout: wire.Layout | None = None
+        self.flat: torch.Tensor | None = None  # the model's weights (worker/trainer.py `bind`)
         self.last_reply = time.monotonic()
 
     def run(self) -> None:
@@ -108,6 +110,7 @@ class Trainer:
         model = model_for(cfg)
         self.policy = policy = widened(model, self.log_std_offset)
         self.layout = wire.Layout.of(model)
+        self.flat = bind(model, self.layout)  # loading weights is one copy into it
         collector = RolloutCollector(cfg.env_id, cfg.env_kwargs, cfg.num_envs, seed, cfg.gamma)
         local = cfg.sync_mode == "best_weights"
         in_flight = min(cfg.max_in_flight, cfg.max_staleness)
@@ -162,7 +165,7 @@ class Trainer:
     def _load(self, model: ActorCritic, weights: Weights | None) -> None:
         if weights is None:
             return
-        model.load_state_dict(weights.tensors)
+        self.flat.copy_(weights.vector)
         self.version = weights.version
         if weights.stop:
             raise _Stop
