@@ -112,13 +112,13 @@ class TrainConfig(BaseModel):
         "their mean in one step (see sync_timeout_s).",
     )
     max_staleness: int = Field(
-        16,
+        32,
         ge=0,
         description="Gradients computed on weights more than this many versions old are "
         "refused with 409.",
     )
     max_in_flight: int = Field(
-        8,
+        16,
         ge=0,
         le=64,
         description="Gradient pushes a worker keeps in flight while it collects its next "

@@ -72,7 +72,7 @@ def test_the_pipeline_keeps_at_most_its_limit_in_flight_and_drains_the_rest() ->
 
 @pytest.mark.parametrize(
     ("max_in_flight", "rtt", "compute", "limit"),
-    [(0, 1.0, 0.01, 0), (8, 0.001, 0.01, 1), (8, 0.045, 0.01, 5), (8, 1.0, 0.01, 8)],
+    [(0, 1.0, 0.01, 0), (8, 0.001, 0.01, 2), (8, 0.045, 0.01, 6), (8, 1.0, 0.01, 8)],
 )
 def test_the_limit_is_what_the_round_trip_needs(
     max_in_flight: int, rtt: float, compute: float, limit: int

@@ -7,10 +7,12 @@ rollouts, and the newest weights any of them brings are loaded then.
 
 How many may be in flight is what the round trip needs, no more: the shortest recent round trip
 (the path's own delay, without the time requests queue at a busy master) divided by the time the
-worker takes to compute one rollout, rounded up, at least 1 and at most `max_in_flight`. More
-would not make the worker faster, only its gradients staler (as a router's deep buffer adds delay,
-not bandwidth). The gradients of a rollout are always those of the weights that acted in it, so
-they stay on-policy; what grows with the pushes in flight is their staleness at the master, which
+worker takes to compute one rollout, rounded up, plus one for the jitter of the round trips, at
+most `max_in_flight`. More would not make the worker faster, only its gradients staler (as a
+router's deep buffer adds delay, not bandwidth).
+
+The gradients of a rollout are always those of the weights that acted in it, so they stay
+on-policy; what grows with the pushes in flight is their staleness at the master, which
 `max_staleness` bounds (README, "Latency").
 """
 
@@ -54,7 +56,7 @@ class Pipeline:
         rtt, compute = self.round_trip_s, self.compute_s
         if self.max_in_flight == 0 or rtt is None or not compute:
             return min(1, self.max_in_flight)
-        return max(1, min(self.max_in_flight, math.ceil(rtt / compute)))
+        return min(self.max_in_flight, math.ceil(rtt / compute) + 1)
 
     def computed(self, seconds: float) -> None:
         """The caller took `seconds` to compute one rollout and its gradients."""
