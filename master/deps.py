@@ -9,7 +9,9 @@ from fastapi import Depends, Request
 from master.state import ClusterState
 
 
-def get_state(request: Request) -> ClusterState:
+async def get_state(request: Request) -> ClusterState:
+    # async: FastAPI runs a plain `def` dependency in its threadpool, a hop per request for a
+    # field lookup (a tenth of the master's throughput on gradient pushes).
     return request.app.state.cluster
 
 
