@@ -19,6 +19,7 @@ on-policy; what grows with the pushes in flight is their staleness at the master
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -28,6 +29,8 @@ from typing import Any
 # Round trips remembered for the shortest one: a few seconds of pushes, so a changed path is
 # followed.
 _RTT_WINDOW = 200
+# Rollouts whose compute time is remembered.
+_COMPUTE_WINDOW = 15
 
 
 class Pipeline:
@@ -40,7 +43,8 @@ class Pipeline:
         )
         self._in_flight: deque[Future] = deque()
         self._round_trips: deque[float] = deque(maxlen=_RTT_WINDOW)
-        self.compute_s: float | None = None  # moving average of one rollout and its gradients
+        self._computes: deque[float] = deque(maxlen=_COMPUTE_WINDOW)
+        self.compute_s: float | None = None  # median time of one rollout and its gradients
 
     def __len__(self) -> int:
         return len(self._in_flight)
@@ -59,9 +63,11 @@ class Pipeline:
         return min(self.max_in_flight, math.ceil(rtt / compute) + 1)
 
     def computed(self, seconds: float) -> None:
-        """The caller took `seconds` to compute one rollout and its gradients."""
-        c = self.compute_s
-        self.compute_s = seconds if c is None else 0.9 * c + 0.1 * seconds
+        """The caller took `seconds` to compute one rollout and its gradients. The median of the
+        last few: the first rollouts of a run are slow (torch's first calls), and a moving
+        average would hold the limit down for a second or more."""
+        self._computes.append(seconds)
+        self.compute_s = statistics.median(self._computes)
 
     def submit(self, send: Callable[[], Any]) -> None:
         started = time.monotonic()
