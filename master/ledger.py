@@ -190,15 +190,9 @@ class RunLedger:
         with self.lock:
             if self.should_stop(run_id):
                 return True
-            self._take_stats(self._touch(worker_id), stats)
+            self._touch(worker_id).take_stats(stats)
             self._finish_if_done()
             return self.run_state != "running"
-
-    @staticmethod
-    def _take_stats(record: WorkerRecord, stats: dict[str, Any]) -> None:
-        for key in ("steps_per_s", "last_reward", "metrics", "env_steps"):
-            if stats.get(key) is not None:
-                setattr(record, key, stats[key])
 
     def worker_accepted(self, worker_id: str) -> None:
         """The worker accepted POST /start_worker: its silence counts from now."""
@@ -298,7 +292,7 @@ class RunLedger:
                 )
             # Reports in flight may land out of order: only the newest one's figures are kept.
             if stats and (seq is None or seq == record.last_seq):
-                self._take_stats(record, stats)
+                record.take_stats(stats)
             self._finish_if_done()
             reply = self._episode_reply(improved, duplicate=False)
             if seq is not None:

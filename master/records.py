@@ -55,6 +55,12 @@ class WorkerRecord:
         self.last_seq, self.seq_mask = window.high, window.mask
         return True
 
+    def take_stats(self, stats: dict[str, Any]) -> None:
+        """What a heartbeat (or a gradient push) says of the worker's progress."""
+        for key in ("steps_per_s", "last_reward", "metrics", "env_steps"):
+            if stats.get(key) is not None:
+                setattr(self, key, stats[key])
+
     def steps_in_progress(self) -> int:
         return max(0, self.env_steps - self.steps)
 

@@ -136,3 +136,24 @@ def test_the_access_log_leaves_out_only_successes_of_the_hot_routes() -> None:
     assert quiet.filter(access("/gradients", 409))  # errors stay visible
     assert quiet.filter(access("/train?x=1", 202))  # and every other route
     assert not quiet.filter(access("/gradients?a=b", 304))
+
+
+def test_the_master_quiets_uvicorns_access_log_unless_told_otherwise(tmp_path) -> None:
+    from a3c_http.config import Settings
+    from master.app import create_app
+
+    logger = logging.getLogger("uvicorn.access")
+
+    def quiet() -> list[QuietAccessLog]:
+        return [f for f in logger.filters if isinstance(f, QuietAccessLog)]
+
+    try:
+        create_app(Settings(run_dir=tmp_path / "a")).state.cluster.close()
+        assert len(quiet()) == 1 and "/gradients" in quiet()[0].paths
+        create_app(Settings(run_dir=tmp_path / "b")).state.cluster.close()
+        assert len(quiet()) == 1  # once per process, however many apps
+    finally:
+        for f in quiet():
+            logger.removeFilter(f)
+    create_app(Settings(run_dir=tmp_path / "c", access_log="all")).state.cluster.close()
+    assert quiet() == []
