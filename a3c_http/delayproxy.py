@@ -6,7 +6,8 @@ is due (when it was read, plus the delay) and queues it; a writer task delivers 
 is due. Bytes therefore flow at the link's own rate and each arrives `delay_s` late, as over a
 long wire, rather than one chunk per delay. Every byte is forwarded, in order, and an end of
 stream is passed on (delayed too) as a half-close; `bytes_up` (client to upstream) and
-`bytes_down` count the bytes delivered. The proxy runs its own asyncio loop in its own thread.
+`bytes_down` count the bytes delivered. The proxy runs its own asyncio loop in its own thread
+(`LoopbackProxy`, which the tests' FaultProxy, a proxy that loses replies, shares).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from typing import Self
 
 _CHUNK = 65536
 # Chunks a direction may hold in flight: bounds the memory of a slow reader, not the throughput
@@ -21,34 +23,25 @@ _CHUNK = 65536
 _MAX_QUEUED = 1024
 
 
-class DelayProxy:
-    def __init__(
-        self,
-        upstream_port: int,
-        delay_s: float,
-        upstream_host: str = "127.0.0.1",
-        host: str = "127.0.0.1",
-    ) -> None:
-        if delay_s < 0:
-            raise ValueError(f"delay_s must be >= 0, got {delay_s}")
+class LoopbackProxy:
+    """A TCP proxy with its own asyncio loop in its own thread: every connection to `port` is
+    handed to `_handle` (subclasses forward it to the upstream service their way)."""
+
+    def __init__(self, upstream_port: int, upstream_host: str, host: str) -> None:
         self.upstream = (upstream_host, upstream_port)
-        self.delay_s = delay_s
         self.host = host
         self.port: int | None = None
-        self.bytes_up = 0  # client -> upstream, delivered
-        self.bytes_down = 0  # upstream -> client, delivered
-        self.connections = 0
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.Server | None = None
         self._thread = threading.Thread(
-            target=self._loop.run_forever, name=f"delayproxy-{upstream_port}", daemon=True
+            target=self._loop.run_forever, name=f"proxy-{upstream_port}", daemon=True
         )
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self) -> DelayProxy:
+    def start(self) -> Self:
         self._thread.start()
         future = asyncio.run_coroutine_threadsafe(self._listen(), self._loop)
         self.port = future.result(timeout=10)
@@ -73,7 +66,7 @@ class DelayProxy:
         if not self._loop.is_closed() and not self._thread.is_alive():
             self._loop.close()
 
-    def __enter__(self) -> DelayProxy:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -82,6 +75,26 @@ class DelayProxy:
     async def _listen(self) -> int:
         self._server = await asyncio.start_server(self._handle, self.host, 0)
         return self._server.sockets[0].getsockname()[1]
+
+    async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+
+class DelayProxy(LoopbackProxy):
+    def __init__(
+        self,
+        upstream_port: int,
+        delay_s: float,
+        upstream_host: str = "127.0.0.1",
+        host: str = "127.0.0.1",
+    ) -> None:
+        if delay_s < 0:
+            raise ValueError(f"delay_s must be >= 0, got {delay_s}")
+        super().__init__(upstream_port, upstream_host, host)
+        self.delay_s = delay_s
+        self.bytes_up = 0  # client -> upstream, delivered
+        self.bytes_down = 0  # upstream -> client, delivered
+        self.connections = 0
 
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         try:
