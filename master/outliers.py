@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 # Updates in the window: enough for a stable spread, few enough to follow a run whose losses and
@@ -40,15 +41,56 @@ def log_norm(norm: float) -> float:
     return math.log(max(abs(norm), _TINY))
 
 
+class Window:
+    """The last `WINDOW` values, with their mean and spread kept as running sums: judging an
+    update costs the same whatever the window's size (the parameter server does it under its
+    lock, at every push). The sums are made afresh every `WINDOW` values, so rounding cannot
+    drift."""
+
+    def __init__(self, values: Iterable[float] = ()) -> None:
+        self.values: deque[float] = deque(maxlen=WINDOW)
+        self.clear()
+        for value in values:
+            self.append(value)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def clear(self) -> None:
+        self.values.clear()
+        self._sum = self._squares = 0.0
+        self._since_exact = 0
+
+    def append(self, value: float) -> None:
+        if len(self.values) == WINDOW:
+            old = self.values[0]
+            self._sum -= old
+            self._squares -= old * old
+        self.values.append(value)
+        self._sum += value
+        self._squares += value * value
+        self._since_exact += 1
+        if self._since_exact >= WINDOW:
+            self._sum = math.fsum(self.values)
+            self._squares = math.fsum(v * v for v in self.values)
+            self._since_exact = 0
+
+    def mean_std(self, floor: float) -> tuple[float, float]:
+        """Mean and (population) standard deviation, at least `floor`."""
+        n = len(self.values)
+        mean = self._sum / n
+        return mean, max(math.sqrt(max(self._squares / n - mean * mean, 0.0)), floor)
+
+
 def _judge(
-    window: deque[float], raw: float, what: str, sigma: float, warmup: int
+    window: Window, raw: float, what: str, sigma: float, warmup: int
 ) -> tuple[str | None, float]:
     """Why `raw` (a norm or a loss) is far above the window, or None; and the log of its size,
     clipped to the threshold, as it joins the window when the update is refused."""
     value = log_norm(raw)
     if len(window) < max(warmup, 1):
         return None, value
-    mean, std = _mean_std(window, MIN_LOG_STD)
+    mean, std = window.mean_std(MIN_LOG_STD)
     threshold = mean + sigma * std
     if value <= threshold:
         return None, value
@@ -60,18 +102,10 @@ def _judge(
     ), threshold
 
 
-def _mean_std(values: deque[float], floor: float) -> tuple[float, float]:
-    """Mean and (population) standard deviation, at least `floor`. Plain float sums, not
-    statistics.pstdev, whose exact fractions cost milliseconds under the parameter server's lock."""
-    mean = math.fsum(values) / len(values)
-    std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
-    return mean, max(std, floor)
-
-
 class OutlierFilter:
     def __init__(self) -> None:
-        self.log_norms: deque[float] = deque(maxlen=WINDOW)
-        self.losses: deque[float] = deque(maxlen=WINDOW)
+        self.log_norms = Window()
+        self.losses = Window()
         self.refused = 0  # updates refused as outliers in this run
 
     def reset(self) -> None:
@@ -111,11 +145,14 @@ class OutlierFilter:
     def state(self) -> dict[str, Any]:
         return {
             "updates_refused_outlier": self.refused,
-            "outlier_window": {"log_norms": list(self.log_norms), "losses": list(self.losses)},
+            "outlier_window": {
+                "log_norms": list(self.log_norms.values),
+                "losses": list(self.losses.values),
+            },
         }
 
     def restore(self, state: dict[str, Any]) -> None:
         window = state.get("outlier_window") or {}
-        self.log_norms = deque(map(float, window.get("log_norms", [])), maxlen=WINDOW)
-        self.losses = deque(map(float, window.get("losses", [])), maxlen=WINDOW)
+        self.log_norms = Window(map(float, window.get("log_norms", [])))
+        self.losses = Window(map(float, window.get("losses", [])))
         self.refused = int(state.get("updates_refused_outlier", 0))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from a3c_http import wire
 from a3c_http.config import TrainConfig
 from a3c_http.model import model_for
 from master.errors import StateConflict
+from master.outliers import WINDOW, Window
 from master.params import ParameterServer
 from tests.support import OCTET, master_running, snapshot
 
@@ -204,3 +206,17 @@ def test_a_level_that_really_moves_is_followed_not_refused_for_ever() -> None:
             refused += 1
     assert 0 < refused < 50
     push(params, 1.0, 100.0)  # the window has followed: the new level is usual now
+
+
+def test_the_windows_running_sums_give_the_exact_mean_and_spread() -> None:
+    """Past the window's size (old values leave the sums) and across the exact re-summing."""
+    rng = random.Random(3)
+    window, values = Window(), []
+    for i in range(350):
+        value = rng.gauss(2.0, 0.7) if i % 50 else rng.gauss(-40.0, 5.0)
+        window.append(value)
+        values = (values + [value])[-WINDOW:]
+        mean, std = window.mean_std(floor=0.0)
+        assert mean == pytest.approx(statistics.fmean(values), abs=1e-9)
+        assert std == pytest.approx(statistics.pstdev(values), abs=1e-9)
+    assert window.mean_std(floor=100.0)[1] == 100.0
