@@ -93,7 +93,7 @@ class Trainer:
         self.policy: Any = None  # the model, or its widened Gaussian: what acts and is scored
         self.version = 0
         self.layout: wire.Layout | None = None
-        self.flat: torch.Tensor | None = None  # the model's weights (worker/trainer.py `bind`)
+        self.flat: torch.Tensor | None = None  # the model's weights (a3c_http/flatnet.py `bind`)
         self.last_reply = time.monotonic()
 
     def run(self) -> None:
@@ -130,7 +130,8 @@ class Trainer:
                     self._push_gradients(model, rollout, pipeline)
                     pipeline.computed(time.monotonic() - started)
                     self._take_replies(model, pipeline)
-                    quiet_since = self.last_reply
+                    # Quiet: no reply (refusals are not replies) and no heartbeat for a while.
+                    quiet_since = max(self.last_reply, last_heartbeat)
                 else:
                     improved = self._report(rollout)
                     self._learn_locally(model, optimizer, rollout, improved)
