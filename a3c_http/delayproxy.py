@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from typing import Self
+from collections.abc import Coroutine
+from typing import Any, Self
 
 _CHUNK = 65536
 # Chunks a direction may hold in flight: bounds the memory of a slow reader, not the throughput
@@ -76,8 +77,37 @@ class LoopbackProxy:
         self._server = await asyncio.start_server(self._handle, self.host, 0)
         return self._server.sockets[0].getsockname()[1]
 
-    async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+    # When a connection pair is done: when one of its tasks ends (or only when one fails).
+    until = asyncio.FIRST_COMPLETED
+
+    def _forward(
+        self,
+        client_r: asyncio.StreamReader,
+        client_w: asyncio.StreamWriter,
+        up_r: asyncio.StreamReader,
+        up_w: asyncio.StreamWriter,
+    ) -> list[Coroutine[Any, Any, None]]:
+        """The tasks that carry one connection's bytes to the upstream and back."""
         raise NotImplementedError
+
+    async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        try:
+            up_r, up_w = await asyncio.open_connection(*self.upstream)
+        except OSError:
+            client_w.close()
+            return
+        tasks = [asyncio.create_task(c) for c in self._forward(client_r, client_w, up_r, up_w)]
+        try:
+            await asyncio.wait(tasks, return_when=self.until)
+        except asyncio.CancelledError:
+            pass  # close(): end quietly (Python 3.11's start_server logs a cancelled handler)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for writer in (client_w, up_w):
+                with contextlib.suppress(Exception):
+                    writer.close()
 
 
 class DelayProxy(LoopbackProxy):
@@ -96,33 +126,19 @@ class DelayProxy(LoopbackProxy):
         self.bytes_down = 0  # upstream -> client, delivered
         self.connections = 0
 
-    async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        try:
-            up_r, up_w = await asyncio.open_connection(*self.upstream)
-        except OSError:
-            client_w.close()
-            return
+    # Both ends closed in both directions, or a connection failed: the pair is done.
+    until = asyncio.FIRST_EXCEPTION
+
+    def _forward(self, client_r, client_w, up_r, up_w) -> list[Coroutine[Any, Any, None]]:
         self.connections += 1
         up: asyncio.Queue = asyncio.Queue(_MAX_QUEUED)
         down: asyncio.Queue = asyncio.Queue(_MAX_QUEUED)
-        tasks = [
-            asyncio.create_task(self._read(client_r, up)),
-            asyncio.create_task(self._deliver(up, up_w, upward=True)),
-            asyncio.create_task(self._read(up_r, down)),
-            asyncio.create_task(self._deliver(down, client_w, upward=False)),
+        return [
+            self._read(client_r, up),
+            self._deliver(up, up_w, upward=True),
+            self._read(up_r, down),
+            self._deliver(down, client_w, upward=False),
         ]
-        try:
-            # Both ends closed in both directions, or a connection failed: the pair is done.
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        except asyncio.CancelledError:
-            pass  # close(): end quietly (Python 3.11's start_server logs a cancelled handler)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            for writer in (client_w, up_w):
-                with contextlib.suppress(Exception):
-                    writer.close()
 
     async def _read(self, reader: asyncio.StreamReader, queue: asyncio.Queue) -> None:
         loop = asyncio.get_running_loop()

@@ -8,8 +8,6 @@ non-idempotent POST unless the service recognises the retry.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import random
 
 from a3c_http.delayproxy import LoopbackProxy
@@ -23,13 +21,7 @@ class FaultProxy(LoopbackProxy):
         self.replies = 0  # reply chunks forwarded
         self.dropped = 0  # replies lost on purpose
 
-    async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        try:
-            up_r, up_w = await asyncio.open_connection(*self.upstream)
-        except OSError:
-            client_w.close()
-            return
-
+    def _forward(self, client_r, client_w, up_r, up_w) -> list:
         async def requests() -> None:
             while data := await client_r.read(65536):
                 up_w.write(data)
@@ -39,17 +31,9 @@ class FaultProxy(LoopbackProxy):
             while data := await up_r.read(65536):
                 if self.random.random() < self.drop_reply_p:
                     self.dropped += 1
-                    return
+                    return  # the pair is closed with the reply unsent
                 self.replies += 1
                 client_w.write(data)
                 await client_w.drain()
 
-        tasks = [asyncio.create_task(requests()), asyncio.create_task(replies())]
-        with contextlib.suppress(Exception):
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for writer in (client_w, up_w):
-            with contextlib.suppress(Exception):
-                writer.close()
+        return [requests(), replies()]
