@@ -31,3 +31,5 @@ GLOBAL_EPISODE_HEADER = "X-A3C-Global-Episode"
 BEST_SCORE_HEADER = "X-A3C-Best-Score"
 MOVING_AVERAGE_HEADER = "X-A3C-Moving-Average"
 IMPROVED_HEADER = "X-A3C-Improved"
+# GET /metrics: Prometheus's text exposition format.
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

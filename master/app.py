@@ -19,6 +19,7 @@ from a3c_http.service import install_common
 from a3c_http.store import RunDirInUse
 from a3c_http.wire import WireError
 from master import routes_run, routes_seed, routes_weights
+from master.metrics import MasterMetrics
 from master.state import ClusterState, StateConflict
 
 
@@ -67,6 +68,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="a3c-http master", version="0.1.0", lifespan=lifespan)
     app.state.cluster = state
+    app.state.metrics = MasterMetrics(state.status)
     # The routes of the workers' training loop: hundreds of requests a second.
     hot = {"/gradients", "/episode", "/heartbeat", "/global_model_weights", "/local_model_weights"}
     install_common(

@@ -49,6 +49,7 @@ class ParameterServer:
         self.first_version = 0  # the version the current run began at
         self.updates_applied = 0
         self.updates_rejected = 0
+        self.rejected_by: dict[str, int] = {}  # updates_rejected by reason (`_reject`)
         self.temporary: dict[str, bytes] = {}
         self.temporary_revision = 0  # rises with every change of a temporary slot
         self._encoded: tuple[int, bytes] | None = None  # (version, its weights body)
@@ -69,6 +70,7 @@ class ParameterServer:
             self.version += 1 if next_version else 0
             self.first_version = self.version
             self.updates_applied = self.updates_rejected = 0
+            self.rejected_by = {}
             self.temporary = {}
             self.temporary_revision += 1
             self._update_seq = {}
@@ -117,8 +119,15 @@ class ParameterServer:
             return self._require_net().layout.decode(body)
         except wire.WireError:
             with self.lock:
-                self.updates_rejected += 1
+                self._reject("invalid")
             raise
+
+    def _reject(self, reason: str, n: int = 1) -> None:
+        """Count `n` refused updates: invalid (a body that does not fit), stale (too old, of an
+        earlier run, or in sync mode not of the current version), outlier, round (sync mode: a
+        second push in a round, or a round abandoned)."""
+        self.updates_rejected += n
+        self.rejected_by[reason] = self.rejected_by.get(reason, 0) + n
 
     def _seen(self, worker_id: str, seq: int | None) -> bool:
         return seq is not None and worker_id in self._update_seq and self._update_seq[
@@ -184,7 +193,7 @@ class ParameterServer:
             if sent is not None:
                 if update.seq is not None and update.seq == sent.seq:
                     return current.waiting(duplicate=True)
-                self.updates_rejected += 1
+                self._reject("round")
                 raise StateConflict(
                     f"worker {update.worker_id} already sent gradients for version "
                     f"{current.version} in this round (sync_mode=sync takes one per worker and "
@@ -233,7 +242,7 @@ class ParameterServer:
         """The round's gradients can no longer be applied: its requests are refused."""
         current, self.round = self.round, None
         if current is not None:
-            self.updates_rejected += len(current.updates)
+            self._reject("round", len(current.updates))
             current.outcome.set_exception(why)
 
     def _screen(
@@ -246,7 +255,7 @@ class ParameterServer:
         norm = update.norm if update.norm is not None else _global_norm(update.grads)
         why = self.outliers.judge(norm, update.loss, config.outlier_sigma, config.outlier_warmup)
         if why is not None:
-            self.updates_rejected += 1
+            self._reject("outlier")
             raise StateConflict(f"{why}; nothing applied: pull the weights and go on")
         self.outliers.accept(norm, update.loss)
 
@@ -276,7 +285,7 @@ class ParameterServer:
             why = f"{self.version - version} versions old (max_staleness={max_staleness})"
         else:
             return
-        self.updates_rejected += 1
+        self._reject("stale")
         raise StateConflict(
             f"gradients computed on version {version} are {why}; current version is "
             f"{self.version}: pull the weights and compute them again"
@@ -322,6 +331,7 @@ class ParameterServer:
                 "updates_applied": self.updates_applied,
                 "updates_rejected": self.updates_rejected,
                 "updates_refused_outlier": self.outliers.refused,
+                "updates_rejected_by": dict(self.rejected_by),
                 "sync_rounds": rounds,
                 "sync_gradients_per_round": self.sync_gradients / rounds if rounds else None,
                 "staleness_mean": round(self.staleness_total / applied, 3) if applied else None,
@@ -340,6 +350,7 @@ class ParameterServer:
                 "sync_rounds": self.sync_rounds,
                 "sync_gradients": self.sync_gradients,
                 "staleness_total": self.staleness_total,
+                "rejected_by": dict(self.rejected_by),
                 **self.outliers.state(),
             }
 
@@ -372,6 +383,7 @@ class ParameterServer:
             self.sync_rounds = int(state.get("sync_rounds", 0))
             self.sync_gradients = int(state.get("sync_gradients", 0))
             self.staleness_total = int(state.get("staleness_total", 0))
+            self.rejected_by = {str(k): int(v) for k, v in state.get("rejected_by", {}).items()}
             self.outliers.restore(state)
             self.temporary = dict(temporary)
 

@@ -1,4 +1,5 @@
-"""Running the cluster: start and stop a run, worker heartbeats and episode reports, status."""
+"""Running the cluster: start and stop a run, worker heartbeats and episode reports, status and
+metrics."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ from typing import Any
 
 import gymnasium as gym
 from fastapi import HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from a3c_http.exploration import ExplorationError
 from a3c_http.model import UnsupportedSpace
+from a3c_http.protocol import METRICS_CONTENT_TYPE as METRICS_TYPE
 from a3c_http.service import JSON_BODY, conflict, protected_router
 from master.deps import State
 from master.launcher import WorkerListError, normalize_url, parse_workers, read_workers_file
@@ -78,6 +80,16 @@ def stop(state: State) -> dict[str, Any]:
 @router.get("/status")
 def status(state: State) -> dict[str, Any]:
     return state.status()
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {METRICS_TYPE: {}}, "description": "Prometheus text format"}},
+)
+def metrics(request: Request) -> Response:
+    """What `/status` shows, and the gradient exchange's latency, for Prometheus to scrape."""
+    return Response(request.app.state.metrics.exposition(), media_type=METRICS_TYPE)
 
 
 @router.post("/heartbeat", responses=JSON_BODY)

@@ -5,6 +5,7 @@ POST /gradients is async so that, in sync mode, a request waiting for its round 
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 from fastapi import Header, Query, Request, Response
@@ -116,6 +117,7 @@ async def gradients(
     x_a3c_loss: ReportedLoss = None,
     x_a3c_grad_norm: ReportedNorm = None,
 ) -> Response:
+    started = time.perf_counter()
     body = await request.body()
     args = (x_worker_id, x_model_version, body, x_run_id, x_a3c_seq, x_a3c_loss, x_a3c_grad_norm)
     if len(body) <= INLINE_BYTES:
@@ -125,6 +127,7 @@ async def gradients(
     weights, version, duplicate = await settle(outcome, state.params.close_round)
     response = _weights_response(weights, version, duplicate)
     response.headers.update(figure_headers(figures))
+    request.app.state.metrics.push_seconds.observe(time.perf_counter() - started)
     return response
 
 

@@ -11,13 +11,15 @@ from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 import torch
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from a3c_http.client import A3CError, MasterClient, MasterUnavailable
 from a3c_http.config import TrainConfig, WorkerSettings
 from a3c_http.exploration import Exploration
+from a3c_http.protocol import METRICS_CONTENT_TYPE as METRICS_TYPE
 from a3c_http.service import JSON_BODY, conflict, install_common, protected_router
+from worker.metrics import exposition
 from worker.trainer import Progress, Trainer
 
 WorkerStatus = Literal["idle", "running", "stopping", "done", "failed"]
@@ -187,6 +189,15 @@ def create_app(token: str | None = None, settings: WorkerSettings | None = None)
     @router.get("/status")
     def status() -> dict[str, Any]:
         return service.status()
+
+    @router.get(
+        "/metrics",
+        response_class=Response,
+        responses={200: {"content": {METRICS_TYPE: {}}, "description": "Prometheus text format"}},
+    )
+    def metrics() -> Response:
+        """This worker's rollout, gradient and HTTP times, for Prometheus to scrape."""
+        return Response(exposition(service.status), media_type=METRICS_TYPE)
 
     @router.post(
         "/start_worker",
