@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -54,13 +55,20 @@ def load_model(config: TrainConfig, weights: bytes) -> ActorCritic:
     return model.eval()
 
 
-def evaluate(config: TrainConfig, weights: bytes, episodes: int | None = None) -> EvalResult:
+def evaluate(
+    config: TrainConfig,
+    weights: bytes,
+    episodes: int | None = None,
+    make_env: Callable[[int], gym.Env] | None = None,
+) -> EvalResult:
     """Play `episodes` (default: `config.eval_episodes`) episodes of `config.env_id` with the
-    greedy policy of `weights`, on fresh environments seeded from `config.seed`."""
+    greedy policy of `weights`, on fresh environments seeded from `config.seed`. `make_env(i)`:
+    the i-th environment (default `gymnasium.make(env_id, **env_kwargs)`), e.g. one that records
+    videos (scripts/evaluate.py)."""
     model = load_model(config, weights)
     n = config.eval_episodes if episodes is None else episodes
     with torch.no_grad():
-        returns, lengths = play(model, config, n)
+        returns, lengths = play(model, config, n, make_env)
     return EvalResult(
         mean_return=statistics.fmean(returns),
         std_return=statistics.pstdev(returns),
@@ -70,15 +78,18 @@ def evaluate(config: TrainConfig, weights: bytes, episodes: int | None = None) -
     )
 
 
-def play(model: ActorCritic, config: TrainConfig, episodes: int) -> tuple[list[float], list[int]]:
+def play(
+    model: ActorCritic,
+    config: TrainConfig,
+    episodes: int,
+    make_env: Callable[[int], gym.Env] | None = None,
+) -> tuple[list[float], list[int]]:
     """The return and length of each of `episodes` greedy episodes, up to MAX_PARALLEL_ENVS at a
     time in one batch. Episode `i` is reset with `eval_seed(seed, i)` whichever environment plays
     it, so the result depends on the weights and the seed only."""
     seed = config.seed or 0
-    envs = [
-        gym.make(config.env_id, **config.env_kwargs)
-        for _ in range(min(episodes, MAX_PARALLEL_ENVS))
-    ]
+    make_env = make_env or (lambda _: gym.make(config.env_id, **config.env_kwargs))
+    envs = [make_env(i) for i in range(min(episodes, MAX_PARALLEL_ENVS))]
     try:
         space = envs[0].action_space
         timed = envs[0].spec is not None and envs[0].spec.max_episode_steps is not None

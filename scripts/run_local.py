@@ -191,6 +191,7 @@ def main() -> int:
         print(f"reward plot: {plot(args.run_dir)}")
     except SystemExit as exc:
         print(f"no plot: {exc}")
+    print(f"watch it play: .venv/bin/python scripts/evaluate.py {args.run_dir} --episodes 10")
     print("SOLVED" if solved else "not solved")
     return 0 if solved else 1
 

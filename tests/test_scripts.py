@@ -1,10 +1,17 @@
-"""The quickstart's progress line and the reward plot, on made-up data."""
+"""The quickstart's progress line, the reward plot on made-up data, and the evaluation of a saved
+run."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
+
+from a3c_http.config import Settings, TrainConfig
 from a3c_http.store import RunStore, Snapshot
+from master.state import ClusterState
+from scripts.evaluate import main as evaluate_main
 from scripts.plot_rewards import plot
 from scripts.run_local import progress_line
 
@@ -37,3 +44,22 @@ def test_plot_writes_a_png_with_every_episode(tmp_path: Path) -> None:
     assert out == tmp_path / "rewards.png"
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert out.stat().st_size > 10_000
+
+
+def test_evaluate_plays_a_saved_run_and_ends_with_its_json_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    settings = Settings(run_dir=tmp_path / "run")
+    state = ClusterState(settings)
+    state.start_run(TrainConfig(seed=4, max_steps=None), ["http://127.0.0.1:9"])
+    state.persist(force=True)
+    version = state.params.version
+    state.close()
+    summary = evaluate_main([str(tmp_path / "run"), "--episodes", "3"])
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last == summary
+    assert last["episodes"] == 3 and len(last["returns"]) == 3
+    assert last["env_id"] == "CartPole-v1" and last["model_version"] == version
+    assert last["mean_return"] == pytest.approx(sum(last["returns"]) / 3)
+    with pytest.raises(SystemExit, match="no run folder"):
+        evaluate_main([str(tmp_path / "elsewhere")])

@@ -1,0 +1,92 @@
+"""Play a run's global weights: `python scripts/evaluate.py RUN_DIR [--episodes N] [--video DIR]`.
+
+Loads the run folder's weights (with the running statistics of a normalising model, which travel
+in them) and its config, plays N episodes with the deterministic action (a3c_http/evaluation.py:
+the most likely action, or the Gaussian's mean), prints a table, and as its last line one JSON
+object: mean_return, std_return, mean_length, episodes, env_id, model_version, run_id, returns.
+`--video DIR` records every episode with gymnasium's RecordVideo (needs moviepy: the `video`
+extra, `./scripts/setup_venv.sh video`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import gymnasium as gym  # noqa: E402
+import torch  # noqa: E402
+
+from a3c_http.evaluation import evaluate  # noqa: E402
+from a3c_http.store import RunStore  # noqa: E402
+from master.state import saved_config  # noqa: E402
+
+
+def video_env(config, folder: Path):  # noqa: ANN001, ANN201
+    """A factory of environments that record each episode into `folder`; raises SystemExit with
+    what to install when gymnasium's video support is missing."""
+    from gymnasium.error import DependencyNotInstalled
+    from gymnasium.wrappers import RecordVideo
+
+    def make(i: int) -> gym.Env:
+        env = gym.make(config.env_id, render_mode="rgb_array", **config.env_kwargs)
+        try:
+            return RecordVideo(
+                env, str(folder), episode_trigger=lambda _: True, name_prefix=f"eval-env{i}",
+                disable_logger=True,
+            )
+        except DependencyNotInstalled:
+            env.close()
+            raise SystemExit(
+                "--video needs moviepy, which is not installed: ./scripts/setup_venv.sh video "
+                "(the `video` extra), or .venv/bin/pip install moviepy"
+            ) from None
+
+    return make
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path, help="a run folder, e.g. runs/latest")
+    parser.add_argument("--episodes", type=int, default=10, help="episodes to play (10)")
+    parser.add_argument("--video", type=Path, default=None, help="record them into this folder")
+    args = parser.parse_args(argv)
+    if args.episodes < 1:
+        parser.error("--episodes must be at least 1")
+    snap = RunStore(args.run_dir).load() if (args.run_dir / "run.db").exists() else None
+    if snap is None or not snap.weights:
+        raise SystemExit(f"{args.run_dir}: no run folder with weights here (is it a run folder?)")
+    config = saved_config(snap.config).resolved()
+    torch.set_num_threads(1)
+    make_env = None
+    if args.video is not None:
+        args.video.mkdir(parents=True, exist_ok=True)
+        make_env = video_env(config, args.video)
+    result = evaluate(config, snap.weights, args.episodes, make_env)
+    print(f"{'episode':>8}  {'return':>10}")
+    for i, ret in enumerate(result.returns):
+        print(f"{i:>8}  {ret:>10.2f}")
+    print(f"mean {result.mean_return:.2f} +- {result.std_return:.2f} over {result.episodes} "
+          f"episodes of {config.env_id} (mean length {result.mean_length:.1f})")
+    if args.video is not None:
+        print(f"videos: {args.video}")
+    summary = {
+        "mean_return": result.mean_return,
+        "std_return": result.std_return,
+        "mean_length": result.mean_length,
+        "episodes": result.episodes,
+        "env_id": config.env_id,
+        "model_version": snap.state.get("model_version"),
+        "run_id": snap.state.get("run_id"),
+        "returns": list(result.returns),
+    }
+    print(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
