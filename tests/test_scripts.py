@@ -32,18 +32,40 @@ def test_progress_line_measures_the_rate_between_two_statuses() -> None:
     assert "env steps/s       0" in progress_line(status(1.0, 0), None)
 
 
-def test_plot_writes_a_png_with_every_episode(tmp_path: Path) -> None:
-    store = RunStore.acquire(tmp_path)
+def saved_run(folder: Path, run_id: str, evaluations: int = 0) -> Path:
+    store = RunStore.acquire(folder)
     store.save(Snapshot(
-        config={"env_id": "CartPole-v1", "target_return": 475.0},
-        state={"run_id": "r1"},
+        config={"env_id": "CartPole-v1", "target_return": 475.0, "run_id": run_id},
+        state={"run_id": run_id},
         new_episodes=[(i, f"w{i % 2 + 1}", float(i), i, 1000.0 + i) for i in range(1, 151)],
+        new_evaluations=[
+            (k, 10 * k, 1.0 * k, 1000 * k, 20.0 * k, 2.0, 10, 20.0 * k, 1000.0 + k)
+            for k in range(1, evaluations + 1)
+        ],
     ))
     store.close()
-    out = plot(tmp_path)
-    assert out == tmp_path / "rewards.png"
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert out.stat().st_size > 10_000
+    return folder
+
+
+def png(path: Path) -> int:
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return path.stat().st_size
+
+
+def test_plot_draws_every_episode_each_worker_and_the_evaluations(tmp_path: Path) -> None:
+    run = saved_run(tmp_path / "a", "r1", evaluations=3)
+    bare = plot(saved_run(tmp_path / "b", "r2"), tmp_path / "bare.png")
+    out = plot(run)
+    assert out == run / "rewards.png"
+    assert png(out) > png(bare) > 10_000  # the evaluation points are drawn too
+
+
+def test_plot_compares_several_runs_in_one_figure(tmp_path: Path) -> None:
+    runs = [saved_run(tmp_path / "a", "r1"), saved_run(tmp_path / "b", "r2")]
+    out = plot(runs)
+    assert out == runs[0] / "compare.png" and png(out) > 10_000
+    with pytest.raises(SystemExit, match="no episodes"):
+        plot([runs[0], tmp_path / "empty"])
 
 
 def test_evaluate_plays_a_saved_run_and_ends_with_its_json_line(
