@@ -18,22 +18,31 @@ from a3c_http.protocol import STOP_HEADER
 from a3c_http.service import install_common
 from a3c_http.store import RunDirInUse
 from a3c_http.wire import WireError
-from master import routes_run, routes_seed, routes_weights
+from master import routes_run, routes_seed, routes_weights, tensorboard
 from master.metrics import MasterMetrics
 from master.state import ClusterState, StateConflict
 
 
-def _housekeeping(state: ClusterState, stop: threading.Event) -> None:
-    """Mark silent workers lost, and persist at most `persist_interval_s` after a change."""
+def _housekeeping(
+    state: ClusterState, stop: threading.Event, board: tensorboard.TensorBoard | None
+) -> None:
+    """Mark silent workers lost, persist at most `persist_interval_s` after a change, and write
+    the TensorBoard scalars every `tensorboard.INTERVAL_S` (when the extra is installed)."""
     interval = state.settings.persist_interval_s
     tick = min(0.5, interval)
     ticks_per_persist = max(1, round(interval / tick))
+    ticks_per_board = max(1, round(tensorboard.INTERVAL_S / tick))
     n = 0
     while not stop.wait(tick):
         state.check_liveness()
         n += 1
         if n % ticks_per_persist == 0:
             state.persist()
+        if board is not None and n % ticks_per_board == 0:
+            board.tick(state.status())
+    if board is not None:
+        board.tick(state.status())  # the run's last figures
+        board.close()
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -46,8 +55,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         stop = threading.Event()
+        board = tensorboard.TensorBoard(settings.run_dir) if tensorboard.available() else None
         thread = threading.Thread(
-            target=_housekeeping, args=(state, stop), daemon=True, name="a3c-housekeeping"
+            target=_housekeeping, args=(state, stop, board), daemon=True, name="a3c-housekeeping"
         )
         thread.start()
         state.evaluator.start()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,10 +36,13 @@ def video_env(config, folder: Path):  # noqa: ANN001, ANN201
     def make(i: int) -> gym.Env:
         env = gym.make(config.env_id, render_mode="rgb_array", **config.env_kwargs)
         try:
-            return RecordVideo(
-                env, str(folder), episode_trigger=lambda _: True, name_prefix=f"eval-env{i}",
-                disable_logger=True,
-            )
+            with warnings.catch_warnings():
+                if i > 0:  # the first environment made the folder: no files are overwritten
+                    warnings.filterwarnings("ignore", ".*Overwriting existing videos")
+                return RecordVideo(
+                    env, str(folder), episode_trigger=lambda _: True,
+                    name_prefix=f"eval-env{i}", disable_logger=True,
+                )
         except DependencyNotInstalled:
             env.close()
             raise SystemExit(
@@ -64,7 +68,6 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(1)
     make_env = None
     if args.video is not None:
-        args.video.mkdir(parents=True, exist_ok=True)
         make_env = video_env(config, args.video)
     result = evaluate(config, snap.weights, args.episodes, make_env)
     print(f"{'episode':>8}  {'return':>10}")

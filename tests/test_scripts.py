@@ -68,15 +68,19 @@ def test_plot_compares_several_runs_in_one_figure(tmp_path: Path) -> None:
         plot([runs[0], tmp_path / "empty"])
 
 
+def run_with_weights(folder: Path) -> int:
+    """A run folder as a master saves it (fresh weights); its model version."""
+    state = ClusterState(Settings(run_dir=folder))
+    state.start_run(TrainConfig(seed=4, max_steps=None), ["http://127.0.0.1:9"])
+    state.persist(force=True)
+    state.close()
+    return state.params.version
+
+
 def test_evaluate_plays_a_saved_run_and_ends_with_its_json_line(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    settings = Settings(run_dir=tmp_path / "run")
-    state = ClusterState(settings)
-    state.start_run(TrainConfig(seed=4, max_steps=None), ["http://127.0.0.1:9"])
-    state.persist(force=True)
-    version = state.params.version
-    state.close()
+    version = run_with_weights(tmp_path / "run")
     summary = evaluate_main([str(tmp_path / "run"), "--episodes", "3"])
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert last == summary
@@ -85,3 +89,10 @@ def test_evaluate_plays_a_saved_run_and_ends_with_its_json_line(
     assert last["mean_return"] == pytest.approx(sum(last["returns"]) / 3)
     with pytest.raises(SystemExit, match="no run folder"):
         evaluate_main([str(tmp_path / "elsewhere")])
+
+
+def test_evaluate_records_a_video_of_each_episode(tmp_path: Path) -> None:
+    run_with_weights(tmp_path / "run")
+    evaluate_main([str(tmp_path / "run"), "--episodes", "2", "--video", str(tmp_path / "v")])
+    videos = sorted((tmp_path / "v").glob("*.mp4"))
+    assert len(videos) == 2 and all(v.stat().st_size > 1000 for v in videos)
