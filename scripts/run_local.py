@@ -159,15 +159,20 @@ def main() -> int:
         started = time.monotonic()
         status = cluster.status()
         previous = status
+        # On a terminal the progress line is rewritten in place; into a file, one line each time.
+        in_place = sys.stdout.isatty()
         while status["state"] == "running":
             if time.monotonic() - started > args.time_cap:
-                print(f"time cap of {args.time_cap:.0f} s reached: stopping the run")
+                print(f"\ntime cap of {args.time_cap:.0f} s reached: stopping the run")
                 cluster.http.post(f"{cluster.master.url}/stop")
                 break
-            time.sleep(args.every)
+            time.sleep(args.every)  # the pace of the progress line, not a synchronisation
             status = cluster.status()
-            print(progress_line(status, previous), flush=True)
+            line = progress_line(status, previous)
+            print(f"\r\033[K{line}" if in_place else line, end="" if in_place else "\n", flush=True)
             previous = status
+        if in_place:
+            print()
         status = cluster.status()
         solved = bool(status["solved"])
         print(f"run finished: {status.get('finish_reason')}")
