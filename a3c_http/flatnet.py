@@ -35,16 +35,25 @@ class FlatNetwork:
         if optimizer_state is not None:
             self.optimizer.load_state_dict(flat_optimizer_state(optimizer_state, layout))
 
-    def step(self, grad: torch.Tensor, statistics: list[torch.Tensor]) -> None:
-        """One optimizer step on `grad` (the parameter region of a gradient vector), then the
-        batch moments of each rollout (the buffer regions of their gradient vectors) merged into
-        the running statistics (a3c_http/normalize.py)."""
-        self.params.grad = grad
+    def step(self, vectors: list[torch.Tensor]) -> None:
+        """One optimizer step on the mean of the gradient vectors' parameter regions (one vector:
+        A3C's step; several: a sync round's), then the batch moments of each rollout (their
+        buffer regions) merged into the running statistics (a3c_http/normalize.py): every
+        worker's observations count."""
+        self.params.grad = (
+            self.gradient(vectors[0])
+            if len(vectors) == 1
+            else torch.stack([self.gradient(v) for v in vectors]).mean(dim=0)
+        )
         self.optimizer.step()
         self.params.grad = None
         if self._statistics:
-            for vector in statistics:
+            for vector in vectors:
                 absorb(self.model, self.layout.views(vector))
+
+    def gradient(self, vector: torch.Tensor) -> torch.Tensor:
+        """The gradients in a gradient vector: its parameter region (a view)."""
+        return vector[: self.layout.n_params]
 
     def snapshot(self) -> torch.Tensor:
         """A copy of every weight and statistic, the bytes a weights body is made of."""

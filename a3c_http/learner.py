@@ -64,8 +64,7 @@ def train(
                 model, rollout_loss(model, rollout, config).total, config.max_grad_norm
             )
             set_learning_rate(net.optimizer, learning_rate(config, steps))
-            vector = net.layout.flatten(grads | rollout.statistics)
-            net.step(vector[: net.layout.n_params], [vector])
+            net.step([net.layout.flatten(grads | rollout.statistics)])
             updates += 1
             for episode in rollout.episodes:
                 recent.append(episode.reward)

@@ -160,7 +160,8 @@ async def _no_receive() -> Message:
     return {"type": "http.disconnect"}
 
 
-def _describe(error: dict) -> str:
+def describe_error(error: dict) -> str:
+    """One pydantic error as `where: what`, as every 422 of both services names it."""
     loc = [str(p) for p in error.get("loc", ()) if p not in ("body", "query", "header")]
     where = ".".join(loc) or "body"
     return f"{where}: {error.get('msg', 'invalid')}"
@@ -168,7 +169,7 @@ def _describe(error: dict) -> str:
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = exc.errors()
-    message = "; ".join(_describe(e) for e in errors) or "invalid request"
+    message = "; ".join(describe_error(e) for e in errors) or "invalid request"
     safe = [
         {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
         for e in errors

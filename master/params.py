@@ -147,12 +147,10 @@ class ParameterServer:
         loss: float | None = None,
         norm: float | None = None,
     ) -> Update:
-        """A worker's decoded gradient vector as an update: its parameter region is the
-        gradient (judged and averaged); the rest, if the model has running statistics, are the
-        rollout's batch moments under their buffers' names (a3c_http/normalize.py), merged as
-        they are when the update is applied."""
-        n = self._require_net().layout.n_params
-        return Update(worker_id, version, vector[:n], seq, loss, norm, vector)
+        """A worker's decoded gradient vector as an update (the network sorts its gradients
+        from its batch moments when it is applied: `FlatNetwork.step`)."""
+        self._require_net()
+        return Update(worker_id, version, vector, seq, loss, norm)
 
     def set_learning_rate(self, lr: float) -> None:
         """The learning rate of the next optimizer steps (lr_schedule)."""
@@ -252,7 +250,9 @@ class ParameterServer:
         if refusal is not None:
             raise refusal
         self._check_fresh(update.version, config.max_staleness, sync)
-        norm = update.norm if update.norm is not None else _global_norm(update.grads)
+        norm = update.norm
+        if norm is None:  # a client that does not report it: judge what arrived
+            norm = float(torch.linalg.vector_norm(self._require_net().gradient(update.vector)))
         why = self.outliers.judge(norm, update.loss, config.outlier_sigma, config.outlier_warmup)
         if why is not None:
             self._reject("outlier")
@@ -261,13 +261,7 @@ class ParameterServer:
 
     def _step(self, updates: list[Update]) -> None:
         """One optimizer step on the mean of the updates' gradients; the version rises once."""
-        grads = (
-            updates[0].grads
-            if len(updates) == 1
-            else torch.stack([u.grads for u in updates]).mean(dim=0)
-        )
-        # Every worker's observations count, also in a sync round.
-        self._require_net().step(grads, [u.moments for u in updates])
+        self._require_net().step([u.vector for u in updates])
         self.staleness_total += sum(self.version - u.version for u in updates)
         self.version += 1
         self.updates_applied += len(updates)
@@ -386,8 +380,3 @@ class ParameterServer:
             self.rejected_by = {str(k): int(v) for k, v in state.get("rejected_by", {}).items()}
             self.outliers.restore(state)
             self.temporary = dict(temporary)
-
-
-def _global_norm(grads: torch.Tensor) -> float:
-    """The L2 norm of all gradients together, for clients that do not report theirs."""
-    return float(torch.linalg.vector_norm(grads))

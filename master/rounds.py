@@ -32,13 +32,12 @@ class Update:
 
     worker_id: str
     version: int  # the version they were computed on
-    grads: torch.Tensor  # one vector: the parameter region of the body (a3c_http/flatnet.py)
+    # The body as one vector (a3c_http/flatnet.py): the gradients, then the batch moments of the
+    # running statistics (a3c_http/normalize.py) if the model has any.
+    vector: torch.Tensor
     seq: int | None = None
     loss: float | None = None
     norm: float | None = None  # before clipping
-    # The whole body's vector: its buffer regions hold the batch moments of the running
-    # statistics (a3c_http/normalize.py), if the model has any.
-    moments: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from a3c_http.config import Settings, TrainConfig
 from a3c_http.exploration import check_actions
 from a3c_http.model import model_for
 from a3c_http.protocol import ROLLOUT_METADATA
+from a3c_http.service import describe_error
 from a3c_http.store import RunStore
 from master.errors import StateConflict
 from master.evaluator import Evaluator
@@ -67,9 +68,7 @@ def rollout_report(metadata: dict[str, str]) -> RolloutReport | None:
     try:
         return RolloutReport.model_validate_json(text)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'report'}: {e['msg']}" for e in exc.errors()
-        )
+        problems = "; ".join(describe_error(e) for e in exc.errors())
         raise wire.WireError(
             f"the {ROLLOUT_METADATA!r} metadata of the body is not a rollout report: {problems}"
         ) from None

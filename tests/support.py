@@ -63,6 +63,32 @@ def master_running(tmp_path: Path, workers: int = 2, **config: Any) -> Iterator[
             c.app.state.cluster.finish("the test is over")
 
 
+def push_rollout(
+    c: TestClient,
+    seq: int,
+    episodes: list | None = None,
+    stats: dict | None = None,
+    worker: str = "w1",
+    version: int | None = None,
+    metadata: dict[str, str] | None = None,
+) -> httpx.Response:
+    """A worker's gradient push to an in-process master (`master_running`): small gradients of
+    the model, the rollout's `episodes` and `stats` in the body's metadata (or `metadata` as it
+    is), computed on `version` (default the current one)."""
+    layout = c.app.state.cluster.params.net.layout
+    if metadata is None:
+        metadata = {"a3c": json.dumps({"episodes": episodes or [], "stats": stats})}
+    body = layout.encode(torch.full((layout.numel,), 1e-3), metadata)
+    current = c.app.state.cluster.params.version
+    headers = {
+        **OCTET,
+        "X-Worker-Id": worker,
+        "X-Model-Version": str(current if version is None else version),
+        "X-A3C-Seq": str(seq),
+    }
+    return c.post("/gradients", content=body, headers=headers)
+
+
 # What a refused request must not change (besides the registry and the weights).
 COUNTERS = (
     "state",

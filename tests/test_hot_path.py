@@ -102,13 +102,13 @@ def test_the_flat_step_is_the_per_tensor_step_and_takes_a_saved_per_tensor_state
         for p, g in zip(reference.parameters(), step, strict=True):
             p.grad = g
         optimizer.step()
-        net.step(torch.cat([g.reshape(-1) for g in step]), [])
+        net.step([torch.cat([g.reshape(-1) for g in step])])
     resumed = FlatNetwork(model_for(config), config, optimizer.state_dict())
     resumed.model.load_state_dict(reference.state_dict())
     for p, g in zip(reference.parameters(), grads[2], strict=True):
         p.grad = g
     optimizer.step()
-    resumed.step(torch.cat([g.reshape(-1) for g in grads[2]]), [])
+    resumed.step([torch.cat([g.reshape(-1) for g in grads[2]])])
     for name, tensor in reference.state_dict().items():
         assert torch.allclose(resumed.model.state_dict()[name], tensor, atol=1e-7), name
     # The model's tensors are views of the vector: loading weights writes the vector.

@@ -8,11 +8,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import torch
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import OCTET, master_running
+from tests.support import master_running, push_rollout
 from worker.app import create_app as create_worker
 
 
@@ -26,11 +25,8 @@ def samples(text: str) -> dict[tuple[str, tuple], float]:
 
 
 def push(c: TestClient, seq: int, behind: int = 0) -> int:
-    layout = c.app.state.cluster.params.net.layout
-    body = layout.encode(torch.full((layout.numel,), 1e-3), {"a3c": '{"episodes": [[9.0, 9]]}'})
     version = c.app.state.cluster.params.version - behind
-    headers = {**OCTET, "X-Worker-Id": "w1", "X-Model-Version": str(version), "X-A3C-Seq": str(seq)}
-    return c.post("/gradients", content=body, headers=headers).status_code
+    return push_rollout(c, seq, [[9.0, 9]], version=version).status_code
 
 
 def test_the_masters_metrics_equal_its_status(tmp_path: Path) -> None:

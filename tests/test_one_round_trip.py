@@ -7,36 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 from fastapi.testclient import TestClient
 
 from a3c_http import wire
 from tests.support import COUNTERS, OCTET, master_running
-
-
-def push(
-    c: TestClient,
-    seq: int,
-    episodes: list | None = None,
-    stats: dict | None = None,
-    worker: str = "w1",
-    version: int | None = None,
-    metadata: dict[str, str] | None = None,
-) -> httpx.Response:
-    layout = c.app.state.cluster.params.net.layout
-    if metadata is None:
-        metadata = {"a3c": json.dumps({"episodes": episodes or [], "stats": stats})}
-    body = layout.encode(torch.full((layout.numel,), 1e-3), metadata)
-    current = c.app.state.cluster.params.version
-    headers = {
-        **OCTET,
-        "X-Worker-Id": worker,
-        "X-Model-Version": str(current if version is None else version),
-        "X-A3C-Seq": str(seq),
-    }
-    return c.post("/gradients", content=body, headers=headers)
+from tests.support import push_rollout as push
 
 
 def counters(c: TestClient) -> dict:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-import torch
 
-from tests.support import OCTET, master_running
+from tests.support import master_running, push_rollout
 
 pytest.importorskip("tensorboard", reason="the `tensorboard` extra is not installed")
 from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E402
@@ -19,16 +17,8 @@ from master.tensorboard import TensorBoard  # noqa: E402
 
 
 def push(c, seq: int, episodes: list, metrics: dict) -> None:
-    layout = c.app.state.cluster.params.net.layout
-    report = {"episodes": episodes, "stats": {"env_steps": 40 * seq, "metrics": metrics}}
-    body = layout.encode(torch.full((layout.numel,), 1e-3), {"a3c": json.dumps(report)})
-    headers = {
-        **OCTET,
-        "X-Worker-Id": "w1",
-        "X-Model-Version": str(c.app.state.cluster.params.version),
-        "X-A3C-Seq": str(seq),
-    }
-    assert c.post("/gradients", content=body, headers=headers).status_code == 200
+    stats = {"env_steps": 40 * seq, "metrics": metrics}
+    assert push_rollout(c, seq, episodes, stats).status_code == 200
 
 
 def test_the_scalars_people_chart_are_written_and_read_back(tmp_path: Path) -> None:
