@@ -4,8 +4,8 @@ Loads the run folder's weights (with the running statistics of a normalising mod
 in them) and its config, plays N episodes with the deterministic action (a3c_http/evaluation.py:
 the most likely action, or the Gaussian's mean), prints a table, and as its last line one JSON
 object: mean_return, std_return, mean_length, episodes, env_id, model_version, run_id, returns.
-`--video DIR` records every episode with gymnasium's RecordVideo (needs moviepy: the `video`
-extra, `./scripts/setup_venv.sh video`).
+`--video DIR` records every episode with gymnasium's RecordVideo (needs moviepy, and pygame to
+draw the classic-control tasks: the `video` extra, `./scripts/setup_venv.sh video`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 import gymnasium as gym  # noqa: E402
 import torch  # noqa: E402
+from gymnasium.error import DependencyNotInstalled  # noqa: E402
 
 from a3c_http.evaluation import evaluate  # noqa: E402
 from a3c_http.store import RunStore  # noqa: E402
@@ -28,27 +29,18 @@ from master.state import saved_config  # noqa: E402
 
 
 def video_env(config, folder: Path):  # noqa: ANN001, ANN201
-    """A factory of environments that record each episode into `folder`; raises SystemExit with
-    what to install when gymnasium's video support is missing."""
-    from gymnasium.error import DependencyNotInstalled
+    """A factory of environments that record each episode into `folder`."""
     from gymnasium.wrappers import RecordVideo
 
     def make(i: int) -> gym.Env:
         env = gym.make(config.env_id, render_mode="rgb_array", **config.env_kwargs)
-        try:
-            with warnings.catch_warnings():
-                if i > 0:  # the first environment made the folder: no files are overwritten
-                    warnings.filterwarnings("ignore", ".*Overwriting existing videos")
-                return RecordVideo(
-                    env, str(folder), episode_trigger=lambda _: True,
-                    name_prefix=f"eval-env{i}", disable_logger=True,
-                )
-        except DependencyNotInstalled:
-            env.close()
-            raise SystemExit(
-                "--video needs moviepy, which is not installed: ./scripts/setup_venv.sh video "
-                "(the `video` extra), or .venv/bin/pip install moviepy"
-            ) from None
+        with warnings.catch_warnings():
+            if i > 0:  # the first environment made the folder: no files are overwritten
+                warnings.filterwarnings("ignore", ".*Overwriting existing videos")
+            return RecordVideo(
+                env, str(folder), episode_trigger=lambda _: True,
+                name_prefix=f"eval-env{i}", disable_logger=True,
+            )
 
     return make
 
@@ -69,7 +61,15 @@ def main(argv: list[str] | None = None) -> dict:
     make_env = None
     if args.video is not None:
         make_env = video_env(config, args.video)
-    result = evaluate(config, snap.weights, args.episodes, make_env)
+    try:
+        with warnings.catch_warnings():  # a recorder closed by a failure has nothing to save
+            warnings.filterwarnings("ignore", ".*zero frames to save")
+            result = evaluate(config, snap.weights, args.episodes, make_env)
+    except DependencyNotInstalled as exc:  # only rendering needs extra packages
+        raise SystemExit(
+            f"--video needs a package that is not installed ({exc}). The `video` extra has what "
+            "the environments gymnasium ships need (moviepy, pygame): ./scripts/setup_venv.sh video"
+        ) from None
     print(f"{'episode':>8}  {'return':>10}")
     for i, ret in enumerate(result.returns):
         print(f"{i:>8}  {ret:>10.2f}")

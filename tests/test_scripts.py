@@ -4,6 +4,7 @@ run."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,12 @@ def test_evaluate_records_a_video_of_each_episode(tmp_path: Path) -> None:
     evaluate_main([str(tmp_path / "run"), "--episodes", "2", "--video", str(tmp_path / "v")])
     videos = sorted((tmp_path / "v").glob("*.mp4"))
     assert len(videos) == 2 and all(v.stat().st_size > 1000 for v in videos)
+
+
+def test_evaluate_video_names_the_extra_when_rendering_needs_a_missing_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_with_weights(tmp_path / "run")
+    monkeypatch.setitem(sys.modules, "pygame", None)  # `import pygame` now fails, as without it
+    with pytest.raises(SystemExit, match=r"pygame.*setup_venv\.sh video"):
+        evaluate_main([str(tmp_path / "run"), "--episodes", "1", "--video", str(tmp_path / "v")])
