@@ -57,16 +57,19 @@ def authorize(
 
 
 class Auth:
-    """ASGI middleware enforcing `authorize` on every path and method but `GET /healthz`, before
-    routing or reading the body: an unauthorised request learns nothing but 401/403."""
+    """ASGI middleware enforcing `authorize` on every path and method but `GET /healthz` and the
+    `public` paths (the master's dashboard page and its scripts, which hold no data: the page
+    asks for the token and sends it with each request it makes), before routing or reading the
+    body: an unauthorised request learns nothing but 401/403."""
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+    def __init__(self, app: ASGIApp, token: str | None, public: frozenset[str]) -> None:
         self.app = app
         self.token = token
+        self.public = public | {"/healthz"}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or (
-            scope["path"] == "/healthz" and scope["method"] in ("GET", "HEAD")
+            scope["path"] in self.public and scope["method"] in ("GET", "HEAD")
         ):
             await self.app(scope, receive, send)
             return
@@ -285,10 +288,12 @@ def install_common(
     token: str | None,
     max_body_bytes: int,
     quiet_paths: set[str] | None = None,
+    public_paths: frozenset[str] = frozenset(),
 ) -> None:
     """Health route, auth, body limit, the 422 format and the 405's `Allow` shared by both
     services (the routes declare the errors they answer: `protected_router`, `JSON_BODY`, ...);
-    `quiet_paths`: routes whose successful requests uvicorn's access log leaves out."""
+    `quiet_paths`: routes whose successful requests uvicorn's access log leaves out;
+    `public_paths`: static pages served without the token (GET and HEAD only)."""
     if quiet_paths:
         quiet_access_log(quiet_paths)
     app.include_router(health_router)
@@ -297,4 +302,4 @@ def install_common(
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     # Added last, so it runs first: a request without the right token is refused before its body
     # is read or its size is judged.
-    app.add_middleware(Auth, token=token)
+    app.add_middleware(Auth, token=token, public=public_paths)

@@ -267,20 +267,27 @@ class RunStore:
             if db is not self._db:
                 db.close()
 
-    def read_episodes(self) -> list[dict[str, Any]]:
-        """The episode history as dicts, in episode order (plots, evaluation, tests)."""
-        return self._rows("episodes", EPISODE_FIELDS)
+    def read_episodes(self, after: int = 0, limit: int = -1) -> list[dict[str, Any]]:
+        """The episode history as dicts, in episode order (plots, evaluation, tests): the episodes
+        numbered above `after`, at most `limit` of them (-1: all)."""
+        return self._rows("episodes", EPISODE_FIELDS, after, limit)
 
-    def read_evaluations(self) -> list[dict[str, Any]]:
-        """The evaluations of the run's global weights as dicts, in order."""
-        return self._rows("evaluations", EVALUATION_FIELDS)
+    def read_evaluations(self, after: int = 0, limit: int = -1) -> list[dict[str, Any]]:
+        """The evaluations of the run's global weights as dicts, in order (as read_episodes)."""
+        return self._rows("evaluations", EVALUATION_FIELDS, after, limit)
 
-    def _rows(self, table: str, fields: tuple[str, ...]) -> list[dict[str, Any]]:
+    def _rows(
+        self, table: str, fields: tuple[str, ...], after: int, limit: int
+    ) -> list[dict[str, Any]]:
         db = self._read()
         if db is None:
             return []
         try:
-            rows = db.execute(f"SELECT {', '.join(fields)} FROM {table} ORDER BY 1")
+            rows = db.execute(
+                f"SELECT {', '.join(fields)} FROM {table} WHERE {fields[0]} > ? "
+                "ORDER BY 1 LIMIT ?",
+                (after, limit),
+            )
             return [dict(zip(fields, row, strict=True)) for row in rows]
         except sqlite3.OperationalError:  # never saved yet, or saved before the table existed
             return []

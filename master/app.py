@@ -18,7 +18,7 @@ from a3c_http.protocol import STOP_HEADER
 from a3c_http.service import install_common
 from a3c_http.store import RunDirInUse
 from a3c_http.wire import WireError
-from master import routes_run, routes_seed, routes_weights, tensorboard
+from master import routes_run, routes_seed, routes_view, routes_weights, tensorboard
 from master.metrics import MasterMetrics
 from master.state import ClusterState, StateConflict
 
@@ -86,9 +86,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         settings.token,
         settings.max_body_bytes,
         quiet_paths=hot if settings.access_log == "quiet" else None,
+        public_paths=routes_view.PUBLIC_PATHS,
     )
-    for module in (routes_seed, routes_weights, routes_run):
+    for module in (routes_seed, routes_weights, routes_run, routes_view):
         app.include_router(module.router)
+    app.include_router(routes_view.pages)
 
     @app.exception_handler(StateConflict)
     async def _conflict(request: Request, exc: StateConflict) -> JSONResponse:

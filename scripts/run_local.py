@@ -151,6 +151,7 @@ def main() -> int:
             return 2
         data = reply.json()["data"]
         print(f"run {data['run_id']} started; run folder {args.run_dir}")
+        print(f"dashboard: {cluster.master.url}/ (open it in a browser to watch the run)")
         for w in data["workers"]:
             print(
                 f"  {w['worker_id']} {w['url']}: "

@@ -24,6 +24,7 @@ from a3c_http.config import Settings
 from a3c_http.localcluster import free_port
 from a3c_http.standin import StandInWorker
 from master.app import create_app as create_master
+from master.routes_view import PUBLIC_PATHS
 from tests.support import AUTH, OCTET, TOKEN, bad_tensor_bodies, registry, snapshot
 from worker.app import create_app as create_worker
 
@@ -101,9 +102,14 @@ def worker(monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
         yield c
 
 
+def open_paths(c: TestClient) -> set[str]:
+    """The paths open to GET and HEAD: /healthz, and the master's dashboard page and files."""
+    return {"/healthz", *(PUBLIC_PATHS if hasattr(c.app.state, "cluster") else ())}
+
+
 def routes(c: TestClient) -> list[str]:
-    """Every path but /healthz (open to GET)."""
-    return sorted({*c.app.openapi()["paths"], *EXTRA_PATHS} - {"/healthz"})
+    """Every path but the open ones."""
+    return sorted({*c.app.openapi()["paths"], *EXTRA_PATHS} - open_paths(c))
 
 
 def refusals(c: TestClient) -> tuple[int, list[str]]:
@@ -126,10 +132,11 @@ def refusals(c: TestClient) -> tuple[int, list[str]]:
             problems.append(f"{what}: the detail does not name A3C_TOKEN")
 
     none = {"Authorization": ""}  # overrides the client's own header: no credential at all
-    for path in [*routes(c), "/healthz"]:
+    opened = open_paths(c)
+    for path in [*routes(c), *sorted(opened)]:
         body = GOOD_BODIES.get(path.split("?")[0])
         for method in METHODS:
-            if path == "/healthz" and method in ("GET", "HEAD"):
+            if path in opened and method in ("GET", "HEAD"):
                 continue
             json_body = body if method in ("POST", "PUT", "PATCH") else None
             check(method, path, "no token", headers=none, json=json_body)
