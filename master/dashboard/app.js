@@ -14,14 +14,21 @@
   const run = {};
 
   class Unauthorized extends Error {}
+  class Refused extends Error {}  // another error answer: its detail says why
+  class Unreachable extends Error {}  // no answer at all
 
   async function api(path, init = {}) {
     const headers = { Accept: "application/json" };
     if (token) headers.Authorization = `Bearer ${token}`;
-    const response = await fetch(path, { ...init, headers, cache: "no-store", credentials: "omit" });
+    let response;
+    try {
+      response = await fetch(path, { ...init, headers, cache: "no-store", credentials: "omit" });
+    } catch (error) {
+      throw new Unreachable(error.message);
+    }
     if (response.status === 401) throw new Unauthorized();
     const body = await response.json().catch(() => ({}));
-    if (!response.ok) throw new Error(body.detail || `${path}: HTTP ${response.status}`);
+    if (!response.ok) throw new Refused(`${response.status}: ${body.detail || path}`);
     return body;
   }
 
@@ -166,7 +173,9 @@
         askToken(wrong);
         return;
       }
-      message(`Cannot reach the master: ${error.message}. Trying again in ${IDLE_MS / 1000} s.`);
+      const what = error instanceof Unreachable ? "Cannot reach the master"
+        : error instanceof Refused ? "The master answered" : "The dashboard failed";
+      message(`${what}: ${error.message}. Trying again in ${IDLE_MS / 1000} s.`);
     }
     timer = setTimeout(refresh, delay);
   }
