@@ -56,8 +56,10 @@
     for (;;) {
       const asked = run.next + run.evalNext;
       const page = await api(`/history?since=${run.next}&evaluations_since=${run.evalNext}&limit=${PAGE}`);
-      if (page.run_id !== run.id) {
-        resetRun(page.run_id);  // a new run: its history from the start
+      // A new run, or the same one resumed after a crash with fewer rows than were shown (those
+      // after its last save are lost): its history again from the start.
+      if (page.run_id !== run.id || page.global_episode < run.next || page.evaluations_total < run.evalNext) {
+        resetRun(page.run_id);
         if (asked > 0) continue;
       }
       addEpisodes(page.episodes);
