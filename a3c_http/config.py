@@ -24,6 +24,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from a3c_http.logs import LogFormat, LogLevel
 from a3c_http.presets import with_preset
 
 # The largest seed torch.manual_seed takes (an unsigned 64-bit integer).
@@ -315,6 +316,16 @@ class _FromEnv(BaseSettings):
 
     token: str | None = None
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1024)
+    # Logs (a3c_http/logs.py): the level and format of our own loggers (uvicorn's keep its
+    # --log-level), and how often a progress line is logged while a run goes on (0: never).
+    log_level: LogLevel = "info"
+    log_format: LogFormat = "text"
+    log_progress_s: float = Field(30.0, ge=0, le=86_400, allow_inf_nan=False)
+
+    @field_validator("log_level", "log_format", mode="before")
+    @classmethod
+    def _any_case(cls, v: Any) -> Any:
+        return v.lower() if isinstance(v, str) else v
 
     @classmethod
     def from_env(cls) -> Self:
