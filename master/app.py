@@ -13,12 +13,14 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from a3c_http import logs
 from a3c_http.config import Settings
 from a3c_http.protocol import STOP_HEADER
 from a3c_http.service import install_common
 from a3c_http.store import RunDirInUse
 from a3c_http.wire import WireError
 from master import routes_run, routes_seed, routes_view, routes_weights, tensorboard
+from master.events import ProgressLog
 from master.metrics import MasterMetrics
 from master.state import ClusterState, StateConflict
 
@@ -26,8 +28,10 @@ from master.state import ClusterState, StateConflict
 def _housekeeping(
     state: ClusterState, stop: threading.Event, board: tensorboard.TensorBoard | None
 ) -> None:
-    """Mark silent workers lost, persist at most `persist_interval_s` after a change, and write
-    the TensorBoard scalars every `tensorboard.INTERVAL_S` (when the extra is installed)."""
+    """Mark silent workers lost, persist at most `persist_interval_s` after a change, write
+    the TensorBoard scalars every `tensorboard.INTERVAL_S` (when the extra is installed) and log
+    the progress line every `log_progress_s`."""
+    progress = ProgressLog(state.settings.log_progress_s)
     interval = state.settings.persist_interval_s
     tick = min(0.5, interval)
     ticks_per_persist = max(1, round(interval / tick))
@@ -40,6 +44,7 @@ def _housekeeping(
             state.persist()
         if board is not None and n % ticks_per_board == 0:
             board.tick(state.status())
+        progress.tick(state.status)
     if board is not None:
         board.tick(state.status())  # the run's last figures
         board.close()
@@ -47,6 +52,7 @@ def _housekeeping(
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
+    logs.configure(settings.log_level, settings.log_format)
     # The master serves many small requests; one intra-op thread avoids oversubscribing the cores
     # that the workers on the same host need.
     torch.set_num_threads(1)

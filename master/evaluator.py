@@ -10,7 +10,7 @@ The evaluator's own thread decides when an evaluation is due (the model version 
 the result, which goes to the run ledger (the `eval_*` fields of /status, the run folder's
 `evaluations` table, `solved_on=eval`). So at most one evaluation is in flight, and one that falls
 due meanwhile starts when it ends: none queue up. A failed evaluation never stops the run: its
-error is `eval_error` in /status, and in the log.
+error is `eval_error` in /status, and in the log (master/events.py).
 
 The child is started at the first evaluation of a run and ended once the run is over and nothing is
 in flight, or at shutdown (an evaluation in flight is then dropped). It is a plain "spawn" process
@@ -33,7 +33,7 @@ from a3c_http.evaluation import serve
 from master.ledger import RunLedger
 from master.params import ParameterServer
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("a3c.master.evaluator")
 
 # record(run_id, taken, result, error): see RunLedger.record_evaluation.
 Record = Callable[[str, dict[str, Any], dict[str, Any] | None, str | None], None]
@@ -123,10 +123,6 @@ class Evaluator:
         result, error = self._play(config, weights)
         if self._stop.is_set():
             return
-        if error is not None:
-            logger.warning(
-                "evaluation of model version %s failed: %s", taken["model_version"], error
-            )
         self.record(run_id, taken, result, error)
 
     def _take_if_due(self) -> tuple[str, dict[str, Any], TrainConfig, bytes] | None:

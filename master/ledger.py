@@ -20,7 +20,8 @@ from typing import Any, Literal
 
 from a3c_http.config import TrainConfig
 from master.errors import StateConflict
-from master.records import Evaluations, Stats, WorkerRecord
+from master.events import RunEvents
+from master.records import Evaluations, Stats, WorkerRecord, solved_by
 from master.registry import Registry
 from master.seed_counters import SeedCounters
 
@@ -39,7 +40,8 @@ class RunLedger:
         self._running_since: float | None = None  # monotonic
         self.stats = Stats()
         self.evals = Evaluations()
-        self.workers = Registry()
+        self.events = RunEvents()  # logged by the facade (master/state.py) after the lock
+        self.workers = Registry(self.events)
         self.unsaved_rows: list[tuple] = []
         # The reply to each worker's last counted episode report, for its retries.
         self._episode_replies: dict[str, tuple[int, dict[str, Any]]] = {}
@@ -63,7 +65,8 @@ class RunLedger:
             self._running_since = time.monotonic()
             self.stats = Stats()
             self.evals = Evaluations()
-            self.workers = Registry.launching(worker_urls, config)
+            self.events.run_started(self.run_id, config, len(worker_urls))
+            self.workers = Registry.launching(worker_urls, config, self.events)
             self.unsaved_rows = []
             self._episode_replies = {}
             return list(self.workers.records)
@@ -78,6 +81,7 @@ class RunLedger:
             self.run_state = "finished"
             self.finish_reason = reason
             self._finished = True
+            self.events.run_finished(reason, self.stats, self.env_steps(), self._elapsed_before)
             return True
 
     def take_finished(self) -> bool:
@@ -138,26 +142,16 @@ class RunLedger:
         """The mean return of the last 100 episodes (100 episodes needed), or with
         `solved_on=eval` that of the latest evaluation, reached the target."""
         with self.lock:
-            target = self.config.target_return if self.config else None
-            if target is not None and self.config.solved_on == "eval":
-                return self.evals.mean_return() is not None and self.evals.mean_return() >= target
-            return (
-                target is not None
-                and len(self.stats.last100) == 100
-                and self.stats.mean_return_100() >= target
-            )
+            return solved_by(self.config, self.stats, self.evals) is not None
 
     def _finish_if_done(self) -> None:
         cfg, stats = self.config, self.stats
         if cfg is None or self.run_state != "running":
             return
-        if self.solved():
-            judged = (
-                f"the latest evaluation {self.evals.mean_return():.1f}"
-                if cfg.solved_on == "eval"
-                else f"the last 100 episodes {stats.mean_return_100():.1f}"
-            )
-            self.finish(f"solved: mean return of {judged} >= {cfg.target_return}")
+        criterion = solved_by(cfg, stats, self.evals)
+        if criterion is not None:
+            self.events.solved(criterion)
+            self.finish(f"solved: {criterion}")
         elif cfg.max_episodes is not None and stats.global_episode >= cfg.max_episodes:
             self.finish(f"max_episodes={cfg.max_episodes} reached")
         elif cfg.max_steps is not None and self.env_steps() >= cfg.max_steps:
@@ -172,18 +166,14 @@ class RunLedger:
         """Register a worker as running (an explicit registration counts in any state)."""
         with self.lock:
             self.check_same_run(run_id)
-            record = self._touch(worker_id, url)
-            record.state = "running"
-            record.error = None
+            self.workers.register(worker_id, url, self.run_state == "running")
 
     def worker_done(self, worker_id: str, error: str | None, run_id: str | None = None) -> str:
         with self.lock:
             self.check_same_run(run_id)
-            record = self._touch(worker_id)
-            record.state = "failed" if error else "done"
-            record.error = error
+            state = self.workers.end(worker_id, error, self.run_state == "running")
             self._finish_if_no_worker_left()
-            return record.state
+            return state
 
     def heartbeat(self, worker_id: str, stats: dict[str, Any], run_id: str | None = None) -> bool:
         """Keep a worker running and take its statistics; True tells it to stop."""
@@ -213,11 +203,7 @@ class RunLedger:
 
     def mark_failed(self, worker_id: str, error: str) -> None:
         with self.lock:
-            record = self.workers.get(worker_id)
-            if record is not None:
-                record.state = "failed"
-                record.error = error
-                record.launching = False
+            self.workers.mark_failed(worker_id, error)
 
     def count_duplicate(self, worker_id: str) -> None:
         with self.lock:
@@ -283,7 +269,9 @@ class RunLedger:
                 stats_now.global_steps += length
                 stats_now.push(stats_now.fold_average(reward), self.queue_max)
                 stats_now.last100.append(reward)
-                improved = stats_now.raise_best(reward) or improved
+                if stats_now.raise_best(reward):
+                    improved = True
+                    self.events.best_score(worker_id, reward, stats_now.global_episode)
                 record.episodes += 1
                 record.steps += length
                 record.last_reward = reward
@@ -327,6 +315,7 @@ class RunLedger:
         with self.lock:
             if run_id != self.run_id:
                 return False
+            self.events.evaluation(taken, result, error)
             if result is None:
                 self.evals.error = error
             else:
@@ -396,4 +385,5 @@ class RunLedger:
             self._running_since = time.monotonic() if self.run_state == "running" else None
             self.stats = Stats.from_json(state["stats"], queue)
             self.evals = Evaluations.from_json(state.get("evaluations", {}))
-            self.workers = Registry.from_json(state.get("workers", []))
+            self.workers = Registry.from_json(state.get("workers", []), self.events)
+            self.events.run_resumed(self.run_id, self.run_state, self.stats, elapsed_s)

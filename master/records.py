@@ -6,10 +6,13 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from a3c_http.store import EVALUATION_FIELDS
 from master.seqwindow import SeqWindow
+
+if TYPE_CHECKING:
+    from a3c_http.config import TrainConfig
 
 WorkerState = Literal["starting", "running", "done", "lost", "failed"]
 ACTIVE = ("starting", "running")
@@ -187,3 +190,19 @@ class Evaluations:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Evaluations:
         return cls(int(data.get("count", 0)), data.get("latest"), data.get("error"))
+
+
+def solved_by(config: TrainConfig | None, stats: Stats, evals: Evaluations) -> str | None:
+    """How the run reached its target_return: the mean return of the last 100 episodes (100
+    needed), or with `solved_on=eval` that of the latest evaluation. None while it has not."""
+    target = config.target_return if config else None
+    if target is None:
+        return None
+    if config.solved_on == "eval":
+        mean, judged = evals.mean_return(), "the latest evaluation"
+    else:
+        mean = stats.mean_return_100() if len(stats.last100) == 100 else None
+        judged = "the last 100 episodes"
+    if mean is None or mean < target:
+        return None
+    return f"mean return of {judged} {mean:.1f} >= {target}"

@@ -1,6 +1,7 @@
 """The worker registry of one run: each worker's record, when it was last heard from, and whether
 it is still taking part. It has no lock of its own: the run ledger (master/ledger.py) holds its
-lock around every call, and tells it whether the run is running."""
+lock around every call, and tells it whether the run is running. Each change of a worker's state
+is an event of the run's log (master/events.py)."""
 
 from __future__ import annotations
 
@@ -10,20 +11,23 @@ from typing import Any
 
 from a3c_http.config import TrainConfig
 from a3c_http.exploration import derive
+from master.events import RunEvents
 from master.records import ACTIVE, WorkerRecord
 
 
 class Registry:
-    def __init__(self, records: dict[str, WorkerRecord] | None = None) -> None:
+    def __init__(self, events: RunEvents, records: dict[str, WorkerRecord] | None = None) -> None:
+        self.events = events
         self.records = records or {}
 
     @classmethod
-    def launching(cls, worker_urls: list[str], config: TrainConfig) -> Registry:
+    def launching(cls, worker_urls: list[str], config: TrainConfig, events: RunEvents) -> Registry:
         """The workers the master is about to start, `w1`, `w2`, ... in the order of the URLs,
         each with the exploration settings of its place in that order."""
         now = time.time()
         count = len(worker_urls)
         return cls(
+            events,
             {
                 f"w{i}": WorkerRecord(
                     f"w{i}",
@@ -34,7 +38,7 @@ class Registry:
                     exploration=derive(config, i - 1, count).model_dump(),
                 )
                 for i, url in enumerate(worker_urls, start=1)
-            }
+            },
         )
 
     def get(self, worker_id: str) -> WorkerRecord | None:
@@ -51,8 +55,37 @@ class Registry:
         if url:
             record.url = url
         if record.state in ("starting", "lost") and running:
+            if record.state == "lost":
+                self.events.worker_back(record)
             record.state = "running"
         return record
+
+    def register(self, worker_id: str, url: str | None, running: bool) -> None:
+        """An explicit registration (POST /worker_started): the worker runs, in any state."""
+        was = self.records[worker_id].state if worker_id in self.records else None
+        record = self.touch(worker_id, running, url)
+        record.state = "running"
+        record.error = None
+        if was not in ("running", "lost"):  # a lost one said it came back already
+            self.events.worker_joined(record)
+
+    def end(self, worker_id: str, error: str | None, running: bool) -> str:
+        """The worker said it is done, or failed with `error`; returns its new state."""
+        record = self.touch(worker_id, running)
+        state = "failed" if error else "done"
+        if (record.state, record.error) != (state, error):  # not a retry of the same news
+            record.state, record.error = state, error
+            self.events.worker_ended(record)
+        return state
+
+    def mark_failed(self, worker_id: str, error: str) -> None:
+        """The master could not start it."""
+        record = self.records.get(worker_id)
+        if record is not None:
+            record.state = "failed"
+            record.error = error
+            record.launching = False
+            self.events.worker_ended(record)
 
     def mark_silent_lost(self, config: TrainConfig) -> None:
         """Mark workers silent past the heartbeat timeout (or, before their first message, the
@@ -68,6 +101,7 @@ class Registry:
             if now - record.last_seen > limit:
                 record.state = "lost"
                 record.error = f"no message for {now - record.last_seen:.1f} s ({name}={limit})"
+                self.events.worker_lost(record)
 
     def active(self) -> int:
         return sum(r.state in ACTIVE for r in self.records.values())
@@ -86,7 +120,7 @@ class Registry:
         return [asdict(r) for r in self.records.values()]
 
     @classmethod
-    def from_json(cls, data: list[dict[str, Any]]) -> Registry:
+    def from_json(cls, data: list[dict[str, Any]], events: RunEvents) -> Registry:
         """The registry of a resumed run: every active worker gets a full timeout to come back."""
         now = time.time()
         records = {}
@@ -96,4 +130,4 @@ class Registry:
             if record.state in ACTIVE:
                 record.last_seen = now
             records[record.worker_id] = record
-        return cls(records)
+        return cls(events, records)

@@ -62,7 +62,7 @@ def get_queue(state: State) -> dict[str, Any]:
 
 @router.post("/worker_started", responses={**JSON_BODY, **OTHER_RUN})
 def worker_started(body: WorkerStartedIn, state: State) -> dict[str, Any]:
-    state.ledger.worker_started(body.worker_id, body.url, body.run_id)
+    state.worker_started(body.worker_id, body.url, body.run_id)
     run_id = state.ledger.run_id
     return {"data": {"worker_id": body.worker_id, "state": "running", "run_id": run_id}}
 

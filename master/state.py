@@ -11,9 +11,10 @@ evaluator (master/evaluator.py, taking the weights it plays) ever hold two. No f
 while the ledger's or the parameter server's lock is held.
 
 The routes call the parts directly for what concerns one part only; the facade does what spans
-them: starting a run, updates (the ledger admits, the parameter server applies), status, and
-saving at once whatever finished the run. In sync mode it also tells the parameter server when
-the workers a round waits for are gone, so the round closes without them.
+them: starting a run, updates (the ledger admits, the parameter server applies), status, saving
+at once whatever finished the run, and logging the run's events (master/events.py) once the
+ledger's lock is released. In sync mode it also tells the parameter server when the workers a
+round waits for are gone, so the round closes without them.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class ClusterState:
         self.evaluator = Evaluator(self.ledger, self.params, self.record_evaluation)
         if self._restore():
             self.persist()  # the skipped versions are on disk before any is handed out
+        self.ledger.events.flush()
 
     def close(self) -> None:
         """Give up the run folder (the caller saved what it wanted to keep)."""
@@ -120,7 +122,9 @@ class ClusterState:
             self.params.begin(config, model, next_version=earlier_run)
             return self.ledger.run_id, worker_ids
 
-        return self.persister.switch_run(swap)
+        started = self.persister.switch_run(swap)
+        self.ledger.events.flush()
+        return started
 
     def _check_fits(self, config: TrainConfig, size: int, qualifier: str) -> None:
         """Weights and gradients larger than the body limit would be refused at every push."""
@@ -141,11 +145,12 @@ class ClusterState:
     def _saving_a_finish(self, result: Any) -> Any:
         """Save at once when the change that produced `result` finished the run (after closing
         a sync round that no running worker is left to complete; the housekeeping thread's
-        liveness check comes here twice a second)."""
+        liveness check comes here twice a second), and log the events of the change."""
         if self.params.round is not None:  # a cheap look first: check_round looks again
             self.params.check_round(*self.ledger.round_expectation())
         if self.ledger.take_finished():
             self.persist()
+        self.ledger.events.flush()
         return result
 
     def check_liveness(self) -> None:
@@ -155,6 +160,9 @@ class ClusterState:
         self, run_id: str, taken: dict[str, Any], result: dict[str, Any] | None, error: str | None
     ) -> None:
         self._saving_a_finish(self.ledger.record_evaluation(run_id, taken, result, error))
+
+    def worker_started(self, worker_id: str, url: str | None, run_id: str | None = None) -> None:
+        self._saving_a_finish(self.ledger.worker_started(worker_id, url, run_id))
 
     def worker_done(self, worker_id: str, error: str | None, run_id: str | None = None) -> str:
         return self._saving_a_finish(self.ledger.worker_done(worker_id, error, run_id))
