@@ -12,15 +12,17 @@ The error hierarchy (everything a caller needs to catch is an `A3CError`)::
         └── Conflict           409: stale gradients, or a run that is not in the right state
 
 Retries: connection errors, timeouts and 5xx are retried with exponential backoff and jitter until
-`retry_deadline_s` has passed since the first attempt; 4xx are never retried. Episode reports,
-gradients and weights carry `X-A3C-Seq`, a number that rises with each call and stays the same on
-its retries, so a retry of a request whose reply was lost is not counted twice by the master.
+`retry_deadline_s` has passed since the first attempt; 4xx are never retried (a lost contact and
+its end are logged once each, a3c_http/logs.py `Outage`). Episode reports, gradients and weights
+carry `X-A3C-Seq`, a number that rises with each call and stays the same on its retries, so a
+retry of a request whose reply was lost is not counted twice by the master.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 import random
 import threading
 import time
@@ -32,6 +34,7 @@ import httpx
 import torch
 
 from a3c_http import wire
+from a3c_http.logs import Events, Outage
 from a3c_http.protocol import (
     BEST_SCORE_HEADER,
     CONTENT_TYPE,
@@ -138,6 +141,7 @@ class MasterClient:
         transport: httpx.BaseTransport | None = None,
         run_id: str | None = None,
         stop: threading.Event | None = None,
+        events: Events | None = None,
     ) -> None:
         # Worker messages carry the run id so that a late message of an earlier run is refused.
         self.run_id = run_id
@@ -161,6 +165,7 @@ class MasterClient:
         self.max_backoff_s = max_backoff_s
         self._seq = itertools.count(1)
         self.retries = 0  # attempts beyond the first, over the client's life
+        self.outage = Outage(events or Events(logging.getLogger("a3c.client"), run_id), base_url)
 
     def _seq_header(self) -> dict[str, str]:
         return {SEQ_HEADER: str(next(self._seq))}
@@ -216,8 +221,10 @@ class MasterClient:
                 problem = f"{type(exc).__name__}: {exc}"
             else:
                 if response.status_code < 500:
+                    self.outage.answered()
                     return self._check(response)
                 problem = f"{response.status_code}: {_detail(response)}"
+            self.outage.failed(f"{method} {path}", problem, attempt)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise MasterUnavailable(

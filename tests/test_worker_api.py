@@ -92,7 +92,7 @@ class FakeTrainer:
     instances: list[FakeTrainer] = []
 
     def __init__(
-        self, config, client, worker_id, worker_url, stop_event, progress, log_std_offset=0.0
+        self, config, client, worker_id, worker_url, stop_event, progress, log_std_offset=0.0, **kw
     ) -> None:
         self.config = config
         self.log_std_offset = log_std_offset

@@ -4,8 +4,8 @@ master, then trains in a background thread until the run ends; it can serve one 
 
 from __future__ import annotations
 
+import logging
 import threading
-import traceback
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal
@@ -14,6 +14,7 @@ import torch
 from fastapi import FastAPI, HTTPException, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from a3c_http import logs
 from a3c_http.client import A3CError, MasterClient, MasterUnavailable
 from a3c_http.config import TrainConfig, WorkerSettings
 from a3c_http.exploration import Exploration
@@ -70,16 +71,26 @@ class WorkerService:
             self.exploration = (body.exploration or Exploration()).resolved(body.config)
             self.progress = Progress()
             self._stop = threading.Event()
+            events = logs.Events(logging.getLogger("a3c.worker"), body.run_id, body.worker_id)
             self._client = MasterClient(
                 body.master_url,
                 self.token,
                 retry_deadline_s=self.master_retry_s,
                 run_id=body.run_id,
                 stop=self._stop,
+                events=events,
             )
             self._thread = threading.Thread(
                 target=self._train,
-                args=(body, self.exploration, own_url, self._client, self._stop, self.progress),
+                args=(
+                    body,
+                    self.exploration,
+                    own_url,
+                    self._client,
+                    self._stop,
+                    self.progress,
+                    events,
+                ),
                 name=f"a3c-trainer-{body.worker_id}",
                 daemon=True,
             )
@@ -93,8 +104,20 @@ class WorkerService:
         client: MasterClient,
         stop: threading.Event,
         progress: Progress,
+        events: logs.Events,
     ) -> None:
-        error = None
+        cfg = body.config
+        events.info(
+            "worker_started",
+            "worker started",
+            master_url=body.master_url,
+            env_id=cfg.env_id,
+            sync_mode=cfg.sync_mode,
+            num_envs=cfg.num_envs,
+            entropy_coef=exploration.entropy_coef,
+        )
+        error: str | None = None
+        unexpected: Exception | bool = False  # the traceback to log with the error, if any
         try:
             torch.set_num_threads(self.settings.torch_threads)  # this thread's intra-op threads
             Trainer(
@@ -105,18 +128,29 @@ class WorkerService:
                 stop,
                 progress,
                 log_std_offset=exploration.log_std_offset,
+                events=events,
+                progress_s=self.settings.log_progress_s,
             ).run()
         except MasterUnavailable as exc:
             error = f"{exc} (gave up after A3C_MASTER_RETRY_S={self.master_retry_s:g} s)"
         except A3CError as exc:
             error = str(exc)
         except Exception as exc:  # an environment or model error: report it, keep serving
-            error = f"{type(exc).__name__}: {exc}"
-            traceback.print_exc()
+            error, unexpected = f"{type(exc).__name__}: {exc}", exc
         # Our own state first: whoever sees the master's record of this end must see ours too.
         with self._lock:
             self.state = "failed" if error else "done"
             self.error = error
+        if error:  # with a traceback only for what nobody expected (not a master that is gone)
+            events.error("worker_failed", "worker failed", exc_info=unexpected, error=error)
+        else:
+            events.info(
+                "worker_finished",
+                "worker finished",
+                reason="told to stop" if stop.is_set() else "the master ended the run",
+                episodes=progress.episodes,
+                env_steps=progress.env_steps,
+            )
         try:
             client.retry_deadline_s = min(self.master_retry_s, 10.0)
             client.worker_done(body.worker_id, error)
@@ -170,6 +204,7 @@ class WorkerService:
 def create_app(token: str | None = None, settings: WorkerSettings | None = None) -> FastAPI:
     """The worker app; `settings` default to the environment's, `token` overrides theirs."""
     settings = settings or WorkerSettings.from_env()
+    logs.configure(settings.log_level, settings.log_format)
     if token is not None:
         settings = settings.model_copy(update={"token": token})
     service = WorkerService(settings)

@@ -15,6 +15,7 @@ weights (another worker's best) at each heartbeat.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 import zlib
@@ -30,6 +31,7 @@ from a3c_http.client import A3CError, Conflict, MasterClient, Stopped, Weights
 from a3c_http.config import TrainConfig
 from a3c_http.exploration import widened
 from a3c_http.flatnet import bind
+from a3c_http.logs import Events, Pace
 from a3c_http.model import ActorCritic, model_for
 from a3c_http.normalize import absorb
 from a3c_http.rollout import Rollout, RolloutCollector
@@ -80,9 +82,12 @@ class Trainer:
         stop_event: threading.Event,
         progress: Progress,
         log_std_offset: float = 0.0,
+        events: Events | None = None,
+        progress_s: float = 0.0,
     ) -> None:
         """`config` is this worker's own (its entropy_coef); `log_std_offset` widens the Gaussian
-        policy it acts and learns with (a3c_http/exploration.py)."""
+        policy it acts and learns with (a3c_http/exploration.py). A progress line goes to
+        `events` every `progress_s` seconds (0: never)."""
         self.config = config
         self.client = client
         self.worker_id = worker_id
@@ -95,6 +100,9 @@ class Trainer:
         self.layout: wire.Layout | None = None
         self.flat: torch.Tensor | None = None  # the model's weights (a3c_http/flatnet.py `bind`)
         self.last_reply = time.monotonic()
+        self.events = events or Events(logging.getLogger("a3c.worker"), None, worker_id)
+        self.pace = Pace(progress_s)
+        self._logged_steps = 0  # env steps at the last progress line
 
     def run(self) -> None:
         """Train until told to stop. Raises on failure; the caller reports it."""
@@ -139,6 +147,9 @@ class Trainer:
                 if time.monotonic() - quiet_since >= cfg.heartbeat_interval_s:
                     last_heartbeat = time.monotonic()
                     self._heartbeat(model)
+                seconds = self.pace.due()
+                if seconds is not None:
+                    self._log_progress(seconds)
             self._settle(pipeline.drain(), ending=True)  # this worker's /stop
         except _Stop:
             # What is on the wire was taken (or refused) by the master: count it like the rest.
@@ -147,6 +158,21 @@ class Trainer:
         finally:
             pipeline.close()
             collector.close()
+
+    def _log_progress(self, seconds: float) -> None:
+        """The progress line: env steps per second over the `seconds` since the last one."""
+        p = self.progress
+        rate = (p.env_steps - self._logged_steps) / seconds
+        self._logged_steps = p.env_steps
+        self.events.info(
+            "progress",
+            "progress",
+            episodes=p.episodes,
+            env_steps=p.env_steps,
+            steps_per_s=round(rate, 1),
+            last_return=p.last_reward,
+            updates=p.updates,
+        )
 
     # -- exchanges with the master --------------------------------------------------------------
 
