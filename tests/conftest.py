@@ -3,6 +3,7 @@ session (`cluster`), which every test gets back up and idle, since a worker serv
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 
@@ -11,6 +12,7 @@ import torch
 
 from a3c_http.localcluster import LocalCluster, free_port
 from a3c_http.standin import StandInWorker
+from tests.log_capture import CapturedEvents
 from tests.support import TOKEN
 
 # The session cluster's workers. IMPATIENT gives up on an unreachable master after 3 s
@@ -79,3 +81,14 @@ def standin() -> Iterator[StandInWorker]:
     with StandInWorker(token=TOKEN) as s:
         yield s
 
+
+@pytest.fixture
+def captured_events(caplog: pytest.LogCaptureFixture) -> Iterator[CapturedEvents]:
+    """The records of our `a3c` loggers, through caplog (tests/log_capture.py)."""
+    events = CapturedEvents(caplog)
+    logger = logging.getLogger("a3c")
+    logger.addHandler(events.handler)
+    try:
+        yield events
+    finally:
+        logger.removeHandler(events.handler)
