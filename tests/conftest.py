@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from a3c_http import logs
 from a3c_http.localcluster import LocalCluster, free_port
 from a3c_http.standin import StandInWorker
 from tests.log_capture import CapturedEvents
@@ -84,7 +85,9 @@ def standin() -> Iterator[StandInWorker]:
 
 @pytest.fixture
 def captured_events(caplog: pytest.LogCaptureFixture) -> Iterator[CapturedEvents]:
-    """The records of our `a3c` loggers, through caplog (tests/log_capture.py)."""
+    """The records of our `a3c` loggers, through caplog (tests/log_capture.py), set up as a
+    service sets them up by default (info)."""
+    logs.configure()
     events = CapturedEvents(caplog)
     logger = logging.getLogger("a3c")
     logger.addHandler(events.handler)

@@ -1,10 +1,10 @@
 """The events our loggers write (a3c_http/logs.py), as pytest's caplog captures them.
 
-Our `a3c` logger does not hand its records to the root logger, where caplog listens. pytest
-attaches caplog's handler to such loggers too, but only to those that were so when the test's
-phase began (not when the test's app sets logging up); the fixture `captured_events`
-(tests/conftest.py) gives the `a3c` logger a handler that passes each record to caplog's handler of
-the current phase where pytest did not attach it."""
+Once set up, our `a3c` logger does not hand its records to the root logger, where caplog listens.
+pytest attaches caplog's handler to such loggers too, but only to those that were so when the
+test's phase began (not when the test's app sets logging up); the fixture `captured_events`
+(tests/conftest.py) gives the `a3c` logger a handler that passes each record to caplog's handler
+of the current phase when neither the root logger nor pytest's own attachment will."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ class _ToCaplog(logging.Handler):
         self.caplog = caplog
 
     def emit(self, record: logging.LogRecord) -> None:
-        handler = self.caplog.handler
-        if handler not in logging.getLogger("a3c").handlers:
+        handler, ours = self.caplog.handler, logging.getLogger("a3c")
+        if not ours.propagate and handler not in ours.handlers:
             handler.handle(record)
 
 

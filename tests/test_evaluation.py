@@ -5,7 +5,6 @@ the app with its real evaluation process: /status, the run folder, a restart."""
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import multiprocessing
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from a3c_http.store import RunStore
 from master import evaluator as evaluator_module
 from master.app import create_app
 from master.state import ClusterState
+from tests.log_capture import CapturedEvents
 from tests.support import AUTH, OCTET, STAND_IN_RUN, TOKEN
 
 PAYOUT = "tests.envs:Payout-v0"
@@ -201,7 +201,7 @@ def test_an_evaluation_is_due_every_n_versions_and_plays_the_global_weights(
 
 
 def test_a_failed_evaluation_is_shown_and_the_run_goes_on(
-    state: ClusterState, child: type[StandInChild], caplog: pytest.LogCaptureFixture
+    state: ClusterState, child: type[StandInChild], captured_events: CapturedEvents
 ) -> None:
     child.script = [
         ("error", "RuntimeError: simulator crashed"),
@@ -210,13 +210,13 @@ def test_a_failed_evaluation_is_shown_and_the_run_goes_on(
         ok(7.0),
     ]
     state.start_run(CONFIG, WORKERS)
-    with caplog.at_level(logging.WARNING, logger=evaluator_module.__name__):
-        push(state, 1)
-        state.evaluator._step()
+    push(state, 1)
+    state.evaluator._step()
     status = state.status()
     assert (status["state"], status["evaluations"]) == ("running", 0)
     assert status["eval_error"] == "RuntimeError: simulator crashed"
-    assert "simulator crashed" in caplog.text
+    failed = captured_events.one("evaluation_failed")
+    assert failed.fields["error"] == "RuntimeError: simulator crashed"
     push(state, 1)
     state.evaluator._step()
     assert state.status()["eval_error"] == "the evaluation process ended with exit code -9"
