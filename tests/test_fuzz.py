@@ -19,7 +19,7 @@ Two passes over the same master:
 Then bodies a fuzzer would not make but a broken peer could (`tests.support.bad_tensor_bodies`:
 safetensors files that almost fit the model, truncated, another dtype or shape, NaN, a header that
 lies), each a 422 that the schema documents. (That each names its problem is checked in-process,
-in test_http_layer.py.)
+in test_http_bad_input.py.)
 
 Bounded and deterministic: a fixed number of examples, derandomized with a fixed seed, no example
 database. The master reaches nothing but loopback: its proxy variables send every request to a

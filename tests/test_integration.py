@@ -150,7 +150,7 @@ def test_a_bad_setting_stops_the_service_with_a_message_not_a_traceback(tmp_path
         assert "Traceback" not in log, (app, log)
 
 
-# -- one real-server check of what test_http_layer.py checks in-process -------------------------
+# -- one real-server check of what test_http_auth.py and test_http_bad_input.py check in-process
 
 
 @pytest.fixture

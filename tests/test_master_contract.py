@@ -1,7 +1,7 @@
 """Parts of the master's contract (API.md, then the README) that the black-box suites checked on
-real processes and test_master_api.py does not: the types of /status while a run runs, the
-config's README defaults, the 100-episode window of `mean_return_100` and `target_return`, and
-the running statistics merged from the workers' gradient bodies.
+real processes and the other test_master_*.py files do not: the types of /status while a run
+runs, the config's README defaults, the 100-episode window of `mean_return_100` and
+`target_return`, and the running statistics merged from the workers' gradient bodies.
 In-process (TestClient); the run's only worker is the stand-in, so every counter is the test's."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The master's state across runs, steps and saves, in-process with a real run folder: what the
-HTTP layer adds to these is tested in test_master_api.py."""
+HTTP layer adds to these is tested in the test_master_*.py files."""
 
 from __future__ import annotations
 

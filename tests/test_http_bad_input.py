@@ -1,181 +1,30 @@
-"""What the HTTP layer of both services does to every request before (or instead of) the routes:
-the token on every route and method, the body limit with and without a Content-Length, malformed
-bodies, headers and configs refused with a 4xx that names the problem and changes nothing, and
-the master's calls to the workers it starts. In-process (TestClient); the workers a master starts
-are stand-ins (`a3c_http.localcluster.StandInWorker`), reached over loopback by the real launcher.
+"""Bad input to both services, in-process (TestClient): bodies over the limit, with and without
+a Content-Length, get 413; malformed bodies, headers, queries and configs get a 4xx that names
+the problem; none of them changes anything.
 
-One real-process check of the token and of the body limit is in test_integration.py."""
+One real-process check of the body limit is in test_integration.py."""
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from a3c_http.config import Settings
-from a3c_http.localcluster import free_port
 from a3c_http.standin import StandInWorker
 from master.app import create_app as create_master
-from master.routes_view import PUBLIC_PATHS
-from tests.support import AUTH, OCTET, TOKEN, bad_tensor_bodies, registry, snapshot
-from worker.app import create_app as create_worker
+from tests.http_layer_support import LIMIT, LOOPBACK, settings
+from tests.http_layer_support import _clean_env as _clean_env
+from tests.http_layer_support import master as master
+from tests.http_layer_support import worker as worker
+from tests.support import AUTH, OCTET, bad_tensor_bodies, snapshot
 
-LOOPBACK = ("127.0.0.1", 50000)
-LIMIT = 256 * 1024  # above every well-formed body of the default model, pickled ones too
-METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 JSON = {"Content-Type": "application/json"}
-# Paths beyond the schema's that must be refused the same way: docs, unknown, tricky spellings.
-EXTRA_PATHS = ("/openapi.json", "/docs", "/redoc", "/", "/no/such/route", "/healthz/../status",
-               "/STATUS")
-# Every way of not presenting the token.
-WRONG_CREDENTIALS = {
-    "wrong token": "Bearer not-the-token",
-    "token + suffix": f"Bearer {TOKEN}x",
-    "token prefix": f"Bearer {TOKEN[:-1]}",
-    "basic scheme": "Basic " + base64.b64encode(f"user:{TOKEN}".encode()).decode(),
-    "token scheme": f"Token {TOKEN}",
-    "raw token": TOKEN,
-    "empty bearer": "Bearer",
-}
-# A well-formed body per mutating route: a service that validated before it authenticated would
-# act on these instead of answering 401.
-GOOD_BODIES: dict[str, Any] = {
-    "/episode": {"worker_id": "intruder", "reward": 1e6, "length": 5},
-    "/best_score": {"data": 1e6, "worker_id": "intruder"},
-    "/global_episode": {"data": 1000},
-    "/global_moving_average": {"data": 1e6},
-    "/queue": {"data": 1e6},
-    "/worker_started": {"worker_id": "intruder", "url": "http://127.0.0.1:9"},
-    "/worker_done": {"worker_id": "intruder"},
-    "/heartbeat": {"worker_id": "intruder"},
-    "/train": {"workers": ["127.0.0.1:9"]},
-    "/start_worker": {"master_url": "http://127.0.0.1:9", "worker_id": "intruder",
-                      "config": {"num_envs": 1}},
-}
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("A3C_TOKEN", "A3C_MAX_BODY_BYTES", "A3C_MASTER_URL", "A3C_MASTER_RETRY_S"):
-        monkeypatch.delenv(name, raising=False)
-
-
-def settings(tmp_path: Path, **overrides: Any) -> Settings:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    (tmp_path / "workers.txt").write_text("")
-    values: dict[str, Any] = {"token": TOKEN, "run_dir": tmp_path / "run",
-                              "workers_file": tmp_path / "workers.txt", **overrides}
-    return Settings(**values)
-
-
-def start_run(c: TestClient, workers: list[str], **config: Any) -> dict[str, Any]:
-    body = {"workers": workers, "heartbeat_timeout_s": 3600, "seed": 1, **config}
-    reply = c.post("/train", json=body)
-    assert reply.status_code == 202, reply.text
-    return reply.json()["data"]
-
-
-@pytest.fixture
-def master(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, standin: StandInWorker
-) -> Iterator[TestClient]:
-    """A master with the token and a body limit of LIMIT, running a run whose only worker is the
-    stand-in (it never reports: every counter is the test's)."""
-    monkeypatch.setenv("A3C_MAX_BODY_BYTES", str(LIMIT))
-    with TestClient(create_master(settings(tmp_path)), client=LOOPBACK, headers=AUTH) as c:
-        start_run(c, [standin.url])
-        yield c
-
-
-@pytest.fixture
-def worker(monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
-    monkeypatch.setenv("A3C_MAX_BODY_BYTES", str(LIMIT))
-    with TestClient(create_worker(token=TOKEN), client=LOOPBACK, headers=AUTH) as c:
-        yield c
-
-
-def open_paths(c: TestClient) -> set[str]:
-    """The paths open to GET and HEAD: /healthz, and the master's dashboard page and files."""
-    return {"/healthz", *(PUBLIC_PATHS if hasattr(c.app.state, "cluster") else ())}
-
-
-def routes(c: TestClient) -> list[str]:
-    """Every path but the open ones."""
-    return sorted({*c.app.openapi()["paths"], *EXTRA_PATHS} - open_paths(c))
-
-
-def refusals(c: TestClient) -> tuple[int, list[str]]:
-    """Send, without the right token: every method to every path (with a well-formed body where
-    one fits), every wrong credential to every path, and the token in the query string. Returns
-    (requests sent, every answer that was not a proper 401)."""
-    problems: list[str] = []
-    sent = 0
-
-    def check(method: str, path: str, label: str, **kwargs: Any) -> None:
-        nonlocal sent
-        sent += 1
-        reply = c.request(method, path, **kwargs)
-        what = f"{method} {path} ({label}): {reply.status_code} {reply.text[:100]}"
-        if reply.status_code != 401:
-            problems.append(what)
-        elif reply.headers.get("www-authenticate") != "Bearer":
-            problems.append(f"{what} without WWW-Authenticate: Bearer")
-        elif method != "HEAD" and "A3C_TOKEN" not in reply.json()["detail"]:
-            problems.append(f"{what}: the detail does not name A3C_TOKEN")
-
-    none = {"Authorization": ""}  # overrides the client's own header: no credential at all
-    opened = open_paths(c)
-    for path in [*routes(c), *sorted(opened)]:
-        body = GOOD_BODIES.get(path.split("?")[0])
-        for method in METHODS:
-            if path in opened and method in ("GET", "HEAD"):
-                continue
-            json_body = body if method in ("POST", "PUT", "PATCH") else None
-            check(method, path, "no token", headers=none, json=json_body)
-    for path in routes(c):
-        body = GOOD_BODIES.get(path)
-        method = "POST" if body is not None or "weights" in path or path == "/gradients" else "GET"
-        for label, value in WRONG_CREDENTIALS.items():
-            check(method, path, label, headers={"Authorization": value}, json=body)
-    check("GET", f"/status?token={TOKEN}&access_token={TOKEN}", "token in the query",
-          headers=none)
-    return sent, problems
-
-
-def test_every_route_and_method_of_the_master_needs_the_token(master: TestClient) -> None:
-    before = snapshot(master)
-    sent, problems = refusals(master)
-    assert sent > 300 and not problems, "\n".join(problems)
-    # Nothing they carried reached the state.
-    after = snapshot(master)
-    assert after == before
-    assert "intruder" not in registry(master.get("/status").json())
-    assert master.get("/healthz", headers={"Authorization": ""}).json() == {"status": "ok"}
-    # With the token no route is refused for it (some for their own reasons), none fails.
-    for path in master.app.openapi()["paths"]:
-        for method in master.app.openapi()["paths"][path]:
-            reply = master.request(method.upper(), path)
-            assert reply.status_code not in (401, 403) and reply.status_code < 500, (
-                method, path, reply.status_code, reply.text[:200])
-    assert master.get("/no/such/route").status_code == 404
-
-
-def test_every_route_and_method_of_the_worker_needs_the_token(worker: TestClient) -> None:
-    sent, problems = refusals(worker)
-    assert sent > 100 and not problems, "\n".join(problems)
-    status = worker.get("/status").json()
-    assert status["state"] == "idle" and status["worker_id"] != "intruder", status
-    assert worker.get("/healthz", headers={"Authorization": ""}).json() == {"status": "ok"}
-    assert worker.get("/openapi.json").status_code == 200
-    assert worker.get("/no/such/route").status_code == 404
 
 
 # -- the body limit ------------------------------------------------------------------------------
@@ -478,70 +327,3 @@ def test_a_bad_config_is_422_naming_the_field_and_starts_nothing(
         assert snapshot(c) == before
         assert c.get("/status").json()["state"] == "idle"
     assert len(standin.starts()) == starts, "a refused /train started a worker"
-
-
-# -- the master's calls to its workers ---------------------------------------------------------
-
-
-def test_train_calls_each_worker_with_the_token_the_run_and_its_own_url(
-    tmp_path: Path, standin: StandInWorker
-) -> None:
-    with StandInWorker(token=TOKEN) as other, TestClient(
-        create_master(settings(tmp_path)), client=LOOPBACK, headers=AUTH
-    ) as c:
-        before_a, before_b = len(standin.starts()), len(other.starts())
-        bare = other.url.removeprefix("http://")  # both forms of a worker's address
-        data = start_run(c, [standin.url, bare], seed=5)
-        assert isinstance(data["run_id"], str) and data["run_id"]
-        assert [(e["url"], e["started"], e["error"]) for e in data["workers"]] == [
-            (standin.url, True, None), (other.url, True, None)], data
-        (a,), (b,) = standin.starts()[before_a:], other.starts()[before_b:]
-        for start in (a, b):
-            assert start["headers"]["authorization"] == f"Bearer {TOKEN}", start["headers"]
-            # Without A3C_MASTER_URL or "master_url", the URL /train was addressed to.
-            assert start["body"]["master_url"].rstrip("/") in (
-                "http://testserver", "http://testserver:80"), start
-            assert start["body"]["run_id"] == data["run_id"]
-            assert start["body"]["config"]["seed"] == 5
-        assert [a["body"]["worker_id"], b["body"]["worker_id"]] == ["w1", "w2"]
-
-        again = c.post("/train", json={"workers": [standin.url]})
-        assert again.status_code == 409, again.text
-        assert len(standin.starts()) == before_a + 1
-        assert c.get("/status").json()["run_id"] == data["run_id"]
-
-        # "master_url" in the body is what the workers are given.
-        assert c.post("/stop").status_code == 200
-        start_run(c, [standin.url], master_url="http://localhost:4321")
-        assert standin.starts()[-1]["body"]["master_url"].rstrip("/") == "http://localhost:4321"
-    # A3C_MASTER_URL, when set, is.
-    alias = "http://master.example:4321"
-    with TestClient(create_master(settings(tmp_path / "2", master_url=alias)), client=LOOPBACK,
-                    headers=AUTH) as c:
-        start_run(c, [standin.url])
-        assert standin.starts()[-1]["body"]["master_url"].rstrip("/") == alias
-
-
-def test_a_worker_that_cannot_be_started_is_reported_and_the_run_goes_on(
-    tmp_path: Path, standin: StandInWorker
-) -> None:
-    unreachable = f"http://127.0.0.1:{free_port()}"
-    with StandInWorker(token="another-token") as refusing, TestClient(
-        create_master(settings(tmp_path)), client=LOOPBACK, headers=AUTH
-    ) as c:
-        ok, refused, dead = start_run(c, [standin.url, refusing.url, unreachable])["workers"]
-        assert ok["started"] is True and ok["error"] is None, ok
-        assert refused["started"] is False, refused
-        assert "401" in refused["error"] and "A3C_TOKEN" in refused["error"], refused
-        assert dead["started"] is False and dead["error"], dead
-        s = c.get("/status").json()
-        assert s["state"] == "running", s
-        states = {w["url"]: w["state"] for w in s["workers"]}
-        assert states == {standin.url: "starting", refusing.url: "failed", unreachable: "failed"}
-        # A master whose only worker refuses its token has nobody to run the run.
-        assert c.post("/stop").status_code == 200
-        (only,) = start_run(c, [refusing.url])["workers"]
-        assert only["started"] is False and "401" in only["error"], only
-        s = c.get("/status").json()
-        assert s["state"] == "finished" and s["finish_reason"] == "no worker could be started"
-        assert s["workers"][0]["state"] == "failed" and "401" in s["workers"][0]["error"]

@@ -1,0 +1,66 @@
+"""What the tests of the HTTP layer (test_http_*.py, test_master_launcher.py) share: both
+services in-process (TestClient) with the token and a body limit of LIMIT, and a master whose
+run's only worker is the stand-in (`a3c_http.localcluster.StandInWorker`), reached over loopback
+by the real launcher.
+
+A test module imports the fixtures it uses, and always the autouse `_clean_env`, each as
+`from tests.http_layer_support import master as master`: pytest finds fixtures by name in the
+module, and the redundant alias tells ruff that the import is meant."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from a3c_http.config import Settings
+from a3c_http.standin import StandInWorker
+from master.app import create_app as create_master
+from tests.support import AUTH, TOKEN
+from worker.app import create_app as create_worker
+
+LOOPBACK = ("127.0.0.1", 50000)
+LIMIT = 256 * 1024  # above every well-formed body of the default model, pickled ones too
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("A3C_TOKEN", "A3C_MAX_BODY_BYTES", "A3C_MASTER_URL", "A3C_MASTER_RETRY_S"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def settings(tmp_path: Path, **overrides: Any) -> Settings:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "workers.txt").write_text("")
+    values: dict[str, Any] = {"token": TOKEN, "run_dir": tmp_path / "run",
+                              "workers_file": tmp_path / "workers.txt", **overrides}
+    return Settings(**values)
+
+
+def start_run(c: TestClient, workers: list[str], **config: Any) -> dict[str, Any]:
+    body = {"workers": workers, "heartbeat_timeout_s": 3600, "seed": 1, **config}
+    reply = c.post("/train", json=body)
+    assert reply.status_code == 202, reply.text
+    return reply.json()["data"]
+
+
+@pytest.fixture
+def master(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, standin: StandInWorker
+) -> Iterator[TestClient]:
+    """A master with the token and a body limit of LIMIT, running a run whose only worker is the
+    stand-in (it never reports: every counter is the test's)."""
+    monkeypatch.setenv("A3C_MAX_BODY_BYTES", str(LIMIT))
+    with TestClient(create_master(settings(tmp_path)), client=LOOPBACK, headers=AUTH) as c:
+        start_run(c, [standin.url])
+        yield c
+
+
+@pytest.fixture
+def worker(monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
+    monkeypatch.setenv("A3C_MAX_BODY_BYTES", str(LIMIT))
+    with TestClient(create_worker(token=TOKEN), client=LOOPBACK, headers=AUTH) as c:
+        yield c

@@ -1,0 +1,80 @@
+"""The master's calls to the workers it starts (POST /start_worker), in-process (TestClient)
+against stand-in workers over loopback: each gets the token, the run and the master's URL, and a
+worker that cannot be started is reported while the run goes on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from a3c_http.localcluster import free_port
+from a3c_http.standin import StandInWorker
+from master.app import create_app as create_master
+from tests.http_layer_support import LOOPBACK, settings, start_run
+from tests.http_layer_support import _clean_env as _clean_env
+from tests.support import AUTH, TOKEN
+
+
+def test_train_calls_each_worker_with_the_token_the_run_and_its_own_url(
+    tmp_path: Path, standin: StandInWorker
+) -> None:
+    with StandInWorker(token=TOKEN) as other, TestClient(
+        create_master(settings(tmp_path)), client=LOOPBACK, headers=AUTH
+    ) as c:
+        before_a, before_b = len(standin.starts()), len(other.starts())
+        bare = other.url.removeprefix("http://")  # both forms of a worker's address
+        data = start_run(c, [standin.url, bare], seed=5)
+        assert isinstance(data["run_id"], str) and data["run_id"]
+        assert [(e["url"], e["started"], e["error"]) for e in data["workers"]] == [
+            (standin.url, True, None), (other.url, True, None)], data
+        (a,), (b,) = standin.starts()[before_a:], other.starts()[before_b:]
+        for start in (a, b):
+            assert start["headers"]["authorization"] == f"Bearer {TOKEN}", start["headers"]
+            # Without A3C_MASTER_URL or "master_url", the URL /train was addressed to.
+            assert start["body"]["master_url"].rstrip("/") in (
+                "http://testserver", "http://testserver:80"), start
+            assert start["body"]["run_id"] == data["run_id"]
+            assert start["body"]["config"]["seed"] == 5
+        assert [a["body"]["worker_id"], b["body"]["worker_id"]] == ["w1", "w2"]
+
+        again = c.post("/train", json={"workers": [standin.url]})
+        assert again.status_code == 409, again.text
+        assert len(standin.starts()) == before_a + 1
+        assert c.get("/status").json()["run_id"] == data["run_id"]
+
+        # "master_url" in the body is what the workers are given.
+        assert c.post("/stop").status_code == 200
+        start_run(c, [standin.url], master_url="http://localhost:4321")
+        assert standin.starts()[-1]["body"]["master_url"].rstrip("/") == "http://localhost:4321"
+    # A3C_MASTER_URL, when set, is.
+    alias = "http://master.example:4321"
+    with TestClient(create_master(settings(tmp_path / "2", master_url=alias)), client=LOOPBACK,
+                    headers=AUTH) as c:
+        start_run(c, [standin.url])
+        assert standin.starts()[-1]["body"]["master_url"].rstrip("/") == alias
+
+
+def test_a_worker_that_cannot_be_started_is_reported_and_the_run_goes_on(
+    tmp_path: Path, standin: StandInWorker
+) -> None:
+    unreachable = f"http://127.0.0.1:{free_port()}"
+    with StandInWorker(token="another-token") as refusing, TestClient(
+        create_master(settings(tmp_path)), client=LOOPBACK, headers=AUTH
+    ) as c:
+        ok, refused, dead = start_run(c, [standin.url, refusing.url, unreachable])["workers"]
+        assert ok["started"] is True and ok["error"] is None, ok
+        assert refused["started"] is False, refused
+        assert "401" in refused["error"] and "A3C_TOKEN" in refused["error"], refused
+        assert dead["started"] is False and dead["error"], dead
+        s = c.get("/status").json()
+        assert s["state"] == "running", s
+        states = {w["url"]: w["state"] for w in s["workers"]}
+        assert states == {standin.url: "starting", refusing.url: "failed", unreachable: "failed"}
+        # A master whose only worker refuses its token has nobody to run the run.
+        assert c.post("/stop").status_code == 200
+        (only,) = start_run(c, [refusing.url])["workers"]
+        assert only["started"] is False and "401" in only["error"], only
+        s = c.get("/status").json()
+        assert s["state"] == "finished" and s["finish_reason"] == "no worker could be started"
+        assert s["workers"][0]["state"] == "failed" and "401" in s["workers"][0]["error"]

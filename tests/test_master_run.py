@@ -1,0 +1,247 @@
+"""A run's life through the master's API, in-process (TestClient): POST /train (its workers,
+master_url, seed and hidden_sizes checked before anything starts), POST /stop, and every field
+of GET /status."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from safetensors.torch import save as st_save
+
+from a3c_http import wire
+from a3c_http.localcluster import free_port
+from a3c_http.model import build_model
+from tests.master_api_support import (
+    TRAIN,
+    WORKERS,
+    episode,
+    make_settings,
+    master,
+    ones_like,
+    push_gradients,
+    start_run,
+    status,
+    weights,
+)
+from tests.master_api_support import _clean_env as _clean_env
+from tests.master_api_support import client as client
+from tests.master_api_support import launched as launched
+from tests.master_api_support import running as running
+
+STATUS_FIELDS = {
+    "state",
+    "run_id",
+    "env_id",
+    "global_episode",
+    "global_steps",
+    "best_score",
+    "moving_average",
+    "mean_return_100",
+    "solved",
+    "model_version",
+    "updates_applied",
+    "updates_rejected",
+    "queue_length",
+    "queue_dropped",
+    "elapsed_s",
+    "config",
+    "workers",
+}
+WORKER_FIELDS = {"worker_id", "url", "state", "last_seen_s", "episodes", "steps"}
+
+
+def test_status_idle_has_every_field(client: TestClient) -> None:
+    s = status(client)
+    assert set(s) >= STATUS_FIELDS
+    assert s["state"] == "idle"
+    assert s["run_id"] is None
+    assert s["global_episode"] == 0 and s["global_steps"] == 0
+    assert s["model_version"] == 0 and s["workers"] == []
+    assert s["solved"] is False
+
+
+def test_train_with_unreachable_worker_finishes(client: TestClient) -> None:
+    port = free_port()
+    r = client.post("/train", json={**TRAIN, "workers": [f"127.0.0.1:{port}"]})
+    assert r.status_code == 202, r.text
+    data = r.json()["data"]
+    assert data["run_id"]
+    assert len(data["workers"]) == 1
+    worker = data["workers"][0]
+    assert worker["url"] == f"http://127.0.0.1:{port}"
+    assert worker["started"] is False
+    assert worker["error"]
+    s = status(client)
+    assert s["state"] == "finished"
+    assert s["run_id"] == data["run_id"]
+    assert "no worker could be started" in s["finish_reason"]
+    assert s["workers"][0]["state"] == "failed"
+    assert client.get("/workers_status").json()["data"]["done"] is True
+
+
+def test_train_starts_a_run(running: TestClient, launched: list) -> None:
+    s = status(running)
+    assert set(s) >= STATUS_FIELDS
+    assert s["state"] == "running"
+    assert s["env_id"] == "CartPole-v1"
+    assert s["config"]["seed"] == 1
+    assert s["config"]["target_return"] == 475.0  # resolved from the env's reward_threshold
+    assert s["model_version"] == 0
+    assert [w["state"] for w in s["workers"]] == ["starting", "starting"]
+    for w in s["workers"]:
+        assert set(w) >= WORKER_FIELDS
+    assert [w["url"] for w in s["workers"]] == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
+    (call,) = launched
+    assert call["master_url"] == "http://127.0.0.1:33333"
+    assert list(call["workers"].values()) == [w["url"] for w in s["workers"]]
+    assert call["run_id"] == s["run_id"]
+
+
+def test_train_reads_the_workers_file(tmp_path: Path, launched: list) -> None:
+    settings = make_settings(tmp_path)
+    settings.workers_file.write_text(
+        "# the cluster\n\n127.0.0.1:9001  # first\nhttp://127.0.0.1:9002\n   \n"
+    )
+    with master(settings) as c:
+        r = c.post("/train", json={"master_url": "http://127.0.0.1:33333"})
+        assert r.status_code == 202, r.text
+        urls = [w["url"] for w in r.json()["data"]["workers"]]
+        assert urls == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
+        assert list(launched[0]["workers"].values()) == urls
+
+
+def test_train_without_workers_file_names_it(client: TestClient, tmp_path: Path) -> None:
+    r = client.post("/train", json={"master_url": "http://127.0.0.1:33333"})
+    assert 400 <= r.status_code < 500
+    assert str(tmp_path / "workers.txt") in r.json()["detail"]
+    assert status(client)["state"] == "idle"
+
+
+def test_train_default_master_url_is_the_request_base_url(
+    client: TestClient, launched: list
+) -> None:
+    r = client.post("/train", json={"workers": WORKERS})  # TestClient: http://testserver/
+    assert r.status_code == 202, r.text
+    assert r.json()["data"]["master_url"].startswith("http://testserver")
+
+
+@pytest.mark.parametrize("master_url", ["ftp://127.0.0.1:1", "nonsense"])
+def test_train_bad_master_url_names_the_field(
+    client: TestClient, launched: list, master_url: str
+) -> None:
+    r = client.post("/train", json={**TRAIN, "master_url": master_url})
+    assert r.status_code == 422
+    assert "master_url" in r.json()["detail"]
+
+
+def test_train_409_while_running(running: TestClient) -> None:
+    run_id = status(running)["run_id"]
+    r = running.post("/train", json=TRAIN)
+    assert r.status_code == 409
+    assert run_id in r.json()["detail"]
+    assert status(running)["run_id"] == run_id
+
+
+def test_train_refuses_a_seed_torch_cannot_take(client: TestClient, launched: list) -> None:
+    r = client.post("/train", json={**TRAIN, "seed": 2**64})
+    assert r.status_code == 422, r.text
+    assert "seed" in r.json()["detail"] and "env_id" not in r.json()["detail"]
+    assert launched == []
+    assert status(client)["state"] == "idle"
+    assert start_run(client, seed=2**64 - 1)["run_id"]  # the largest torch takes
+
+
+def _encoded_size(hidden_sizes: list[int]) -> int:
+    model = build_model("CartPole-v1", {}, hidden_sizes)
+    return len(wire.Layout.of(model).encode(torch.cat([p.reshape(-1) for p in model.parameters()])))
+
+
+def test_train_refuses_hidden_sizes_whose_weights_exceed_the_body_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launched: list
+) -> None:
+    """Every push of such weights (or of their gradients) would get 413: refuse the run."""
+    limit = 1024 * 1024
+    monkeypatch.setenv("A3C_MAX_BODY_BYTES", str(limit))
+    with master(make_settings(tmp_path)) as c:
+        assert _encoded_size([1024, 1024]) > limit
+        r = c.post("/train", json={**TRAIN, "hidden_sizes": [1024, 1024]})
+        assert r.status_code == 422, r.text
+        detail = r.json()["detail"]
+        assert "hidden_sizes" in detail and str(limit) in detail and "A3C_MAX_BODY_BYTES" in detail
+        assert launched == []
+        assert status(c)["state"] == "idle"
+
+
+def test_the_body_limit_check_is_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launched: list
+) -> None:
+    size = _encoded_size([64, 32])
+    monkeypatch.setenv("A3C_MAX_BODY_BYTES", str(size - 1))
+    with master(make_settings(tmp_path)) as c:
+        r = c.post("/train", json={**TRAIN, "hidden_sizes": [64, 32]})
+        assert r.status_code == 422, r.text
+        assert f"{size} bytes" in r.json()["detail"]
+    monkeypatch.setenv("A3C_MAX_BODY_BYTES", str(size))
+    with master(make_settings(tmp_path / "2")) as c:
+        start_run(c, hidden_sizes=[64, 32])
+        # Weights of exactly the limit go through, as will their gradients.
+        tensors, version, body = weights(c)
+        assert len(body) == size
+        r = push_gradients(c, st_save(ones_like(tensors, 0.001)), version)
+        assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(
+    "workers",
+    [
+        ["ftp://127.0.0.1:9001"],
+        ["127.0.0.1"],
+        ["127.0.0.1:99999"],
+        [],
+        ["127.0.0.1:9001", "http://127.0.0.1:9001"],
+    ],
+)
+def test_train_bad_workers_entry_is_422(client: TestClient, launched: list, workers) -> None:
+    r = client.post("/train", json={**TRAIN, "workers": workers})
+    assert r.status_code == 422, r.text
+    assert "workers" in r.json()["detail"]
+    assert launched == []
+    assert status(client)["state"] == "idle"
+
+
+def test_stop_finishes_the_run(running: TestClient) -> None:
+    r = running.post("/stop")
+    assert r.status_code == 200
+    assert r.json()["data"]["state"] == "finished"
+    s = status(running)
+    assert s["state"] == "finished"
+    assert "stop" in s["finish_reason"]
+    again = running.post("/stop")
+    assert again.status_code == 200
+    assert again.json()["data"]["stopped"] is False
+    assert status(running)["finish_reason"] == s["finish_reason"]
+
+
+def test_stop_is_idempotent_when_nothing_runs(client: TestClient) -> None:
+    r = client.post("/stop")
+    assert r.status_code == 200
+    assert r.json()["data"] == {"run_id": None, "state": "idle", "stopped": False}
+    assert status(client)["state"] == "idle"
+
+
+def test_a_new_run_after_stop_starts_fresh(running: TestClient) -> None:
+    first = status(running)["run_id"]
+    episode(running, 5.0)
+    tensors, version, _ = weights(running)
+    assert push_gradients(running, wire.encode(ones_like(tensors)), version).status_code == 200
+    running.post("/stop")
+    second = start_run(running)["run_id"]
+    assert second != first
+    s = status(running)
+    assert s["state"] == "running" and s["run_id"] == second
+    assert s["global_episode"] == 0 and s["best_score"] is None
+    # The fresh weights are a change of the global weights: the version goes on rising.
+    assert s["model_version"] == version + 2 and s["updates_applied"] == 0

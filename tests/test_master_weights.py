@@ -1,0 +1,113 @@
+"""The global weights through the master's API, in-process (TestClient): GET with
+If-None-Match, gradients applied and answered with the new weights, stale gradients refused,
+and local weights kept temporary or made global."""
+
+from __future__ import annotations
+
+import torch
+from fastapi.testclient import TestClient
+from safetensors.torch import load as st_load
+
+from a3c_http import wire
+from tests.master_api_support import (
+    OCTET,
+    ones_like,
+    push_gradients,
+    start_run,
+    status,
+    weights,
+)
+from tests.master_api_support import _clean_env as _clean_env
+from tests.master_api_support import client as client
+from tests.master_api_support import launched as launched
+from tests.master_api_support import running as running
+
+
+def test_weights_need_a_run(client: TestClient) -> None:
+    assert client.get("/global_model_weights").status_code == 409
+    r = push_gradients(client, wire.encode({"x": torch.zeros(1)}), 0)
+    assert r.status_code == 409
+
+
+def test_global_model_weights_and_if_none_match(running: TestClient) -> None:
+    tensors, version, _ = weights(running)
+    assert version == 0
+    assert "policy_torso.0.weight" in tensors and "value_head.bias" in tensors
+    assert all(t.dtype == torch.float32 for t in tensors.values())
+    r = running.get("/global_model_weights", headers={"If-None-Match": '"0"'})
+    assert r.status_code == 304
+    assert r.content == b""
+    assert r.headers["X-Model-Version"] == "0"
+    r = running.get("/global_model_weights", headers={"If-None-Match": '"7"'})
+    assert r.status_code == 200 and r.headers["X-Model-Version"] == "0"
+
+
+def test_gradients_apply_and_answer_new_weights(running: TestClient) -> None:
+    before, version, _ = weights(running)
+    r = push_gradients(running, wire.encode(ones_like(before)), version)
+    assert r.status_code == 200, r.text
+    assert int(r.headers["X-Model-Version"]) == version + 1
+    answered = st_load(r.content)
+    after, new_version, _ = weights(running)
+    assert new_version == version + 1
+    for name in before:
+        assert torch.equal(answered[name], after[name])
+        assert not torch.equal(before[name], after[name]), name
+        # Adam's first step moves every weight against the gradient's sign by about lr.
+        assert torch.all(after[name] < before[name]), name
+    s = status(running)
+    assert (s["model_version"], s["updates_applied"], s["updates_rejected"]) == (1, 1, 0)
+    r = running.get("/global_model_weights", headers={"If-None-Match": '"0"'})
+    assert r.status_code == 200
+
+
+def test_stale_gradients_are_409(client: TestClient, launched: list) -> None:
+    start_run(client, max_staleness=1)
+    tensors, _, _ = weights(client)
+    grads = wire.encode(ones_like(tensors, 0.1))
+    assert push_gradients(client, grads, 0).status_code == 200
+    assert push_gradients(client, grads, 0).status_code == 200  # 1 version old: allowed
+    _, version, body = weights(client)
+    assert version == 2
+    for stale in (0, 99):  # too old, and from a version this master never had
+        r = push_gradients(client, grads, stale)
+        assert r.status_code == 409, stale
+        assert "version" in r.json()["detail"]
+    _, after_version, after_body = weights(client)
+    assert after_version == 2 and after_body == body
+    s = status(client)
+    assert (s["updates_applied"], s["updates_rejected"]) == (2, 2)
+
+
+def test_local_weights_temporary_keeps_the_global_ones(running: TestClient) -> None:
+    tensors, version, body = weights(running)
+    r = running.post(
+        "/local_model_weights?worker_id=w1&temporary=true",
+        content=wire.encode(ones_like(tensors, 0.5)),
+        headers=OCTET,
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["data"] == {"model_version": version, "temporary": True, "duplicate": False}
+    _, after_version, after_body = weights(running)
+    assert after_version == version and after_body == body
+
+
+def test_local_weights_become_global(running: TestClient) -> None:
+    tensors, version, _ = weights(running)
+    r = running.post(
+        "/local_model_weights",
+        params={"worker_id": "w2", "temporary": "false"},
+        content=wire.encode(ones_like(tensors, 0.5)),
+        headers=OCTET,
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["data"] == {
+        "model_version": version + 1,
+        "temporary": False,
+        "duplicate": False,
+    }
+    after, after_version, _ = weights(running)
+    assert after_version == version + 1
+    for name, t in after.items():
+        assert torch.equal(t, torch.full_like(t, 0.5)), name
+    assert status(running)["model_version"] == version + 1
