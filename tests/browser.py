@@ -52,7 +52,8 @@ class Browser:
             self.proc = subprocess.Popen(
                 [
                     executable, "--headless=new", "--no-sandbox", "--disable-gpu",
-                    "--no-first-run", "--no-default-browser-check", "--window-size=1280,900",
+                    "--disable-dev-shm-usage", "--no-first-run", "--no-default-browser-check",
+                    "--window-size=1280,900",
                     "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
                     f"--user-data-dir={profile}", "about:blank",
                 ],
