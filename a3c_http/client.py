@@ -1,21 +1,10 @@
-"""`MasterClient`: typed calls to the master over httpx, with timeouts and bounded retries.
+"""`MasterClient`: typed calls to the master over httpx, with timeouts and bounded retries (the
+requests and their errors: a3c_http/transport.py, whose names this module also exports).
 
-The error hierarchy (everything a caller needs to catch is an `A3CError`)::
-
-    A3CError
-    ├── MasterUnavailable      the master could not be reached, timed out or answered 5xx,
-    │                          on every attempt until the retry deadline ran out
-    ├── ProtocolError          a reply that breaks the contract: weights that do not fit the
-    │                          model (the WireError is its cause) or a missing X-Model-Version
-    └── MasterRejected         the master answered 4xx: retrying the same request cannot help
-        ├── Unauthorized       401/403: the token is missing or wrong
-        └── Conflict           409: stale gradients, or a run that is not in the right state
-
-Retries: connection errors, timeouts and 5xx are retried with exponential backoff and jitter until
-`retry_deadline_s` has passed since the first attempt; 4xx are never retried (a lost contact and
-its end are logged once each, a3c_http/logs.py `Outage`). Episode reports, gradients and weights
-carry `X-A3C-Seq`, a number that rises with each call and stays the same on its retries, so a
-retry of a request whose reply was lost is not counted twice by the master.
+Episode reports, gradients and weights carry `X-A3C-Seq`, a number that rises with each call and
+stays the same on its retries, so a retry of a request whose reply was lost is not counted twice
+by the master. With a push process (a3c_http/pushproc.py), gradient pushes leave the worker's
+process: `push_gradients_async` hands them to it and returns at once.
 """
 
 from __future__ import annotations
@@ -23,10 +12,9 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import random
 import threading
-import time
 from collections.abc import Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +22,7 @@ import httpx
 import torch
 
 from a3c_http import wire
-from a3c_http.logs import Events, Outage
+from a3c_http.logs import Events
 from a3c_http.protocol import (
     BEST_SCORE_HEADER,
     CONTENT_TYPE,
@@ -51,41 +39,30 @@ from a3c_http.protocol import (
     VERSION_HEADER,
     WORKER_ID_HEADER,
 )
+from a3c_http.pushproc import PushProcess
+from a3c_http.transport import (
+    A3CError,
+    Conflict,
+    MasterRejected,
+    MasterUnavailable,
+    ProtocolError,
+    Stopped,
+    Transport,
+    Unauthorized,
+    check,
+)
 
-
-class A3CError(Exception):
-    """Base of every error raised by `MasterClient`."""
-
-
-class MasterUnavailable(A3CError):
-    """The master could not be reached, or kept failing (5xx), until the retry deadline."""
-
-
-class ProtocolError(A3CError):
-    """The master's reply does not follow the HTTP contract (see the cause)."""
-
-
-class Stopped(A3CError):
-    """The caller's stop event was set while a request waited to be retried: the worker was told
-    to stop (its /stop, SIGTERM), so it does not wait out the retry deadline."""
-
-
-class MasterRejected(A3CError):
-    """The master refused the request (4xx). `status_code` and `detail` say why."""
-
-    def __init__(self, status_code: int, detail: str, stop: bool = False) -> None:
-        super().__init__(f"master answered {status_code}: {detail}")
-        self.status_code = status_code
-        self.detail = detail
-        self.stop = stop
-
-
-class Unauthorized(MasterRejected):
-    """401 or 403: set the same A3C_TOKEN on the master and the workers."""
-
-
-class Conflict(MasterRejected):
-    """409: stale gradients (pull the weights and go on) or a run in the wrong state."""
+__all__ = [
+    "A3CError",
+    "Conflict",
+    "MasterClient",
+    "MasterRejected",
+    "MasterUnavailable",
+    "ProtocolError",
+    "Stopped",
+    "Unauthorized",
+    "Weights",
+]
 
 
 @dataclass(frozen=True)
@@ -119,16 +96,6 @@ def _figures(response: httpx.Response) -> dict[str, Any] | None:
     }
 
 
-def _detail(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:500] or response.reason_phrase
-    if isinstance(body, dict) and "detail" in body:
-        return str(body["detail"])
-    return str(body)[:500]
-
-
 class MasterClient:
     def __init__(
         self,
@@ -142,36 +109,56 @@ class MasterClient:
         run_id: str | None = None,
         stop: threading.Event | None = None,
         events: Events | None = None,
+        push_process: dict[str, Any] | None = None,
     ) -> None:
+        """`push_process`: send gradient pushes from a child process (`push_gradients_async`),
+        started at the first of them; its log settings (log_level, log_format), worker_id and
+        `threads`, the pushes it sends at once. Without it they go from the caller's threads."""
         # Worker messages carry the run id so that a late message of an earlier run is refused.
         self.run_id = run_id
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.timeout_s = timeout_s
-        # The workers talk to the master directly: HTTP_PROXY and the like are not for a
-        # cluster's own traffic (and the gradient pushes below skip the client's machinery).
-        self._transport = transport or httpx.HTTPTransport()
-        self._http = httpx.Client(
-            base_url=base_url.rstrip("/"),
-            headers=headers,
-            timeout=timeout_s,
-            transport=self._transport,
-            trust_env=False,
+        self.transport = Transport(
+            base_url, token, timeout_s, retry_deadline_s, backoff_s, max_backoff_s,
+            transport, stop, events or Events(logging.getLogger("a3c.client"), run_id),
         )
-        self._auth = list(headers.items())
-        self.retry_deadline_s = retry_deadline_s
-        # Once set, a failed request is not retried (Stopped); never set, its wait is a sleep.
-        self._stop_event = stop or threading.Event()
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
+        self._push_options = None
+        if push_process is not None:
+            options = {k: v for k, v in push_process.items() if k != "threads"}
+            self._push_options = (
+                {
+                    "base_url": base_url, "token": token, "timeout_s": timeout_s,
+                    "retry_deadline_s": retry_deadline_s, "backoff_s": backoff_s,
+                    "max_backoff_s": max_backoff_s, "run_id": run_id, **options,
+                },
+                push_process.get("threads", 1),
+            )
+        self._pusher: PushProcess | None = None
         self._seq = itertools.count(1)
-        self.retries = 0  # attempts beyond the first, over the client's life
-        self.outage = Outage(events or Events(logging.getLogger("a3c.client"), run_id), base_url)
+
+    @property
+    def retry_deadline_s(self) -> float:
+        return self.transport.retry_deadline_s
+
+    @retry_deadline_s.setter
+    def retry_deadline_s(self, seconds: float) -> None:
+        self.transport.retry_deadline_s = seconds
+
+    @property
+    def retries(self) -> int:
+        """Attempts beyond the first, over the client's life (its push process's included)."""
+        return self.transport.retries + (self._pusher.retries if self._pusher else 0)
+
+    @property
+    def pushes_elsewhere(self) -> bool:
+        """Whether `push_gradients_async` sends from a push process."""
+        return self._push_options is not None
 
     def _seq_header(self) -> dict[str, str]:
         return {SEQ_HEADER: str(next(self._seq))}
 
     def close(self) -> None:
-        self._http.close()
+        if self._pusher is not None:
+            self._pusher.close()
+        self.transport.close()
 
     def __enter__(self) -> MasterClient:
         return self
@@ -179,75 +166,8 @@ class MasterClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- transport ------------------------------------------------------------------------------
-
-    def _direct(
-        self, method: str, path: str, content: bytes, headers: dict[str, str], timeout: float
-    ) -> httpx.Response:
-        """The request straight to the transport, without the client's cookies, redirects, URL
-        merging and hooks: a third of the CPU of a gradient push, which a worker spends while it
-        collects its next rollout (885 -> 586 us a push, measured on this machine)."""
-        request = httpx.Request(
-            method,
-            self._http.base_url.copy_with(
-                raw_path=self._http.base_url.raw_path.rstrip(b"/") + path.encode()
-            ),
-            headers=[*self._auth, *headers.items()],
-            content=content,
-            extensions={"timeout": httpx.Timeout(timeout).as_dict()},
-        )
-        response = self._transport.handle_request(request)
-        try:
-            response.read()
-        finally:
-            response.close()
-        return response
-
-    def _request(
-        self, method: str, path: str, direct: dict[str, Any] | None = None, **kwargs: Any
-    ) -> httpx.Response:
-        """`direct`: the arguments of `_direct`, for the hot path; else those of httpx's."""
-        deadline = time.monotonic() + self.retry_deadline_s
-        delay = self.backoff_s
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                if direct is not None:
-                    response = self._direct(method, path, **direct)
-                else:
-                    response = self._http.request(method, path, **kwargs)
-            except httpx.TransportError as exc:
-                problem = f"{type(exc).__name__}: {exc}"
-            else:
-                if response.status_code < 500:
-                    self.outage.answered()
-                    return self._check(response)
-                problem = f"{response.status_code}: {_detail(response)}"
-            self.outage.failed(f"{method} {path}", problem, attempt)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise MasterUnavailable(
-                    f"the master at {self._http.base_url} is unreachable: {method} {path} failed "
-                    f"{attempt} times over {self.retry_deadline_s:g} s, last: {problem}"
-                )
-            # The last wait ends at the deadline, for one more attempt there.
-            if self._stop_event.wait(min(delay * random.uniform(0.5, 1.0), remaining)):
-                raise Stopped(f"told to stop while waiting to retry {method} {path}: {problem}")
-            delay = min(delay * 2, self.max_backoff_s)
-            self.retries += 1
-
-    @staticmethod
-    def _check(response: httpx.Response) -> httpx.Response:
-        if response.status_code < 400:
-            return response
-        stop = response.headers.get(STOP_HEADER) == "1"
-        detail = _detail(response)
-        if response.status_code in (401, 403):
-            raise Unauthorized(response.status_code, detail, stop)
-        if response.status_code == 409:
-            raise Conflict(response.status_code, detail, stop)
-        raise MasterRejected(response.status_code, detail, stop)
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return self.transport.request(method, path, **kwargs)
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self._request(method, path, **kwargs).json()
@@ -338,6 +258,50 @@ class MasterClient:
         global weights, with the run's figures. `wait_s`: how long the master may hold the
         reply beyond the usual timeout (a sync round's `sync_timeout_s`). Raises `Conflict` when
         they were too stale or an outlier. Safe to call from several threads at once."""
+        request = self._gradients(
+            worker_id, version, grads, layout, loss, grad_norm, wait_s, report
+        )
+        return self._weights(self._request("POST", "/gradients", direct=request), layout)
+
+    def push_gradients_async(
+        self,
+        worker_id: str,
+        version: int,
+        grads: Mapping[str, torch.Tensor] | torch.Tensor,
+        layout: wire.Layout,
+        **extra: Any,
+    ) -> Future:
+        """`push_gradients` (the same arguments) from the push process: returns at once, with a
+        future of its result."""
+        if self._pusher is None:
+            assert self._push_options is not None, "this client has no push process"
+            options, threads = self._push_options
+            self._pusher = PushProcess(options, threads, self.transport.stop_event)
+        request = self._gradients(worker_id, version, grads, layout, **extra)
+        sent = self._pusher.submit("POST", "/gradients", **request)
+        result: Future = Future()
+
+        def settle(done: Future) -> None:
+            try:
+                result.set_result(self._weights(check(done.result()), layout))
+            except Exception as exc:  # the error it failed with, for the caller
+                result.set_exception(exc)
+
+        sent.add_done_callback(settle)
+        return result
+
+    def _gradients(
+        self,
+        worker_id: str,
+        version: int,
+        grads: Mapping[str, torch.Tensor] | torch.Tensor,
+        layout: wire.Layout,
+        loss: float | None = None,
+        grad_norm: float | None = None,
+        wait_s: float = 0.0,
+        report: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A gradient push as `Transport.direct`'s arguments (see `push_gradients`)."""
         vector = grads if isinstance(grads, torch.Tensor) else layout.flatten(grads)
         metadata = {ROLLOUT_METADATA: json.dumps(report)} if report is not None else None
         reported = {LOSS_HEADER: loss, GRAD_NORM_HEADER: grad_norm}
@@ -349,13 +313,11 @@ class MasterClient:
             **({RUN_ID_HEADER: self.run_id} if self.run_id else {}),
             **{name: repr(float(v)) for name, v in reported.items() if v is not None},
         }
-        content = layout.encode(vector, metadata)
-        response = self._request(
-            "POST",
-            "/gradients",
-            direct={"content": content, "headers": headers, "timeout": self.timeout_s + wait_s},
-        )
-        return self._weights(response, layout)
+        return {
+            "content": layout.encode(vector, metadata),
+            "headers": headers,
+            "timeout": self.transport.timeout_s + wait_s,
+        }
 
     def push_weights(
         self, worker_id: str, tensors: Mapping[str, torch.Tensor], temporary: bool

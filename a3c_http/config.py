@@ -364,3 +364,6 @@ class WorkerSettings(_FromEnv):
 
     master_retry_s: PositiveSeconds = 60.0
     torch_threads: int = Field(1, ge=1)
+    # Gradient pushes go from a child process (a3c_http/pushproc.py), not from threads of the
+    # training process, whose rollouts they would slow; false: from threads.
+    push_process: bool = True

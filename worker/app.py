@@ -72,6 +72,13 @@ class WorkerService:
             self.progress = Progress()
             self._stop = threading.Event()
             events = logs.Events(logging.getLogger("a3c.worker"), body.run_id, body.worker_id)
+            settings, cfg = self.settings, body.config
+            push_process = {
+                "log_level": settings.log_level,
+                "log_format": settings.log_format,
+                "worker_id": body.worker_id,
+                "threads": min(cfg.max_in_flight, cfg.max_staleness),
+            }
             self._client = MasterClient(
                 body.master_url,
                 self.token,
@@ -79,6 +86,7 @@ class WorkerService:
                 run_id=body.run_id,
                 stop=self._stop,
                 events=events,
+                push_process=push_process if settings.push_process else None,
             )
             self._thread = threading.Thread(
                 target=self._train,

@@ -70,6 +70,7 @@ class Pipeline:
         self.compute_s = statistics.median(self._computes)
 
     def submit(self, send: Callable[[], Any]) -> None:
+        """A push that a sender thread of this pool makes: `send()`."""
         started = time.monotonic()
 
         def timed() -> Any:
@@ -78,6 +79,17 @@ class Pipeline:
             return result
 
         self._in_flight.append(self._pool.submit(timed))
+
+    def add(self, push: Future) -> None:
+        """A push made elsewhere (the push process, a3c_http/pushproc.py): `push` completes with
+        its reply."""
+        started = time.monotonic()
+
+        def timed(_: Future) -> None:
+            self._round_trips.append(time.monotonic() - started)
+
+        push.add_done_callback(timed)
+        self._in_flight.append(push)
 
     def completed(self) -> list[Future]:
         """The pushes that are done, once at most `limit` are still in flight (waiting for

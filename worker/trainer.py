@@ -263,7 +263,10 @@ class Trainer:
             "wait_s": cfg.sync_timeout_s if cfg.sync_mode == "sync" else 0.0,
             "report": report,
         }
-        pipeline.submit(lambda: self.client.push_gradients(*args, **kwargs))
+        if self.client.pushes_elsewhere:
+            pipeline.add(self.client.push_gradients_async(*args, **kwargs))
+        else:
+            pipeline.submit(lambda: self.client.push_gradients(*args, **kwargs))
 
     def _take_replies(self, model: ActorCritic, pipeline: Pipeline) -> None:
         """Take the replies that are in (waiting while more than max_in_flight are out), and
