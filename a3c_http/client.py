@@ -120,17 +120,7 @@ class MasterClient:
             base_url, token, timeout_s, retry_deadline_s, backoff_s, max_backoff_s,
             transport, stop, events or Events(logging.getLogger("a3c.client"), run_id),
         )
-        self._push_options = None
-        if push_process is not None:
-            options = {k: v for k, v in push_process.items() if k != "threads"}
-            self._push_options = (
-                {
-                    "base_url": base_url, "token": token, "timeout_s": timeout_s,
-                    "retry_deadline_s": retry_deadline_s, "backoff_s": backoff_s,
-                    "max_backoff_s": max_backoff_s, "run_id": run_id, **options,
-                },
-                push_process.get("threads", 1),
-            )
+        self._push_options = push_process
         self._pusher: PushProcess | None = None
         self._seq = itertools.count(1)
 
@@ -275,7 +265,8 @@ class MasterClient:
         future of its result."""
         if self._pusher is None:
             assert self._push_options is not None, "this client has no push process"
-            options, threads = self._push_options
+            options = {**self._push_options, **self.transport.options(), "run_id": self.run_id}
+            threads = options.pop("threads", 1)
             self._pusher = PushProcess(options, threads, self.transport.stop_event)
         request = self._gradients(worker_id, version, grads, layout, **extra)
         sent = self._pusher.submit("POST", "/gradients", **request)

@@ -13,7 +13,8 @@ the head, the body. To the child: first `{"options": {...}, "threads": n}` (a3c_
 `Transport` arguments, the log settings and ids), then requests `{"id", "method", "path",
 "headers", "timeout"}` with their bodies, and `{"stop": true}` when the worker is told to stop
 (retries end with Stopped). From the child: `{"id", "status", "headers", "retries"}` with the
-reply's body, or `{"id", "error", "message", "retries"}` when the request failed for good. The
+reply's body, or `{"id", "error", "message", "retries"}` when the request failed for good, and
+`{"retries"}` at each retry (the worker's /status shows them as they happen). The
 child retries as the in-process client does; it ends when its stdin closes, so it never outlives
 the worker.
 """
@@ -143,8 +144,10 @@ class PushProcess:
 
     def _complete(self, head: dict[str, Any], body: bytes) -> None:
         with self._lock:
-            future = self._pending.pop(head["id"])
             self.retries = max(self.retries, head["retries"])
+            if "id" not in head:  # the child retried: its count, while the request goes on
+                return
+            future = self._pending.pop(head["id"])
         if "error" in head:
             future.set_exception(_ERRORS.get(head["error"], MasterUnavailable)(head["message"]))
         else:
@@ -192,6 +195,10 @@ def _serve() -> None:
         with write_lock:
             _write_frame(out, reply, content)
 
+    def retried(count: int) -> None:
+        with write_lock:
+            _write_frame(out, {"retries": count})
+
     while data := os.read(stdin, 1 << 20):
         for head, body in frames.feed(data):
             if "options" in head:
@@ -203,6 +210,7 @@ def _serve() -> None:
                     options.pop("worker_id"),
                 )
                 transport = Transport(**options, stop=stop, events=events)
+                transport.on_retry = retried
                 pool = ThreadPoolExecutor(head["threads"], thread_name_prefix="a3c-push")
             elif "stop" in head:
                 stop.set()

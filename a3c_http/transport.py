@@ -27,6 +27,7 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -110,6 +111,7 @@ class Transport:
         events: Events | None = None,
     ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.base_url, self.token = base_url, token
         self.timeout_s = timeout_s
         # The workers talk to the master directly: HTTP_PROXY and the like are not for a
         # cluster's own traffic (and the gradient pushes below skip the client's machinery).
@@ -128,7 +130,19 @@ class Transport:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.retries = 0  # attempts beyond the first, over the transport's life
+        self.on_retry: Callable[[int], None] | None = None  # told the count at each retry
         self.outage = Outage(events or Events(logging.getLogger("a3c.client")), base_url)
+
+    def options(self) -> dict[str, Any]:
+        """What makes another Transport like this one (in the push process)."""
+        return {
+            "base_url": self.base_url,
+            "token": self.token,
+            "timeout_s": self.timeout_s,
+            "retry_deadline_s": self.retry_deadline_s,
+            "backoff_s": self.backoff_s,
+            "max_backoff_s": self.max_backoff_s,
+        }
 
     def close(self) -> None:
         self.http.close()
@@ -193,3 +207,5 @@ class Transport:
                 raise Stopped(f"told to stop while waiting to retry {method} {path}: {problem}")
             delay = min(delay * 2, self.max_backoff_s)
             self.retries += 1
+            if self.on_retry is not None:
+                self.on_retry(self.retries)

@@ -15,7 +15,7 @@ import torch
 
 from a3c_http import wire
 from a3c_http.client import Conflict, MasterClient, MasterUnavailable, Stopped
-from a3c_http.localcluster import free_port
+from a3c_http.localcluster import free_port, wait_for
 from tests.client_support import LAYOUT, SPEC, TENSORS
 
 PUSH = {"log_level": "warning", "log_format": "text", "worker_id": "w1", "threads": 2}
@@ -103,8 +103,10 @@ def test_the_child_retries_5xx_and_a_4xx_is_the_callers_error(master: Master) ->
 
 def test_a_stop_ends_the_retries_of_a_master_that_is_away() -> None:
     nobody = f"http://127.0.0.1:{free_port()}"
-    with client_of(nobody, backoff_s=5.0, max_backoff_s=5.0, retry_deadline_s=600.0) as client:
+    with client_of(nobody, backoff_s=0.05, max_backoff_s=5.0, retry_deadline_s=600.0) as client:
         pending = push(client)
+        # Its retries are counted as they happen, not only once the push is over.
+        wait_for(lambda: client.retries >= 2, 30, "the child to retry")
         client.transport.stop_event.set()  # the worker is told to stop: no 600 s of retries
         with pytest.raises(Stopped, match="told to stop"):
             pending.result(timeout=30)
