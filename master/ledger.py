@@ -140,8 +140,11 @@ class RunLedger:
 
     def solved(self) -> bool:
         """The mean return of the last 100 episodes (100 episodes needed), or with
-        `solved_on=eval` that of the latest evaluation, reached the target."""
+        `solved_on=eval` that of the latest evaluation, reached the target. A finished run stays
+        as it finished: the late episodes it still takes cannot unsolve it."""
         with self.lock:
+            if self.run_state == "finished":
+                return (self.finish_reason or "").startswith("solved:")
             return solved_by(self.config, self.stats, self.evals) is not None
 
     def _finish_if_done(self) -> None:

@@ -117,6 +117,10 @@ def test_target_return_is_judged_over_a_full_window_of_100_episodes(master: Test
     assert s["state"] == "finished" and s["solved"] is True, s
     assert s["finish_reason"].startswith("solved"), s
     assert s["mean_return_100"] == pytest.approx(60), s
+    # An episode that ended just after the finish still counts, and cannot unsolve the run.
+    episode(master, -5000)
+    s = status(master)
+    assert s["mean_return_100"] < 50 and s["solved"] is True, s
 
 
 def test_workers_statistics_are_merged_by_the_master_and_shipped_with_the_weights(
