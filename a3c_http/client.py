@@ -14,7 +14,7 @@ import json
 import logging
 import threading
 from collections.abc import Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,19 +109,22 @@ class MasterClient:
         run_id: str | None = None,
         stop: threading.Event | None = None,
         events: Events | None = None,
+        push_threads: int = 1,
         push_process: dict[str, Any] | None = None,
     ) -> None:
-        """`push_process`: send gradient pushes from a child process (`push_gradients_async`),
-        started at the first of them; its log settings (log_level, log_format), worker_id and
-        `threads`, the pushes it sends at once. Without it they go from the caller's threads."""
+        """`push_gradients_async` sends up to `push_threads` pushes at once: from a child process
+        when `push_process` is given (its log settings, log_level and log_format, and worker_id;
+        started at the first push), else from threads of this process."""
         # Worker messages carry the run id so that a late message of an earlier run is refused.
         self.run_id = run_id
         self.transport = Transport(
             base_url, token, timeout_s, retry_deadline_s, backoff_s, max_backoff_s,
             transport, stop, events or Events(logging.getLogger("a3c.client"), run_id),
         )
+        self.push_threads = max(1, push_threads)
         self._push_options = push_process
         self._pusher: PushProcess | None = None
+        self._senders: ThreadPoolExecutor | None = None
         self._seq = itertools.count(1)
 
     @property
@@ -137,17 +140,15 @@ class MasterClient:
         """Attempts beyond the first, over the client's life (its push process's included)."""
         return self.transport.retries + (self._pusher.retries if self._pusher else 0)
 
-    @property
-    def pushes_elsewhere(self) -> bool:
-        """Whether `push_gradients_async` sends from a push process."""
-        return self._push_options is not None
-
     def _seq_header(self) -> dict[str, str]:
         return {SEQ_HEADER: str(next(self._seq))}
 
     def close(self) -> None:
+        """Close the connections; pushes not sent yet are dropped."""
         if self._pusher is not None:
             self._pusher.close()
+        if self._senders is not None:
+            self._senders.shutdown(wait=False, cancel_futures=True)
         self.transport.close()
 
     def __enter__(self) -> MasterClient:
@@ -261,13 +262,17 @@ class MasterClient:
         layout: wire.Layout,
         **extra: Any,
     ) -> Future:
-        """`push_gradients` (the same arguments) from the push process: returns at once, with a
-        future of its result."""
+        """`push_gradients` (the same arguments), sent from the push process or a sender thread
+        (see the constructor): returns at once, with a future of its result."""
+        if self._push_options is None:
+            if self._senders is None:
+                self._senders = ThreadPoolExecutor(self.push_threads, thread_name_prefix="a3c-push")
+            return self._senders.submit(
+                self.push_gradients, worker_id, version, grads, layout, **extra
+            )
         if self._pusher is None:
-            assert self._push_options is not None, "this client has no push process"
             options = {**self._push_options, **self.transport.options(), "run_id": self.run_id}
-            threads = options.pop("threads", 1)
-            self._pusher = PushProcess(options, threads, self.transport.stop_event)
+            self._pusher = PushProcess(options, self.push_threads, self.transport.stop_event)
         request = self._gradients(worker_id, version, grads, layout, **extra)
         sent = self._pusher.submit("POST", "/gradients", **request)
         result: Future = Future()

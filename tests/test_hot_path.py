@@ -4,7 +4,7 @@ pipeline of pushes, the flat network and its optimizer, and the quiet access log
 from __future__ import annotations
 
 import logging
-import threading
+from concurrent.futures import Future
 
 import pytest
 import torch
@@ -56,18 +56,17 @@ class TwoInFlight(Pipeline):
 
 
 def test_the_pipeline_keeps_at_most_its_limit_in_flight_and_drains_the_rest() -> None:
-    gates = [threading.Event() for _ in range(4)]
+    pushes: list[Future] = [Future() for _ in range(4)]
     pipeline = TwoInFlight(max_in_flight=8)
-    for i, gate in enumerate(gates):
-        pipeline.submit(lambda i=i, gate=gate: gate.wait(30) and i)
-    gates[1].set()  # later pushes answered first: enough once two are left out
-    gates[3].set()
+    for push in pushes:
+        pipeline.add(push)
+    pushes[1].set_result(1)  # later pushes answered first: enough once two are left out
+    pushes[3].set_result(3)
     done = pipeline.completed()
     assert sorted(f.result() for f in done) == [1, 3] and len(pipeline) == 2
-    for gate in gates:
-        gate.set()
+    pushes[0].set_result(0)
+    pushes[2].set_result(2)
     assert [f.result() for f in pipeline.drain()] == [0, 2] and len(pipeline) == 0
-    pipeline.close()
 
 
 @pytest.mark.parametrize(
@@ -82,7 +81,6 @@ def test_the_limit_is_what_the_round_trip_needs(
     pipeline._round_trips.extend([rtt * 3, rtt])  # the shortest counts: the path, no queue
     pipeline.computed(compute)
     assert pipeline.limit == limit
-    pipeline.close()
 
 
 # -- FlatNetwork ----------------------------------------------------------------------------------

@@ -103,8 +103,11 @@ def test_json_is_one_object_per_line_with_the_events_fields(
 # -- the settings and the set-up ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("name", "raw"), [("A3C_LOG_LEVEL", "loud"), ("A3C_LOG_FORMAT", "xml")])
-@pytest.mark.parametrize("service", [master.app, worker.app])
+# Each service's start once (the settings they share, a3c_http/config.py `_FromEnv`, judge both).
+@pytest.mark.parametrize(
+    ("service", "name", "raw"),
+    [(master.app, "A3C_LOG_LEVEL", "loud"), (worker.app, "A3C_LOG_FORMAT", "xml")],
+)
 def test_a_bad_log_setting_stops_the_service_naming_it(
     monkeypatch: pytest.MonkeyPatch, service, name: str, raw: str
 ) -> None:

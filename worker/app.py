@@ -77,7 +77,6 @@ class WorkerService:
                 "log_level": settings.log_level,
                 "log_format": settings.log_format,
                 "worker_id": body.worker_id,
-                "threads": min(cfg.max_in_flight, cfg.max_staleness),
             }
             self._client = MasterClient(
                 body.master_url,
@@ -86,6 +85,7 @@ class WorkerService:
                 run_id=body.run_id,
                 stop=self._stop,
                 events=events,
+                push_threads=min(cfg.max_in_flight, cfg.max_staleness),
                 push_process=push_process if settings.push_process else None,
             )
             self._thread = threading.Thread(

@@ -1,8 +1,9 @@
 """The gradient pushes a worker has in flight.
 
 A worker that waits for each reply before it steps again spends the round trip idle: at 20 ms each
-way, nine tenths of its time. Instead it hands each push to a small pool of sender threads and
-goes on collecting its next rollout with the weights it has; the replies are taken between
+way, nine tenths of its time. Instead it hands each push to its client, which sends it from the
+push process (a3c_http/pushproc.py) or a sender thread, and goes on collecting its next rollout
+with the weights it has; the pushes in flight are futures, their replies are taken between
 rollouts, and the newest weights any of them brings are loaded then.
 
 How many may be in flight is what the round trip needs, no more: the shortest recent round trip
@@ -22,9 +23,7 @@ import math
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Any
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 # Round trips remembered for the shortest one: a few seconds of pushes, so a changed path is
 # followed.
@@ -38,9 +37,6 @@ class Pipeline:
         """`max_in_flight`: pushes that may be in flight while the caller computes (0: none,
         each reply is awaited at once)."""
         self.max_in_flight = max_in_flight
-        self._pool = ThreadPoolExecutor(
-            max_workers=max(1, max_in_flight), thread_name_prefix="a3c-push"
-        )
         self._in_flight: deque[Future] = deque()
         self._round_trips: deque[float] = deque(maxlen=_RTT_WINDOW)
         self._computes: deque[float] = deque(maxlen=_COMPUTE_WINDOW)
@@ -69,20 +65,9 @@ class Pipeline:
         self._computes.append(seconds)
         self.compute_s = statistics.median(self._computes)
 
-    def submit(self, send: Callable[[], Any]) -> None:
-        """A push that a sender thread of this pool makes: `send()`."""
-        started = time.monotonic()
-
-        def timed() -> Any:
-            result = send()
-            self._round_trips.append(time.monotonic() - started)
-            return result
-
-        self._in_flight.append(self._pool.submit(timed))
-
     def add(self, push: Future) -> None:
-        """A push made elsewhere (the push process, a3c_http/pushproc.py): `push` completes with
-        its reply."""
+        """A push on its way (MasterClient.push_gradients_async): `push` completes with its
+        reply."""
         started = time.monotonic()
 
         def timed(_: Future) -> None:
@@ -111,8 +96,3 @@ class Pipeline:
         self._in_flight.clear()
         wait(done)
         return done
-
-    def close(self) -> None:
-        """Stop sending: what is queued is dropped, what is on the wire finishes on its own."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._in_flight.clear()

@@ -156,7 +156,6 @@ class Trainer:
             self._settle(pipeline.drain(), ending=True)
             raise
         finally:
-            pipeline.close()
             collector.close()
 
     def _log_progress(self, seconds: float) -> None:
@@ -263,10 +262,7 @@ class Trainer:
             "wait_s": cfg.sync_timeout_s if cfg.sync_mode == "sync" else 0.0,
             "report": report,
         }
-        if self.client.pushes_elsewhere:
-            pipeline.add(self.client.push_gradients_async(*args, **kwargs))
-        else:
-            pipeline.submit(lambda: self.client.push_gradients(*args, **kwargs))
+        pipeline.add(self.client.push_gradients_async(*args, **kwargs))
 
     def _take_replies(self, model: ActorCritic, pipeline: Pipeline) -> None:
         """Take the replies that are in (waiting while more than max_in_flight are out), and
