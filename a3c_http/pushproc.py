@@ -67,8 +67,9 @@ class _Frames:
             end = _LENGTHS.size + head_len + body_len
             if len(self._buffer) < end:
                 break
-            head = json.loads(self._buffer[_LENGTHS.size : _LENGTHS.size + head_len])
-            frames.append((head, bytes(self._buffer[end - body_len : end])))
+            with memoryview(self._buffer) as view:  # one copy of the body, not two
+                head = json.loads(bytes(view[_LENGTHS.size : end - body_len]))
+                frames.append((head, bytes(view[end - body_len : end])))
             del self._buffer[:end]
         return frames
 
