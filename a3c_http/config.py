@@ -200,16 +200,16 @@ class TrainConfig(BaseModel):
         gt=0,
         allow_inf_nan=False,
         description="An update whose gradient norm (its log) is more than this many standard "
-        "deviations above the mean of the last 100 accepted updates, or whose loss is more than "
-        "this many standard deviations from their mean, is refused with 409 and counted in "
+        "deviations above the mean of the last 100 updates of the same worker, or whose loss "
+        "(the log of its size) is that far above theirs, is refused with 409 and counted in "
         "updates_refused_outlier; null turns the check off.",
     )
     outlier_warmup: int = Field(
         50,
         ge=1,
         le=100,
-        description="Accepted updates the outlier check needs before it judges (at most the "
-        "window of 100).",
+        description="Updates of a worker the outlier check needs before it judges that worker's "
+        "(at most the window of 100).",
     )
     sync_timeout_s: float = Field(
         10.0,
@@ -354,6 +354,8 @@ class Settings(_FromEnv):
     master_url: str | None = Field(None, pattern=r"^https?://")
     persist_interval_s: PositiveSeconds = 5.0
     queue_max: int = Field(10_000, ge=1)
+    # The most worker ids one run's registry holds (master/registry.py).
+    max_workers: int = Field(1024, ge=1, le=1_000_000)
     # quiet: uvicorn's access log leaves out the successful requests of the workers' training
     # loop (hundreds a second); all: every request, as uvicorn logs by default.
     access_log: Literal["quiet", "all"] = "quiet"

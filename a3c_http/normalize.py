@@ -5,15 +5,23 @@ those batch moments with its gradients; the master merges them into the global s
 parallel-variance formula (Chan et al.) and ships the result inside the weights: the statistics are
 buffers of the network, so they are saved with the run, sent with every weights reply and loaded
 by evaluation, exactly as the parameters are.
+
+The statistics are state that a peer changes, so the master judges every batch before it merges
+it (`batch_problem`): a count beyond what one rollout can hold, a negative variance, or a merge
+whose result would leave float32's range (one crafted push used to turn the global variance into
+-inf, which was saved and kept the run folder from opening again).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
 EPSILON = 1e-8
 CLIP = 10.0
+# The largest float32: a statistic beyond it would be saved as infinity.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class RunningMeanStd(nn.Module):
@@ -26,17 +34,26 @@ class RunningMeanStd(nn.Module):
         # A tiny prior count (as SB3's VecNormalize) keeps the first merge well defined.
         self.register_buffer("count", torch.tensor(1e-4))
 
+    def merged(
+        self, mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """The mean, variance and count after folding in the moments of `count` new samples,
+        computed in float64 without changing anything (`merge` applies them)."""
+        n, old = float(count), float(self.count)
+        total = old + n
+        mean64, own_mean = mean.double(), self.mean.double()
+        delta = mean64 - own_mean
+        m2 = self.var.double() * old + var.double() * n + delta.pow(2) * old * n / total
+        return own_mean + delta * n / total, m2 / total, total
+
     @torch.no_grad()
     def merge(self, mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor) -> None:
         """Fold in the moments of `count` new samples."""
-        n = float(count)
-        if n <= 0:
+        if float(count) <= 0:
             return
-        total = float(self.count) + n
-        delta = mean - self.mean
-        m2 = self.var * float(self.count) + var * n + delta.pow(2) * float(self.count) * n / total
-        self.mean += delta * n / total
-        self.var.copy_(m2 / total)
+        new_mean, new_var, total = self.merged(mean, var, count)
+        self.mean.copy_(new_mean)
+        self.var.copy_(new_var)
         self.count.fill_(total)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
@@ -70,3 +87,43 @@ def absorb(model: nn.Module, entries: dict[str, torch.Tensor]) -> None:
             module.merge(
                 entries[f"{prefix}.mean"], entries[f"{prefix}.var"], entries[f"{prefix}.count"]
             )
+
+
+def batch_problem(
+    model: nn.Module, entries: dict[str, torch.Tensor], max_count: float
+) -> str | None:
+    """What is wrong with the batch moments of `entries` (a gradient push's statistics) for
+    `model`'s running statistics, or None: a count below 0 or above `max_count` (the samples one
+    rollout holds), a negative variance, or a merge whose result would not be finite in float32."""
+    for prefix, module in model.named_modules():
+        if not isinstance(module, RunningMeanStd):
+            continue
+        mean, var, count = (entries[f"{prefix}.{k}"] for k in ("mean", "var", "count"))
+        n = float(count)
+        if not 0 <= n <= max_count:
+            return (
+                f"{prefix}.count is {n:g}: a rollout's statistics count 0 to {max_count:g} samples "
+                "(t_max x num_envs)"
+            )
+        if bool((var < 0).any()):
+            return f"{prefix}.var holds a negative variance ({float(var.min()):g})"
+        if n == 0:
+            continue
+        for name, value in zip(("mean", "var"), module.merged(mean, var, count)[:2], strict=True):
+            if not bool(torch.isfinite(value).all()) or float(value.abs().max()) > _FLOAT32_MAX:
+                return f"merging {prefix} would make its {name} leave float32's range"
+    return None
+
+
+def statistics_problem(model: nn.Module, entries: dict[str, torch.Tensor]) -> str | None:
+    """What is wrong with whole running statistics for `model` (those of a weights body,
+    `entries` by buffer name), or None: a negative count or variance (finiteness is the wire's
+    check)."""
+    for prefix, module in model.named_modules():
+        if isinstance(module, RunningMeanStd):
+            count, var = entries[f"{prefix}.count"], entries[f"{prefix}.var"]
+            if float(count) < 0:
+                return f"{prefix}.count is negative ({float(count):g})"
+            if bool((var < 0).any()):
+                return f"{prefix}.var holds a negative variance ({float(var.min()):g})"
+    return None

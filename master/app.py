@@ -20,6 +20,7 @@ from a3c_http.service import install_common
 from a3c_http.store import RunDirInUse
 from a3c_http.wire import WireError
 from master import routes_run, routes_seed, routes_view, routes_weights, tensorboard
+from master.errors import Invalid
 from master.events import ProgressLog
 from master.metrics import MasterMetrics
 from master.state import ClusterState, StateConflict
@@ -104,7 +105,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"detail": str(exc)}, status_code=409, headers=headers)
 
     @app.exception_handler(WireError)
-    async def _bad_tensors(request: Request, exc: WireError) -> JSONResponse:
+    @app.exception_handler(Invalid)
+    async def _invalid(request: Request, exc: ValueError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=422)
 
     return app

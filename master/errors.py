@@ -1,4 +1,4 @@
-"""The error every part of the master's state raises for a request that does not fit the run."""
+"""The errors every part of the master's state raises for a request that does not fit the run."""
 
 from __future__ import annotations
 
@@ -9,3 +9,14 @@ class StateConflict(Exception):
     def __init__(self, message: str, stop: bool = False) -> None:
         super().__init__(message)
         self.stop = stop
+
+
+class Invalid(ValueError):
+    """The request is well formed but what it says cannot be right (422): an implausible report
+    (master/limits.py), gradients beyond their bound, statistics that cannot be merged. Nothing
+    of it is taken."""
+
+
+class NotRegistered(StateConflict):
+    """A worker message from an id that is not in the run's registry (409, told to stop): only a
+    worker the master started or one that registered (`POST /worker_started`) takes part."""

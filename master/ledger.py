@@ -9,6 +9,10 @@ retry of a report already counted gets the first attempt's reply without being c
 
 A change that finishes the run raises `finished`, which the facade (master/state.py) takes with
 `take_finished()` after the lock is released, to save at once.
+
+Only workers in the registry take part: a message from an unknown id is refused (409, told to
+stop), and what a worker reports must be plausible (master/limits.py, else 422); a refused message
+is not a sign of life.
 """
 
 from __future__ import annotations
@@ -19,29 +23,32 @@ import uuid
 from typing import Any, Literal
 
 from a3c_http.config import TrainConfig
-from master.errors import StateConflict
+from master.errors import Invalid, StateConflict
 from master.events import RunEvents
+from master.limits import RunLimits
 from master.records import Evaluations, Stats, WorkerRecord, solved_by
-from master.registry import Registry
+from master.registry import DEFAULT_MAX_WORKERS, Registry
 from master.seed_counters import SeedCounters
 
 RunState = Literal["idle", "running", "finished"]
 
 
 class RunLedger:
-    def __init__(self, queue_max: int) -> None:
+    def __init__(self, queue_max: int, max_workers: int = DEFAULT_MAX_WORKERS) -> None:
         self.lock = threading.RLock()
         self.queue_max = queue_max
+        self.max_workers = max_workers
         self.run_id: str | None = None
         self.run_state: RunState = "idle"
         self.finish_reason: str | None = None
         self.config: TrainConfig | None = None
+        self.limits: RunLimits | None = None  # what the run's reports may claim
         self._elapsed_before = 0.0  # seconds run before this process (resume)
         self._running_since: float | None = None  # monotonic
         self.stats = Stats()
         self.evals = Evaluations()
         self.events = RunEvents()  # logged by the facade (master/state.py) after the lock
-        self.workers = Registry(self.events)
+        self.workers = Registry(self.events, max_workers=max_workers)
         self.unsaved_rows: list[tuple] = []
         # The reply to each worker's last counted episode report, for its retries.
         self._episode_replies: dict[str, tuple[int, dict[str, Any]]] = {}
@@ -57,8 +64,9 @@ class RunLedger:
         with self.lock:
             if self.run_state == "running":
                 raise StateConflict(f"run {self.run_id} is running: POST /stop it first")
+            limits = RunLimits.of(config)
             self.run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-            self.config = config
+            self.config, self.limits = config, limits
             self.run_state = "running"
             self.finish_reason = None
             self._elapsed_before = 0.0
@@ -66,7 +74,9 @@ class RunLedger:
             self.stats = Stats()
             self.evals = Evaluations()
             self.events.run_started(self.run_id, config, len(worker_urls))
-            self.workers = Registry.launching(worker_urls, config, self.events)
+            self.workers = Registry.launching(
+                worker_urls, config, self.events, self.max_workers
+            )
             self.unsaved_rows = []
             self._episode_replies = {}
             return list(self.workers.records)
@@ -106,21 +116,28 @@ class RunLedger:
 
     def admit_update(
         self, worker_id: str, run_id: str | None
-    ) -> tuple[StateConflict | None, TrainConfig]:
-        """Before gradients or weights are applied: raise for no run or another run; for a
-        finished run, return the refusal, which the parameter server raises unless the request is
-        a retry of one taken before the finish. Also returns the run's config (its limits)."""
+    ) -> tuple[StateConflict | None, TrainConfig, RunLimits]:
+        """Before gradients or weights are applied: raise for no run, another run or a worker
+        that is not registered; for a finished run, return the refusal, which the parameter
+        server raises unless the request is a retry of one taken before the finish. Also returns
+        the run's config and limits. The worker is not touched: a push counts as a sign of life
+        once its body was found valid (`report_rollout`, `touch_worker`)."""
         with self.lock:
-            if self.run_state == "idle" or self.config is None:
+            if self.run_state == "idle" or self.config is None or self.limits is None:
                 raise StateConflict("no run has started: POST /train first", stop=True)
             self.check_same_run(run_id)
-            self._touch(worker_id)
+            self.workers.require(worker_id)
             refusal = None
             if self.run_state != "running":
                 refusal = StateConflict(
                     f"run {self.run_id} is finished ({self.finish_reason})", stop=True
                 )
-            return refusal, self.config
+            return refusal, self.config, self.limits
+
+    def touch_worker(self, worker_id: str) -> None:
+        """A registered worker's valid message (its weights): it is alive."""
+        with self.lock:
+            self._touch(worker_id)
 
     def round_expectation(self) -> tuple[set[str], bool]:
         """Whom a sync round waits for: the workers `running` (one still starting has not pulled
@@ -183,9 +200,21 @@ class RunLedger:
         with self.lock:
             if self.should_stop(run_id):
                 return True
+            record = self.workers.require(worker_id)
+            self._check_stats(record, stats)
             self._touch(worker_id).take_stats(stats)
             self._finish_if_done()
             return self.run_state != "running"
+
+    def _check_stats(self, record: WorkerRecord, stats: dict[str, Any] | None) -> None:
+        claimed = (stats or {}).get("env_steps")
+        if claimed is None or self.limits is None:
+            return
+        why = self.limits.env_steps_problem(
+            claimed, record.env_steps, time.time() - record.stats_at
+        )
+        if why is not None:
+            raise Invalid(f"implausible report of worker {record.worker_id!r}: {why}")
 
     def worker_accepted(self, worker_id: str) -> None:
         """The worker accepted POST /start_worker: its silence counts from now."""
@@ -245,7 +274,7 @@ class RunLedger:
         seq: int | None = None,
     ) -> dict[str, Any]:
         """Fold one finished episode into every statistic at once (`report_rollout`)."""
-        return self.report_rollout(worker_id, [(reward, length)], None, run_id, seq)
+        return self.report_rollout(worker_id, [(reward, length)], None, run_id, seq, pushed=False)
 
     def report_rollout(
         self,
@@ -254,17 +283,28 @@ class RunLedger:
         stats: dict[str, Any] | None,
         run_id: str | None = None,
         seq: int | None = None,
+        pushed: bool = True,
     ) -> dict[str, Any]:
         """Fold the finished episodes of a rollout into every statistic at once, and take the
-        worker's statistics as a heartbeat does. Accepted in any state of the current run (an
+        worker's statistics as a heartbeat does (`pushed`: they came with a rollout's gradients,
+        so at most as many as it has steps). Raises Invalid, counting nothing, for an
+        implausible report (master/limits.py). Accepted in any state of the current run (an
         episode that ended just after the finish still happened); `stop` tells the worker
         whether to go on. A report whose `seq` this worker already used is a retry: answered like
         the first time (`duplicate: true`), counted once."""
         with self.lock:
             self.check_same_run(run_id)
-            record = self._touch(worker_id)
-            if seq is not None and not record.take_seq(seq):
+            record = self.workers.require(worker_id)
+            if seq is not None and record.seen_seq(seq):
+                self._touch(worker_id)
                 return self._duplicate_episode(record, seq)
+            why = self.limits.episodes_problem(episodes, pushed) if self.limits else None
+            if why is not None:
+                raise Invalid(f"implausible report of worker {worker_id!r}: {why}")
+            self._check_stats(record, stats)
+            self._touch(worker_id)
+            if seq is not None:
+                record.take_seq(seq)
             stats_now = self.stats
             improved = False
             for reward, length in episodes:
@@ -384,9 +424,12 @@ class RunLedger:
             self.run_state = state["run_state"]
             self.finish_reason = state.get("finish_reason")
             self.config = config
+            self.limits = RunLimits.of(config) if config is not None else None
             self._elapsed_before = elapsed_s
             self._running_since = time.monotonic() if self.run_state == "running" else None
             self.stats = Stats.from_json(state["stats"], queue)
             self.evals = Evaluations.from_json(state.get("evaluations", {}))
-            self.workers = Registry.from_json(state.get("workers", []), self.events)
+            self.workers = Registry.from_json(
+                state.get("workers", []), self.events, self.max_workers
+            )
             self.events.run_resumed(self.run_id, self.run_state, self.stats, elapsed_s)

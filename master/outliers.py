@@ -1,8 +1,8 @@
 """Refusing updates far outside the recent ones (Gorila's safeguard): one diverging worker, whose
 loss or gradient norm explodes, must not wreck the global network.
 
-The parameter server keeps a window of the last `WINDOW` accepted updates and judges each new one
-against it, once the window holds `outlier_warmup` of them:
+The parameter server keeps, for each worker, a window of its last `WINDOW` updates and judges each
+new one of that worker against it, once the window holds `outlier_warmup` of them:
 
 - the gradient norm (before clipping) by its logarithm, since norms span orders of magnitude and a
   healthy run's norms are roughly log-normal; only a norm far ABOVE the usual is refused (a small
@@ -19,6 +19,13 @@ dozen updates instead of being refused for ever. (When only accepted updates ent
 2-worker CartPole-v1 cluster had 4.5 % of its updates refused even at outlier_sigma=10.) A
 spread below a floor counts as the floor, so a window of (nearly) identical values does not turn
 every other value into an outlier. It holds no lock: the parameter server guards every call.
+
+One window per worker, not one for all: a diverging worker stands out against its own history as
+well (workers differ anyway when their exploration does), and no client can move the window that
+judges another. With one shared window, 100 pushes of zero gradients from one client pulled its
+mean so low that the next 28 honest pushes of the others were refused. A worker's pushes now move
+its own window only, and the absolute bound on every gradient (its norm at most `max_grad_norm`,
+master/params.py) holds from the first update, also while a window warms up.
 """
 
 from __future__ import annotations
@@ -102,57 +109,81 @@ def _judge(
     ), threshold
 
 
+class _Windows:
+    """One worker's windows: its gradient norms and its losses (logs of their sizes)."""
+
+    def __init__(self, log_norms: Iterable[float] = (), losses: Iterable[float] = ()) -> None:
+        self.log_norms = Window(log_norms)
+        self.losses = Window(losses)
+
+
 class OutlierFilter:
     def __init__(self) -> None:
-        self.log_norms = Window()
-        self.losses = Window()
+        self.windows: dict[str, _Windows] = {}
         self.refused = 0  # updates refused as outliers in this run
 
     def reset(self) -> None:
-        self.log_norms.clear()
-        self.losses.clear()
+        self.windows.clear()
         self.refused = 0
 
     def judge(
-        self, norm: float, loss: float | None, sigma: float | None, warmup: int
+        self, worker_id: str, norm: float, loss: float | None, sigma: float | None, warmup: int
     ) -> str | None:
-        """Why an update with this gradient norm and loss (None: not reported) is an outlier, or
-        None when it is not (or the check is off, `sigma` None, or the window still warming up).
-        A refusal is counted, and its values join the window clipped to the thresholds."""
+        """Why an update of `worker_id` with this gradient norm and loss (None: not reported) is
+        an outlier against that worker's window, or None when it is not (or the check is off,
+        `sigma` None, or the window still warming up). A refusal is counted, and its values join
+        the window clipped to the thresholds."""
         if sigma is None:
             return None
-        why, norm_seen = _judge(self.log_norms, norm, "gradient norm", sigma, warmup)
+        windows = self._of(worker_id)
+        why, norm_seen = _judge(windows.log_norms, norm, "gradient norm", sigma, warmup)
         loss_seen = None
         if loss is not None:
-            why_loss, loss_seen = _judge(self.losses, loss, "loss", sigma, warmup)
+            why_loss, loss_seen = _judge(windows.losses, loss, "loss", sigma, warmup)
             why = why or why_loss
         if why is not None:
             self.refused += 1
-            self._record(norm_seen, loss_seen)
+            self._record(windows, norm_seen, loss_seen)
         return why
 
-    def accept(self, norm: float, loss: float | None) -> None:
-        """An update was taken: it joins the window."""
-        self._record(log_norm(norm), None if loss is None else log_norm(loss))
+    def accept(self, worker_id: str, norm: float, loss: float | None) -> None:
+        """An update was taken: it joins its worker's window."""
+        self._record(
+            self._of(worker_id), log_norm(norm), None if loss is None else log_norm(loss)
+        )
 
-    def _record(self, log_norm_value: float, log_loss: float | None) -> None:
-        self.log_norms.append(log_norm_value)
+    def _of(self, worker_id: str) -> _Windows:
+        # One entry per worker of the registry (bounded by A3C_MAX_WORKERS: only registered
+        # workers get this far).
+        windows = self.windows.get(worker_id)
+        if windows is None:
+            windows = self.windows[worker_id] = _Windows()
+        return windows
+
+    @staticmethod
+    def _record(windows: _Windows, log_norm_value: float, log_loss: float | None) -> None:
+        windows.log_norms.append(log_norm_value)
         if log_loss is not None:
-            self.losses.append(log_loss)
+            windows.losses.append(log_loss)
 
     # -- persistence (with the parameter server's state) -----------------------------------------
 
     def state(self) -> dict[str, Any]:
         return {
             "updates_refused_outlier": self.refused,
-            "outlier_window": {
-                "log_norms": list(self.log_norms.values),
-                "losses": list(self.losses.values),
+            "outlier_windows": {
+                worker_id: {"log_norms": list(w.log_norms.values), "losses": list(w.losses.values)}
+                for worker_id, w in self.windows.items()
             },
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        window = state.get("outlier_window") or {}
-        self.log_norms = Window(map(float, window.get("log_norms", [])))
-        self.losses = Window(map(float, window.get("losses", [])))
+        # A folder saved with one window for all workers ("outlier_window") starts afresh: its
+        # values belong to no worker in particular.
+        self.windows = {
+            str(worker_id): _Windows(
+                map(float, w.get("log_norms", [])), map(float, w.get("losses", []))
+            )
+            for worker_id, w in (state.get("outlier_windows") or {}).items()
+        }
         self.refused = int(state.get("updates_refused_outlier", 0))

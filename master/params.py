@@ -15,9 +15,15 @@ twice: a worker numbers its updates (`X-A3C-Seq`), and the number of the last on
 worker is checked and recorded in the same critical section as the change itself (per worker, a
 window of numbers: pushes in flight may arrive out of order, master/seqwindow.py).
 
-Every gradient is screened before it is taken: not a retry, from the running run, fresh enough, and
-not an outlier (master/outliers.py). Then gradients mode applies it at once; sync mode adds it to
-the current round (master/rounds.py) and applies the round's mean when the round closes.
+Every gradient is checked when it is decoded, before anything of its push is counted (422, a
+worker may not decide these): the norm of what arrived, computed here, is at most `max_grad_norm`
+(workers clip before they send; the norm a worker reports is a hint that can only make its update
+an outlier), and its batch statistics fit (a3c_http/normalize.py `batch_problem`). Then it is
+screened: not a retry, from the running run, fresh enough, and not an outlier (master/outliers.py).
+Gradients mode applies it at once; sync mode adds it to the current round (master/rounds.py) and
+applies the round's mean when the round closes. A step that would leave a weight, a statistic or
+the optimizer's state non-finite is undone and refused (a3c_http/flatnet.py). Whole weights
+(`POST /local_model_weights`) must have sound statistics and compute finite outputs.
 """
 
 from __future__ import annotations
@@ -29,13 +35,16 @@ import time
 from typing import Any
 
 import torch
+from torch.func import functional_call
 
 from a3c_http import wire
 from a3c_http.a3c import set_learning_rate
 from a3c_http.config import TrainConfig
-from a3c_http.flatnet import FlatNetwork
+from a3c_http.flatnet import FlatNetwork, NonFiniteStep
 from a3c_http.model import ActorCritic
-from master.errors import StateConflict
+from a3c_http.normalize import statistics_problem
+from master.errors import Invalid, StateConflict
+from master.limits import RunLimits
 from master.outliers import OutlierFilter
 from master.rounds import Outcome, Round, Update
 from master.seqwindow import SeqWindow
@@ -60,6 +69,9 @@ class ParameterServer:
         self.sync_rounds = 0  # rounds applied in this run
         self.sync_gradients = 0  # gradients those rounds averaged
         self.staleness_total = 0  # versions between the weights of applied gradients and theirs
+        # sync mode: workers a round closed without at its deadline; no round waits for them
+        # until they send again (a registered but silent worker would delay every round).
+        self.absent: set[str] = set()
 
     def begin(self, config: TrainConfig, model: ActorCritic, next_version: bool) -> None:
         """Fresh weights and counters for a new run; `next_version`: an earlier run used this
@@ -77,6 +89,7 @@ class ParameterServer:
             self.outliers.reset()
             self.sync_rounds = self.sync_gradients = 0
             self.staleness_total = 0
+            self.absent = set()
 
     def _set_model(self, config: TrainConfig, model: ActorCritic, optimizer_state: Any) -> None:
         self.net = FlatNetwork(model, config, optimizer_state)
@@ -122,6 +135,11 @@ class ParameterServer:
                 self._reject("invalid")
             raise
 
+    def count_invalid(self) -> None:
+        """An update refused for what its push reported (master/limits.py)."""
+        with self.lock:
+            self._reject("invalid")
+
     def _reject(self, reason: str, n: int = 1) -> None:
         """Count `n` refused updates: invalid (a body that does not fit), stale (too old, of an
         earlier run, or in sync mode not of the current version), outlier, round (sync mode: a
@@ -143,14 +161,33 @@ class ParameterServer:
         worker_id: str,
         version: int,
         vector: torch.Tensor,
+        config: TrainConfig,
+        limits: RunLimits,
         seq: int | None = None,
         loss: float | None = None,
         norm: float | None = None,
     ) -> Update:
-        """A worker's decoded gradient vector as an update (the network sorts its gradients
-        from its batch moments when it is applied: `FlatNetwork.step`)."""
-        self._require_net()
-        return Update(worker_id, version, vector, seq, loss, norm)
+        """A worker's decoded gradient vector as an update, checked: its gradient norm at most
+        `max_grad_norm`, its batch statistics fit. Raises Invalid (counted as a refused update)
+        otherwise. The update's norm, for the outlier check, is the larger of the one reported
+        (before clipping) and the one computed here."""
+        net = self._require_net()
+        computed = net.gradient_norm(vector)
+        # clip_grad_norm_ leaves at most max_grad_norm, give or take float32's rounding.
+        bound = config.max_grad_norm * (1 + 1e-3) + 1e-6
+        if computed <= bound:
+            why = net.batch_problem(vector, limits.rollout_steps)
+        else:
+            why = (
+                f"the gradients' norm is {computed:.4g}, above max_grad_norm="
+                f"{config.max_grad_norm:g}: a worker clips its gradients to max_grad_norm before "
+                "it sends them"
+            )
+        if why is not None:
+            with self.lock:
+                self._reject("invalid")
+            raise Invalid(f"{why}; nothing applied")
+        return Update(worker_id, version, vector, seq, loss, max(norm or 0.0, computed))
 
     def set_learning_rate(self, lr: float) -> None:
         """The learning rate of the next optimizer steps (lr_schedule)."""
@@ -170,6 +207,7 @@ class ParameterServer:
             if not duplicate:
                 self._screen(update, config, refusal, sync=False)
                 self._step([update])
+                self.outliers.accept(update.worker_id, update.norm, update.loss)
         return Outcome.ready(self.weights(), duplicate)
 
     def join_round(
@@ -198,12 +236,15 @@ class ParameterServer:
                     "round): wait for the round's reply"
                 )
             self._screen(update, config, refusal, sync=True)
+            self.outliers.accept(update.worker_id, update.norm, update.loss)
+            self.absent.discard(update.worker_id)
             if current is None:
                 deadline = time.monotonic() + config.sync_timeout_s
                 current = self.round = Round(next(self._round_numbers), self.version, deadline)
             current.updates[update.worker_id] = update
+            current.expected = expected
             outcome = current.waiting(duplicate=False)
-            if current.complete(expected):
+            if current.complete(expected - self.absent):
                 self._close_round()
             return outcome
 
@@ -213,21 +254,27 @@ class ParameterServer:
         deadline passed, should every request waiting for it have gone (disconnected)."""
         with self.lock:
             current = self.round
-            if current is not None and (
-                not running or current.complete(expected) or time.monotonic() >= current.deadline
-            ):
+            if current is None:
+                return
+            current.expected = expected
+            if not running or current.complete(expected - self.absent):
                 self._close_round()
+            elif time.monotonic() >= current.deadline:
+                self._close_round(at_deadline=True)
 
     def close_round(self, number: int) -> None:
         """The deadline of round `number` passed: apply what it gathered, unless it is closed."""
         with self.lock:
             if self.round is not None and self.round.number == number:
-                self._close_round()
+                self._close_round(at_deadline=True)
 
-    def _close_round(self) -> None:
+    def _close_round(self, at_deadline: bool = False) -> None:
         """One optimizer step on the mean of the round's gradients, and every request of the
-        round gets the new weights."""
+        round gets the new weights. `at_deadline`: the workers it still waited for are absent
+        from now on, until they send."""
         current, self.round = self.round, None
+        if at_deadline:
+            self.absent |= current.expected - current.updates.keys()
         try:
             self._step(list(current.updates.values()))
             self.sync_rounds += 1
@@ -246,22 +293,25 @@ class ParameterServer:
     def _screen(
         self, update: Update, config: TrainConfig, refusal: StateConflict | None, sync: bool
     ) -> None:
-        """Refuse what must not be applied; an update that passes joins the outlier window."""
+        """Refuse what must not be applied: a finished run's, a stale or an outlier update."""
         if refusal is not None:
             raise refusal
         self._check_fresh(update.version, config.max_staleness, sync)
-        norm = update.norm
-        if norm is None:  # a client that does not report it: judge what arrived
-            norm = float(torch.linalg.vector_norm(self._require_net().gradient(update.vector)))
-        why = self.outliers.judge(norm, update.loss, config.outlier_sigma, config.outlier_warmup)
+        why = self.outliers.judge(
+            update.worker_id, update.norm, update.loss, config.outlier_sigma, config.outlier_warmup
+        )
         if why is not None:
             self._reject("outlier")
             raise StateConflict(f"{why}; nothing applied: pull the weights and go on")
-        self.outliers.accept(norm, update.loss)
 
     def _step(self, updates: list[Update]) -> None:
-        """One optimizer step on the mean of the updates' gradients; the version rises once."""
-        self._require_net().step([u.vector for u in updates])
+        """One optimizer step on the mean of the updates' gradients; the version rises once. A
+        step that would leave anything non-finite is undone and refused (StateConflict)."""
+        try:
+            self._require_net().step([u.vector for u in updates])
+        except NonFiniteStep as exc:
+            self._reject("invalid", len(updates))
+            raise StateConflict(f"{exc}: pull the weights and go on") from None
         self.staleness_total += sum(self.version - u.version for u in updates)
         self.version += 1
         self.updates_applied += len(updates)
@@ -288,14 +338,24 @@ class ParameterServer:
     def put_weights(
         self,
         worker_id: str,
-        tensors: dict[str, torch.Tensor],
-        body: bytes,
+        vector: torch.Tensor,
         temporary: bool,
         seq: int | None,
         refusal: StateConflict | None,
     ) -> tuple[int, bool]:
-        """A worker's weights: its temporary slot, or (temporary=False) the new global weights.
-        Returns the model version and whether this was a retry of weights already taken."""
+        """A worker's weights (a decoded vector): its temporary slot, or (temporary=False) the new
+        global weights. Returns the model version and whether this was a retry of weights
+        already taken. Raises Invalid for global weights that cannot be used (`weights_problem`).
+        A slot keeps the weights as this master encodes them: the size of the model, whatever
+        metadata the body carried."""
+        net = self._require_net()
+        if not temporary:
+            why = self.weights_problem(vector)
+            if why is not None:
+                with self.lock:
+                    self._reject("invalid")
+                raise Invalid(f"these weights cannot become the global weights: {why}")
+        body = net.layout.encode(vector) if temporary else b""
         with self.lock:
             # A temporary slot is simply overwritten, so a retry of it is harmless as it is.
             duplicate = not temporary and self._seen(worker_id, seq)
@@ -305,7 +365,7 @@ class ParameterServer:
                 self.temporary[worker_id] = body
                 self.temporary_revision += 1
             elif not duplicate:
-                self._require_net().model.load_state_dict(tensors)
+                net.flat.copy_(vector)
                 self._abandon_round(
                     StateConflict(
                         f"worker {worker_id} replaced the global weights while this round "
@@ -316,6 +376,25 @@ class ParameterServer:
                 self.updates_applied += 1
                 self._taken(worker_id, seq)
             return self.version, duplicate
+
+    def weights_problem(self, vector: torch.Tensor) -> str | None:
+        """What makes a weights vector unusable as the global weights, or None: negative counts
+        or variances in its statistics, or non-finite outputs for plain observations (zeros and
+        +-1: weights so large that the network overflows, e.g. 3e38 everywhere)."""
+        net = self._require_net()
+        tensors = net.layout.views(vector)
+        model = net.model
+        probe = torch.zeros(3, model.obs_dim)
+        probe[1], probe[2] = 1.0, -1.0
+        why = statistics_problem(model, tensors)
+        if why is not None:
+            return why
+        with torch.no_grad():
+            dist, value = functional_call(model, tensors, (probe,))
+            outputs = dist.logits if model.discrete else dist.mean
+        if not bool(torch.isfinite(outputs).all() and torch.isfinite(value).all()):
+            return "the network's outputs for plain observations are not finite"
+        return None
 
     def counters(self) -> dict[str, Any]:
         with self.lock:

@@ -48,28 +48,34 @@ class WorkerRecord:
     # The exploration settings the master derived for it and sent in POST /start_worker
     # (a3c_http/exploration.py); None for a worker the master did not start.
     exploration: dict[str, float] | None = None
+    # When `env_steps` was last reported (wall clock): how fast it may grow (master/limits.py).
+    stats_at: float = 0.0
 
-    def take_seq(self, seq: int) -> bool:
-        """Record episode-report number `seq`; False when it was taken before (a retry)."""
+    def seen_seq(self, seq: int) -> bool:
+        """Episode-report number `seq` was taken before (this is a retry)."""
+        return SeqWindow(self.last_seq, self.seq_mask).seen(seq)
+
+    def take_seq(self, seq: int) -> None:
+        """Record episode-report number `seq` as taken."""
         window = SeqWindow(self.last_seq, self.seq_mask)
-        if window.seen(seq):
-            return False
         window.add(seq)
         self.last_seq, self.seq_mask = window.high, window.mask
-        return True
 
     def take_stats(self, stats: dict[str, Any]) -> None:
-        """What a heartbeat (or a gradient push) says of the worker's progress."""
+        """What a heartbeat (or a gradient push) says of the worker's progress (judged
+        plausible by the caller)."""
         for key in ("steps_per_s", "last_reward", "metrics", "env_steps"):
             if stats.get(key) is not None:
                 setattr(self, key, stats[key])
+        if stats.get("env_steps") is not None:
+            self.stats_at = time.time()
 
     def steps_in_progress(self) -> int:
         return max(0, self.env_steps - self.steps)
 
     def public(self, now: float) -> dict[str, Any]:
         out = asdict(self)
-        del out["last_seen"], out["launching"], out["seq_mask"]
+        del out["last_seen"], out["launching"], out["seq_mask"], out["stats_at"]
         out["last_seen_s"] = round(max(0.0, now - self.last_seen), 3)
         return out
 

@@ -11,17 +11,30 @@ from typing import Any
 
 from a3c_http.config import TrainConfig
 from a3c_http.exploration import derive
+from master.errors import NotRegistered, StateConflict
 from master.events import RunEvents
 from master.records import ACTIVE, WorkerRecord
 
+# The most workers one run's registry holds (A3C_MAX_WORKERS): 20,000 registrations of fresh ids
+# once made /status 43 MB and kept an idle master at a quarter of a core.
+DEFAULT_MAX_WORKERS = 1024
+
 
 class Registry:
-    def __init__(self, events: RunEvents, records: dict[str, WorkerRecord] | None = None) -> None:
+    def __init__(
+        self,
+        events: RunEvents,
+        records: dict[str, WorkerRecord] | None = None,
+        max_workers: int = DEFAULT_MAX_WORKERS,
+    ) -> None:
         self.events = events
         self.records = records or {}
+        self.max_workers = max_workers
 
     @classmethod
-    def launching(cls, worker_urls: list[str], config: TrainConfig, events: RunEvents) -> Registry:
+    def launching(
+        cls, worker_urls: list[str], config: TrainConfig, events: RunEvents, max_workers: int
+    ) -> Registry:
         """The workers the master is about to start, `w1`, `w2`, ... in the order of the URLs,
         each with the exploration settings of its place in that order."""
         now = time.time()
@@ -36,21 +49,33 @@ class Registry:
                     now,
                     launching=True,
                     exploration=derive(config, i - 1, count).model_dump(),
+                    stats_at=now,
                 )
                 for i, url in enumerate(worker_urls, start=1)
             },
+            max_workers,
         )
 
     def get(self, worker_id: str) -> WorkerRecord | None:
         return self.records.get(worker_id)
 
-    def touch(self, worker_id: str, running: bool, url: str | None = None) -> WorkerRecord:
-        """Note that a worker was heard from. Only a running run brings a worker (back) to
-        `running`; after the end a late message must not make the run look busy again."""
+    def require(self, worker_id: str) -> WorkerRecord:
+        """The record of a registered worker; NotRegistered for an id the registry does not
+        hold."""
         record = self.records.get(worker_id)
         if record is None:
-            record = WorkerRecord(worker_id, url, "running" if running else "done", time.time())
-            self.records[worker_id] = record
+            raise NotRegistered(
+                f"worker {worker_id!r} is not registered in this run: a worker registers with "
+                "POST /worker_started (a worker the master starts is registered by POST /train)",
+                stop=True,
+            )
+        return record
+
+    def touch(self, worker_id: str, running: bool, url: str | None = None) -> WorkerRecord:
+        """Note that a registered worker was heard from (NotRegistered for another id). Only a
+        running run brings a worker (back) to `running`; after the end a late message must not
+        make the run look busy again."""
+        record = self.require(worker_id)
         record.last_seen = time.time()
         if url:
             record.url = url
@@ -61,8 +86,17 @@ class Registry:
         return record
 
     def register(self, worker_id: str, url: str | None, running: bool) -> None:
-        """An explicit registration (POST /worker_started): the worker runs, in any state."""
+        """An explicit registration (POST /worker_started): the worker runs, in any state. A new
+        id needs room in the registry (`max_workers`)."""
         was = self.records[worker_id].state if worker_id in self.records else None
+        if was is None:
+            if len(self.records) >= self.max_workers:
+                raise StateConflict(
+                    f"this run's registry is full: it holds {len(self.records)} workers "
+                    "(A3C_MAX_WORKERS on the master), so no new worker id can join"
+                )
+            now = time.time()
+            self.records[worker_id] = WorkerRecord(worker_id, url, "running", now, stats_at=now)
         record = self.touch(worker_id, running, url)
         record.state = "running"
         record.error = None
@@ -120,14 +154,18 @@ class Registry:
         return [asdict(r) for r in self.records.values()]
 
     @classmethod
-    def from_json(cls, data: list[dict[str, Any]], events: RunEvents) -> Registry:
-        """The registry of a resumed run: every active worker gets a full timeout to come back."""
+    def from_json(
+        cls, data: list[dict[str, Any]], events: RunEvents, max_workers: int
+    ) -> Registry:
+        """The registry of a resumed run: every active worker gets a full timeout to come back
+        (and its env steps count from now)."""
         now = time.time()
         records = {}
         for item in data:
             record = WorkerRecord(**item)
             record.launching = False  # a launch does not survive the process that made it
+            record.stats_at = now
             if record.state in ACTIVE:
                 record.last_seen = now
             records[record.worker_id] = record
-        return cls(events, records)
+        return cls(events, records, max_workers)

@@ -3,7 +3,9 @@
 In sync mode the parameter server (master/params.py) gathers, for the current version, one
 gradient from each running worker; when every one has sent (or `sync_timeout_s` has passed since
 the round's first gradient) it applies their mean in one optimizer step, the version rises once,
-and every request of the round is answered with the same new weights.
+and every request of the round is answered with the same new weights. A worker the round closed
+without at its deadline is not waited for again until it sends: one registered but silent worker
+used to make every round wait out `sync_timeout_s`.
 
 A waiting request holds no thread: the route awaits the round's outcome on the event loop
 (`settle`), so hundreds of workers cannot exhaust the threadpool. When the deadline passes before
@@ -66,6 +68,9 @@ class Round:
     deadline: float  # time.monotonic()
     updates: dict[str, Update] = field(default_factory=dict)
     outcome: Future[Weights] = field(default_factory=Future)
+    # The running workers when the round was last looked at: those it closes without at its
+    # deadline are absent from the next rounds until they send (master/params.py).
+    expected: set[str] = field(default_factory=set)
 
     def waiting(self, duplicate: bool) -> Outcome:
         return Outcome(self.outcome, duplicate, self.number, self.deadline)

@@ -92,7 +92,7 @@ def metrics(request: Request) -> Response:
     return Response(request.app.state.metrics.exposition(), media_type=METRICS_TYPE)
 
 
-@router.post("/heartbeat", responses=JSON_BODY)
+@router.post("/heartbeat", responses={**JSON_BODY, **OTHER_RUN})
 def heartbeat(body: HeartbeatIn, state: State) -> dict[str, Any]:
     stats = body.model_dump(exclude={"worker_id", "run_id"})
     return {"data": {"stop": state.heartbeat(body.worker_id, stats, body.run_id)}}

@@ -74,7 +74,13 @@ def global_model_weights(
 
 @router.post(
     "/local_model_weights",
-    responses={**BINARY_BODY, **conflict("no run is running, or `X-Run-Id` names an earlier run")},
+    responses={
+        **BINARY_BODY,
+        **conflict(
+            "no run is running, `X-Run-Id` names an earlier run, or `worker_id` is not "
+            "registered in the run"
+        ),
+    },
     openapi_extra={"requestBody": {"required": True, **_TENSOR_BODY}},
 )
 async def local_model_weights(
@@ -99,10 +105,12 @@ async def local_model_weights(
         200: _TENSOR_BODY,
         **BINARY_BODY,
         **conflict(
-            "no run is running, `X-Run-Id` names another run, the gradients are more than "
-            "`max_staleness` versions old (in sync mode: not of the current version, or a second "
-            "push of the worker in the round), or their norm or loss is an outlier "
-            "(`outlier_sigma`); nothing applied"
+            "no run is running, `X-Run-Id` names another run, `X-Worker-Id` is not registered "
+            "in the run, the gradients are more than `max_staleness` versions old (in sync "
+            "mode: not of the current version, or a second push of the worker in the round), "
+            "or their norm or loss is an outlier "
+            "(`outlier_sigma`), or the step would have made the weights or the optimizer's state "
+            "non-finite (undone); nothing applied"
         ),
     },
     openapi_extra={"requestBody": {"required": True, **_TENSOR_BODY}},

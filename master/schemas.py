@@ -16,8 +16,11 @@ from a3c_http.service import conflict
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 WorkerId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/-]+$")]
 RunId = Annotated[str | None, Field(None, max_length=64)]
-# The 409 of the worker messages that carry a `run_id`.
-OTHER_RUN = conflict("`run_id` names another run than the current one")
+# The 409 of the worker messages: they carry a `run_id`, and only registered workers send them.
+OTHER_RUN = conflict(
+    "`run_id` names another run than the current one, or `worker_id` is not registered in the "
+    "run (POST /worker_started); `X-A3C-Stop: 1` tells the worker to stop"
+)
 # X-A3C-Seq: a worker's own rising number for its episode reports, gradients and weights; a retry
 # keeps the number of its first attempt, so the master never counts it twice.
 # Optional (the routes default it to None), but never null: the schema says integer.

@@ -32,7 +32,7 @@ from a3c_http.model import model_for
 from a3c_http.protocol import ROLLOUT_METADATA
 from a3c_http.service import describe_error
 from a3c_http.store import RunStore
-from master.errors import StateConflict
+from master.errors import Invalid, StateConflict
 from master.evaluator import Evaluator
 from master.ledger import RunLedger
 from master.params import ParameterServer
@@ -83,7 +83,7 @@ class ClusterState:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.store = RunStore.acquire(settings.run_dir)
-        self.ledger = RunLedger(settings.queue_max)
+        self.ledger = RunLedger(settings.queue_max, settings.max_workers)
         self.params = ParameterServer()
         self.persister = Persister(self.store, self.ledger, self.params)
         # Started and closed by the app's lifespan (master/app.py).
@@ -200,18 +200,26 @@ class ClusterState:
         (master/schemas.py RolloutReport), counted first, whatever becomes of the gradients.
         Returns the outcome (master/rounds.py `settle`: the new weights, their version and
         whether the request was a retry of gradients taken already) and the run's figures as
-        `POST /episode` answers them. Raises StateConflict (stale, an outlier, or no running
-        run) or WireError; no gradient is taken then."""
-        refusal, config = self.ledger.admit_update(worker_id, run_id)
+        `POST /episode` answers them. Raises StateConflict (stale, an outlier, no running run,
+        or a worker that is not registered) or WireError; no gradient is taken then, and for an
+        Invalid (an implausible report, gradients beyond their bound) or a WireError nothing at
+        all is counted, and the worker is not taken to be alive."""
+        refusal, config, limits = self.ledger.admit_update(worker_id, run_id)
         vector, metadata = self.params.decode(body)
         report = rollout_report(metadata)
-        episodes, stats = (report.episodes, report.stats) if report else ([], None)
-        figures = self._saving_a_finish(
-            self.ledger.report_rollout(
-                worker_id, episodes, stats.model_dump() if stats else None, run_id, seq
-            )
+        update = self.params.update_of(
+            worker_id, version, vector, config, limits, seq, loss, norm
         )
-        update = self.params.update_of(worker_id, version, vector, seq, loss, norm)
+        episodes, stats = (report.episodes, report.stats) if report else ([], None)
+        try:
+            figures = self._saving_a_finish(
+                self.ledger.report_rollout(
+                    worker_id, episodes, stats.model_dump() if stats else None, run_id, seq
+                )
+            )
+        except Invalid:
+            self.params.count_invalid()
+            raise
         if config.lr_schedule != "constant":  # a constant rate is the optimizer's own
             self.params.set_learning_rate(learning_rate(config, self.ledger.env_steps()))
         if config.sync_mode == "sync":
@@ -233,12 +241,10 @@ class ClusterState:
     ) -> tuple[int, bool]:
         """A worker's weights: its temporary slot, or (temporary=False) the new global weights.
         Returns the model version and whether this was a retry of weights already taken."""
-        refusal, _ = self.ledger.admit_update(worker_id, run_id)
+        refusal, _, _ = self.ledger.admit_update(worker_id, run_id)
         vector, _ = self.params.decode(body)
-        tensors = self.params.net.layout.views(vector)
-        version, duplicate = self.params.put_weights(
-            worker_id, tensors, body, temporary, seq, refusal
-        )
+        version, duplicate = self.params.put_weights(worker_id, vector, temporary, seq, refusal)
+        self.ledger.touch_worker(worker_id)
         if duplicate:
             self.ledger.count_duplicate(worker_id)
         return version, duplicate

@@ -82,6 +82,7 @@ def main() -> None:
                 timed(lambda: wire.decode(wire.encode(grads), spec), args.n),
             )
             with MasterClient(cluster.master.url, run_id=run_id) as client:
+                client.worker_started("bench", None)  # only registered workers take part
                 report("GET /healthz", timed(client.healthz, args.n))
                 report("POST /episode", timed(lambda: client.episode("bench", 10.0, 10), args.n))
                 report("GET /global_model_weights", timed(lambda: client.get_weights(spec), args.n))

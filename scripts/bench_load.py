@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import math
 import signal
 import statistics
@@ -54,14 +55,15 @@ class Body:
 
 def ready_bodies(layout: wire.Layout, count: int = 8, seed: int = 0) -> list[Body]:
     """`count` gradient bodies of the model's shape with random values, in the layout a worker
-    sends (a3c_http/wire.py `Layout`), whose norms (about 0.5, the default clipping) and losses
-    (about 1) vary by about 10 % from one to the next: the master's outlier check judges them
-    against a window with some spread, as in a real run, and refuses none."""
+    sends (a3c_http/wire.py `Layout`), whose norms (about 0.4, never above the default clipping
+    of 0.5, as the master insists) and losses (about 1) vary by about 10 % from one to the next:
+    the master's outlier check judges them against a window with some spread, as in a real run,
+    and refuses none."""
     gen = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(count):
         tensors = {name: torch.randn(shape, generator=gen) for name, shape in layout.spec.items()}
-        norm = 0.5 * math.exp(0.1 * torch.randn((), generator=gen).item())
+        norm = min(0.5, 0.4 * math.exp(0.1 * torch.randn((), generator=gen).item()))
         total = math.sqrt(sum(float(t.pow(2).sum()) for t in tensors.values()))
         tensors = {name: t * (norm / total) for name, t in tensors.items()}
         loss = math.exp(0.1 * torch.randn((), generator=gen).item())
@@ -153,6 +155,17 @@ async def _level(
         writer = None
         try:
             reader, writer = await asyncio.open_connection(host, port)
+            # Only registered workers take part: each registers as a worker does.
+            hello = json.dumps({"worker_id": f"{tag}-{index}", "run_id": run_id}).encode()
+            writer.write(
+                f"POST /worker_started HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(hello)}\r\n\r\n".encode()
+                + hello
+            )
+            status, _ = await asyncio.wait_for(_reply(reader), REPLY_TIMEOUT_S)
+            if status != 200:
+                level.errors[f"register {status}"] += 1
+                return
             for seq in itertools.count(1):
                 if stop.is_set():
                     return

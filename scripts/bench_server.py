@@ -142,6 +142,7 @@ def wire_figures(reps: int) -> dict:
                                       "rollout/ep_rew_mean": 21.3, "time/fps": 4123.4}},
             }
             with MasterClient(proxy.url, run_id=run_id) as client:
+                client.worker_started("bench-wire", None)
                 version = cluster.status()["model_version"]
                 push = ("bench-wire", version, grads, layout)
                 extra = {"loss": loss, "grad_norm": norm, "report": report}

@@ -72,6 +72,14 @@ def ones_like(tensors: dict[str, torch.Tensor], value: float = 1.0) -> dict[str,
     return {name: torch.full_like(t, value) for name, t in tensors.items()}
 
 
+def gradients_like(
+    tensors: dict[str, torch.Tensor], value: float = 1e-3
+) -> dict[str, torch.Tensor]:
+    """Gradients of one value everywhere, small enough that their norm is within the default
+    max_grad_norm (0.5) for the default model (9,155 parameters: 1e-3 gives a norm of 0.1)."""
+    return ones_like(tensors, value)
+
+
 def episode(c: TestClient, reward: float, length: int = 10, worker_id: str = "w1"):
     r = c.post("/episode", json={"worker_id": worker_id, "reward": reward, "length": length})
     assert r.status_code == 200, r.text

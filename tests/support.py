@@ -52,7 +52,7 @@ def master_running(tmp_path: Path, workers: int = 2, **config: Any) -> Iterator[
     with TestClient(create_app(settings), client=("127.0.0.1", 50000)) as c:
         urls = [f"http://127.0.0.1:{9001 + i}" for i in range(workers)]
         _, worker_ids = c.app.state.cluster.start_run(
-            TrainConfig(seed=1, max_steps=None, **config), urls
+            TrainConfig(**{"seed": 1, "max_steps": None, **config}), urls
         )
         for worker_id in worker_ids:
             r = c.post("/worker_started", json={"worker_id": worker_id})

@@ -155,7 +155,8 @@ def state(tmp_path: Path) -> Iterator[ClusterState]:
 
 def push(state: ClusterState, n: int) -> int:
     """Apply `n` gradients; the model version after them."""
-    grads = wire.encode({name: torch.ones(shape) for name, shape in state.params.spec.items()})
+    spec = state.params.spec
+    grads = wire.encode({name: torch.full(shape, 1e-3) for name, shape in spec.items()})
     for _ in range(n):
         state.apply_gradients("w1", state.params.version, grads)
     return state.params.version
@@ -273,7 +274,7 @@ def test_the_master_evaluates_while_it_trains_and_keeps_the_evaluations(
             "evaluations": 0,
         }
         weights = st_load(c.get("/global_model_weights").content)
-        grads = wire.encode({name: torch.ones_like(t) for name, t in weights.items()})
+        grads = wire.encode({name: torch.full_like(t, 1e-3) for name, t in weights.items()})
         for version in (0, 1):
             headers = {**OCTET, "X-Worker-Id": "w1", "X-Model-Version": str(version)}
             assert c.post("/gradients", content=grads, headers=headers).status_code == 200

@@ -93,7 +93,7 @@ def test_sigterm_and_stop_persist_everything(
     reply = c.post("/local_model_weights?worker_id=w1&temporary=false", content=st_save(new),
                    headers=OCTET)
     assert reply.status_code == 200, reply.text
-    grads = st_save({k: torch.full_like(v, 0.01) for k, v in good.items()})
+    grads = st_save({k: torch.full_like(v, 1e-3) for k, v in good.items()})
     version = c.get("/global_model_weights").headers["X-Model-Version"]
     gradient = {**OCTET, "X-Worker-Id": "w1", "X-Model-Version": version}
     assert c.post("/gradients", content=grads, headers=gradient).status_code == 200
@@ -158,8 +158,13 @@ def test_concurrent_clients_lose_no_update(quiet: ServiceProcess, quiet_run: htt
     def client() -> httpx.Client:
         return httpx.Client(base_url=quiet.url, headers=AUTH, timeout=60, trust_env=False)
 
+    def register(own: httpx.Client, worker_id: str) -> None:
+        # Only registered workers report and push.
+        assert own.post("/worker_started", json={"worker_id": worker_id}).status_code == 200
+
     def reporter(t: int) -> None:
         with client() as own:
+            register(own, f"load{t}")
             for i in range(per_thread):
                 reply = own.post(
                     "/episode",
@@ -171,6 +176,7 @@ def test_concurrent_clients_lose_no_update(quiet: ServiceProcess, quiet_run: htt
     def pusher(t: int) -> None:
         version = first_version
         with client() as own:
+            register(own, f"push{t}")
             for i in range(25):
                 headers = {**OCTET, "X-Worker-Id": f"push{t}", "X-Model-Version": str(version),
                            "X-A3C-Seq": str(i + 1)}

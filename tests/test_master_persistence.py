@@ -15,9 +15,9 @@ from master.state import VERSIONS_SKIPPED_AFTER_A_CRASH, ClusterState, StateConf
 from tests.master_api_support import _clean_env as _clean_env
 from tests.master_api_support import (
     episode,
+    gradients_like,
     make_settings,
     master,
-    ones_like,
     push_gradients,
     start_run,
     status,
@@ -34,7 +34,7 @@ def test_a_new_master_resumes_the_run(tmp_path: Path, launched: list) -> None:
         for reward, length in ((10.0, 12), (30.0, 25), (20.0, 9)):
             episode(c, reward, length)
         tensors, version, _ = weights(c)
-        assert push_gradients(c, wire.encode(ones_like(tensors)), version).status_code == 200
+        assert push_gradients(c, wire.encode(gradients_like(tensors)), version).status_code == 200
         c.get("/queue")  # pop the oldest, so the FIFO no longer matches the episodes
         before = status(c)
         _, before_version, before_body = weights(c)
@@ -75,7 +75,7 @@ def test_a_new_master_resumes_the_run(tmp_path: Path, launched: list) -> None:
         # The resumed run goes on: counters and versions continue from where they were.
         assert episode(c, 5.0)["global_episode"] == 4
         tensors = st_load(body)
-        r = push_gradients(c, wire.encode(ones_like(tensors)), version)
+        r = push_gradients(c, wire.encode(gradients_like(tensors)), version)
         assert r.status_code == 200
         assert r.headers["X-Model-Version"] == str(version + 1)
 
@@ -89,7 +89,7 @@ def test_a_master_resumed_after_a_crash_never_reuses_a_version(tmp_path: Path) -
     crashed = ClusterState(settings)
     crashed.start_run(TrainConfig(seed=1), ["http://127.0.0.1:9"])
     params = crashed.params
-    grads = wire.encode(ones_like(wire.decode(params.weights()[0], params.spec)))
+    grads = wire.encode(gradients_like(wire.decode(params.weights()[0], params.spec)))
     crashed.apply_gradients("w1", 0, grads)
     crashed.persist()  # a periodic save; then more versions, lost with the crash
     saved, _ = params.weights()

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from a3c_http import wire
 from tests.master_api_support import (
     OCTET,
+    gradients_like,
     make_settings,
     master,
     ones_like,
@@ -60,7 +61,7 @@ def test_a_retried_episode_is_counted_once(running: TestClient) -> None:
 
 def test_a_retried_gradient_is_applied_once(running: TestClient) -> None:
     tensors, version, _ = weights(running)
-    body = wire.encode(ones_like(tensors))
+    body = wire.encode(gradients_like(tensors))
     headers = {**OCTET, "X-Worker-Id": "w1", "X-Model-Version": str(version), "X-A3C-Seq": "5"}
     first = running.post("/gradients", content=body, headers=headers)
     assert first.status_code == 200 and "X-A3C-Duplicate" not in first.headers
@@ -80,7 +81,7 @@ def test_a_retried_gradient_is_applied_once(running: TestClient) -> None:
 
 def test_a_retry_after_the_finish_still_learns_its_update_was_taken(running: TestClient) -> None:
     tensors, version, _ = weights(running)
-    body = wire.encode(ones_like(tensors))
+    body = wire.encode(gradients_like(tensors))
     headers = {**OCTET, "X-Worker-Id": "w1", "X-Model-Version": str(version), "X-A3C-Seq": "1"}
     assert running.post("/gradients", content=body, headers=headers).status_code == 200
     assert running.post("/stop").status_code == 200
@@ -94,7 +95,7 @@ def test_a_retry_after_the_finish_still_learns_its_update_was_taken(running: Tes
 def test_a_retried_stale_gradient_is_refused_again(client: TestClient, launched: list) -> None:
     start_run(client, max_staleness=0)
     tensors, _, _ = weights(client)
-    body = wire.encode(ones_like(tensors))
+    body = wire.encode(gradients_like(tensors))
     headers = {**OCTET, "X-Worker-Id": "w1", "X-Model-Version": "0"}
     assert client.post("/gradients", content=body, headers=headers).status_code == 200
     stale = {**headers, "X-A3C-Seq": "2"}
@@ -140,7 +141,7 @@ def test_sequence_numbers_survive_a_restart(tmp_path: Path, launched: list) -> N
         assert seq_episode(c, 1, 10.0).status_code == 200
         tensors, version, _ = weights(c)
         headers = {**OCTET, "X-Worker-Id": "w1", "X-Model-Version": str(version), "X-A3C-Seq": "2"}
-        body = wire.encode(ones_like(tensors))
+        body = wire.encode(gradients_like(tensors))
         assert c.post("/gradients", content=body, headers=headers).status_code == 200
     with master(settings) as c:
         assert seq_episode(c, 1, 10.0).json()["data"]["duplicate"] is True

@@ -18,9 +18,9 @@ from tests.master_api_support import (
     TRAIN,
     WORKERS,
     episode,
+    gradients_like,
     make_settings,
     master,
-    ones_like,
     push_gradients,
     start_run,
     status,
@@ -190,7 +190,7 @@ def test_the_body_limit_check_is_exact(
         # Weights of exactly the limit go through, as will their gradients.
         tensors, version, body = weights(c)
         assert len(body) == size
-        r = push_gradients(c, st_save(ones_like(tensors, 0.001)), version)
+        r = push_gradients(c, st_save(gradients_like(tensors)), version)
         assert r.status_code == 200, r.text
 
 
@@ -236,7 +236,7 @@ def test_a_new_run_after_stop_starts_fresh(running: TestClient) -> None:
     first = status(running)["run_id"]
     episode(running, 5.0)
     tensors, version, _ = weights(running)
-    assert push_gradients(running, wire.encode(ones_like(tensors)), version).status_code == 200
+    assert push_gradients(running, wire.encode(gradients_like(tensors)), version).status_code == 200
     running.post("/stop")
     second = start_run(running)["run_id"]
     assert second != first

@@ -11,6 +11,7 @@ from safetensors.torch import load as st_load
 from a3c_http import wire
 from tests.master_api_support import (
     OCTET,
+    gradients_like,
     ones_like,
     push_gradients,
     start_run,
@@ -44,7 +45,7 @@ def test_global_model_weights_and_if_none_match(running: TestClient) -> None:
 
 def test_gradients_apply_and_answer_new_weights(running: TestClient) -> None:
     before, version, _ = weights(running)
-    r = push_gradients(running, wire.encode(ones_like(before)), version)
+    r = push_gradients(running, wire.encode(gradients_like(before)), version)
     assert r.status_code == 200, r.text
     assert int(r.headers["X-Model-Version"]) == version + 1
     answered = st_load(r.content)
@@ -64,7 +65,7 @@ def test_gradients_apply_and_answer_new_weights(running: TestClient) -> None:
 def test_stale_gradients_are_409(client: TestClient, launched: list) -> None:
     start_run(client, max_staleness=1)
     tensors, _, _ = weights(client)
-    grads = wire.encode(ones_like(tensors, 0.1))
+    grads = wire.encode(gradients_like(tensors))
     assert push_gradients(client, grads, 0).status_code == 200
     assert push_gradients(client, grads, 0).status_code == 200  # 1 version old: allowed
     _, version, body = weights(client)

@@ -185,15 +185,6 @@ def test_episode_stops_the_run_at_max_episodes(client: TestClient, launched: lis
     assert client.post("/heartbeat", json={"worker_id": "w1"}).json()["data"]["stop"] is True
 
 
-def test_episode_without_a_run_folds_the_counters(client: TestClient) -> None:
-    r = client.post("/episode", json={"worker_id": "w1", "reward": 7.0, "length": 3})
-    assert r.status_code == 200
-    data = r.json()["data"]
-    assert data["global_episode"] == 1 and data["best_score"] == 7.0 and data["stop"] is True
-    s = status(client)
-    assert s["global_episode"] == 1 and s["global_steps"] == 3 and s["state"] == "idle"
-
-
 class Clock:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         import master.ledger

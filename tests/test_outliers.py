@@ -15,12 +15,14 @@ import torch
 from a3c_http import wire
 from a3c_http.config import TrainConfig
 from a3c_http.model import model_for
-from master.errors import StateConflict
+from master.errors import Invalid, StateConflict
+from master.limits import RunLimits
 from master.outliers import WINDOW, Window
 from master.params import ParameterServer
 from tests.support import OCTET, master_running, snapshot
 
 CONFIG = TrainConfig(seed=1, max_steps=None)
+LIMITS = RunLimits.of(CONFIG)
 
 
 def server(config: TrainConfig = CONFIG) -> ParameterServer:
@@ -29,8 +31,9 @@ def server(config: TrainConfig = CONFIG) -> ParameterServer:
     return params
 
 
-def grads_of(params: ParameterServer, scale: float = 0.01) -> torch.Tensor:
-    """A gradient vector as a decoded body is (a3c_http/flatnet.py)."""
+def grads_of(params: ParameterServer, scale: float = 1e-3) -> torch.Tensor:
+    """A gradient vector as a decoded body is (a3c_http/flatnet.py); the default scale gives a
+    norm of 0.1, within max_grad_norm (0.5)."""
     return torch.full((params.net.layout.numel,), scale)
 
 
@@ -39,17 +42,25 @@ def push(
     norm: float | None,
     loss: float | None = None,
     config: TrainConfig = CONFIG,
-    scale: float = 0.01,
+    scale: float = 1e-3,
+    worker: str = "w1",
 ):
-    update = params.update_of("w1", params.version, grads_of(params, scale), loss=loss, norm=norm)
+    vector = grads_of(params, scale)
+    update = params.update_of(worker, params.version, vector, config, LIMITS, loss=loss, norm=norm)
     return params.apply_gradients(update, config, refusal=None)
 
 
-def steady(params: ParameterServer, n: int, config: TrainConfig = CONFIG, seed: int = 0) -> None:
+def steady(
+    params: ParameterServer,
+    n: int,
+    config: TrainConfig = CONFIG,
+    seed: int = 0,
+    worker: str = "w1",
+) -> None:
     """`n` updates as a healthy run sends them: log-normal norms, losses spread around 1."""
     rng = random.Random(seed)
     for _ in range(n):
-        push(params, math.exp(rng.gauss(0.0, 0.5)), rng.gauss(1.0, 0.3), config)
+        push(params, math.exp(rng.gauss(0.0, 0.5)), rng.gauss(1.0, 0.3), config, worker=worker)
 
 
 def test_a_steady_stream_is_accepted() -> None:
@@ -121,12 +132,44 @@ def test_the_check_is_off_when_outlier_sigma_is_none() -> None:
     assert (counters["updates_applied"], counters["updates_refused_outlier"]) == (61, 0)
 
 
-def test_without_a_reported_norm_the_received_gradients_are_judged() -> None:
+def test_the_norm_judged_is_the_larger_of_the_reported_and_the_received() -> None:
+    # The reported norm (before clipping) is a hint: it can make an update an outlier, never hide
+    # one. A client that reports nothing, or a tiny norm, is judged on what arrived.
     params = server()
     for _ in range(60):
-        push(params, None, scale=0.01)
-    with pytest.raises(StateConflict, match="gradient norm"):
-        push(params, None, scale=10.0)
+        push(params, None, scale=1e-5)  # a received norm of 1e-3
+    for reported in (None, 1e-6):
+        with pytest.raises(StateConflict, match="gradient norm"):
+            push(params, reported, scale=5e-3)  # 0.48: within max_grad_norm, 500 times the usual
+
+
+def test_gradients_beyond_max_grad_norm_are_refused_from_the_first_update() -> None:
+    """Workers clip to max_grad_norm before they send, so more is not a gradient of theirs: it is
+    refused whatever norm is reported, before any window exists (3e38 everywhere once made
+    RMSprop's state infinite and froze the run)."""
+    params = server()
+    before = params.weights()
+    for scale in (3e38, 0.01):  # a norm of inf in float32, and of 0.96
+        with pytest.raises(Invalid, match="above max_grad_norm=0.5"):
+            push(params, 0.05, 1.0, scale=scale)
+    assert params.weights() == before
+    counters = params.counters()
+    assert counters["updates_rejected_by"] == {"invalid": 2}
+    assert (counters["updates_applied"], counters["updates_refused_outlier"]) == (0, 0)
+
+
+def test_one_worker_cannot_move_the_window_that_judges_another() -> None:
+    # 100 pushes of zero gradients from one client once pulled the one shared window so low that
+    # the next 28 honest pushes of the others were refused as outliers.
+    params = server()
+    steady(params, 100, worker="w1")
+    steady(params, 100, worker="x", seed=1)
+    for _ in range(100):
+        push(params, 0.0, 0.0, scale=0.0, worker="x")
+    steady(params, 50, worker="w1", seed=2)
+    assert params.counters()["updates_refused_outlier"] == 0
+    with pytest.raises(StateConflict, match="outlier"):  # x moved its own window only
+        push(params, 1.0, 1.0, worker="x")
 
 
 def test_the_counter_and_the_window_are_saved_with_the_run() -> None:
@@ -151,7 +194,7 @@ def test_the_counter_and_the_window_are_saved_with_the_run() -> None:
 
 def gradient_push(c, version: int, **headers: str):
     tensors = wire.decode(c.get("/global_model_weights").content, c.app.state.cluster.params.spec)
-    body = wire.encode({name: torch.full_like(t, 0.01) for name, t in tensors.items()})
+    body = wire.encode({name: torch.full_like(t, 1e-3) for name, t in tensors.items()})
     head = {**OCTET, "X-Worker-Id": "w1", "X-Model-Version": str(version), **headers}
     return c.post("/gradients", content=body, headers=head)
 

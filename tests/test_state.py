@@ -33,8 +33,10 @@ def state(tmp_path: Path) -> Iterator[ClusterState]:
 
 
 def ones(state: ClusterState) -> bytes:
-    """Gradients (or weights) of ones that fit the current model."""
-    return wire.encode({name: torch.ones(shape) for name, shape in state.params.spec.items()})
+    """Gradients (or weights) of one small value that fit the current model (as gradients,
+    their norm is within max_grad_norm)."""
+    spec = state.params.spec
+    return wire.encode({name: torch.full(shape, 1e-3) for name, shape in spec.items()})
 
 
 def test_gradients_of_an_earlier_run_are_refused_however_recent_their_version(
@@ -47,9 +49,10 @@ def test_gradients_of_an_earlier_run_are_refused_however_recent_their_version(
     state.start_run(CONFIG, WORKERS)
     before = state.params.weights()
     assert before[1] == 7  # well within max_staleness of the first run's versions
-    # A late push of the first run that does not name its run (as curl users send them).
+    # A late push of the first run that does not name its run (as curl users send them), from
+    # an id the new run has too.
     with pytest.raises(StateConflict, match="earlier run"):
-        state.apply_gradients("w9", 1, ones(state))
+        state.apply_gradients("w1", 1, ones(state))
     assert state.params.weights() == before
     assert state.status()["updates_rejected"] == 1
 

@@ -17,6 +17,7 @@ from a3c_http import wire
 from a3c_http.config import TrainConfig
 from a3c_http.localcluster import wait_for
 from a3c_http.model import model_for
+from master.limits import RunLimits
 from master.params import ParameterServer
 from tests.support import OCTET, master_running
 
@@ -31,9 +32,12 @@ def global_weights(c: TestClient) -> tuple[dict[str, torch.Tensor], int]:
 
 
 def random_grads(c: TestClient, seed: int) -> dict[str, torch.Tensor]:
+    """Gradients whose norm (about 0.1) is within the default max_grad_norm, as a worker's."""
     generator = torch.Generator().manual_seed(seed)
     model = c.app.state.cluster.params.model
-    return {n: torch.randn(p.shape, generator=generator) for n, p in model.named_parameters()}
+    return {
+        n: torch.randn(p.shape, generator=generator) * 1e-3 for n, p in model.named_parameters()
+    }
 
 
 def push(
@@ -190,12 +194,37 @@ def test_a_round_steps_on_the_mean_not_the_sum() -> None:
     params.net.optimizer = torch.optim.SGD([params.net.params], lr=1.0)
     before = {k: v.clone() for k, v in params.model.state_dict().items()}
     names = [n for n, _ in params.model.named_parameters()]
-    grads = [torch.full((params.net.layout.numel,), float(k)) for k in (1, 2, 6)]
+    grads = [torch.full((params.net.layout.numel,), k * 5e-4) for k in (1, 2, 6)]
     workers = {"a", "b", "c"}
+    limits = RunLimits.of(config)
     outcomes = [
-        params.join_round(params.update_of(w, 0, g), config, None, workers)
+        params.join_round(params.update_of(w, 0, g, config, limits), config, None, workers)
         for w, g in zip(sorted(workers), grads, strict=True)
     ]
     assert all(o.future.done() for o in outcomes) and params.version == 1
     for name in names:
-        assert torch.allclose(params.model.state_dict()[name], before[name] - 3.0)
+        assert torch.allclose(params.model.state_dict()[name], before[name] - 1.5e-3)
+
+
+def test_a_worker_a_round_closed_without_is_not_waited_for_until_it_sends(
+    tmp_path: Path,
+) -> None:
+    # One registered but silent worker used to make every round wait out sync_timeout_s.
+    timeouts = {"sync_timeout_s": 60, "heartbeat_timeout_s": 120}
+    with ThreadPoolExecutor(2) as pool, master_running(tmp_path, **timeouts, **SYNC) as c:
+        params = c.app.state.cluster.params
+        _, version = global_weights(c)
+        first = pool.submit(push, c, "w1", version, random_grads(c, 1), 1)
+        wait_for(in_round(c, "w1"), 10, "w1's gradients in the round")
+        params.close_round(params.round.number)  # what its deadline does
+        assert reply(first).status_code == 200 and params.absent == {"w2"}
+        # The next round closes on w1's gradients alone, at once.
+        second = pool.submit(push, c, "w1", version + 1, random_grads(c, 2), 2)
+        r = wait_for(lambda: second.done() and second.result(), 10, "the round without w2")
+        assert r.status_code == 200 and r.headers["X-Model-Version"] == str(version + 2)
+        # Once w2 sends again, rounds wait for it again.
+        third = pool.submit(push, c, "w2", version + 2, random_grads(c, 3), 1)
+        wait_for(in_round(c, "w2"), 10, "w2's gradients in the round")
+        assert params.absent == set() and not third.done()
+        assert push(c, "w1", version + 2, random_grads(c, 4), 3).status_code == 200
+        assert reply(third).status_code == 200
