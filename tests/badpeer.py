@@ -12,7 +12,8 @@ Every request gets `200 OK` and then a body of the `body` kind:
 
 `heads` keeps the head of every request (request line and headers); `sent` counts the body bytes
 handed to the kernel (at most a socket buffer more than the client read); `connections` counts
-those the client opened and `open` those still open.
+those the client opened and `open` those still open. `without_proxies` clears the environment
+variables that name proxies, for a test to set its own.
 """
 
 from __future__ import annotations
@@ -22,7 +23,16 @@ import socket
 import threading
 from typing import Literal, Self
 
+import pytest
+
 _CHUNK = 65536
+PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
+
+
+def without_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
 
 
 class BadPeer:

@@ -22,7 +22,7 @@ from a3c_http.client import (
     Unauthorized,
 )
 from a3c_http.localcluster import wait_for
-from tests.badpeer import BadPeer
+from tests.badpeer import BadPeer, without_proxies
 from tests.client_support import LAYOUT, TENSORS, Recorder, make_client, ok_health
 
 # -- retries --------------------------------------------------------------------------------------
@@ -300,28 +300,18 @@ def test_a_call_made_after_the_stop_still_gets_its_attempt() -> None:
 # -- proxies ------------------------------------------------------------------------------------
 
 
-PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
-
-
-@pytest.fixture
-def no_proxies(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for name in PROXY_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.lower(), raising=False)
-    return monkeypatch
-
-
 @pytest.mark.parametrize(
     ("from_env", "no_proxy", "via_proxy"),
     [(False, None, False), (True, None, True), (True, "localhost,127.0.0.1", False)],
 )
 def test_the_environments_proxy_is_taken_only_when_asked_and_not_for_no_proxy(
-    no_proxies: pytest.MonkeyPatch, from_env: bool, no_proxy: str | None, via_proxy: bool
+    monkeypatch: pytest.MonkeyPatch, from_env: bool, no_proxy: str | None, via_proxy: bool
 ) -> None:
+    without_proxies(monkeypatch)
     with BadPeer("json") as proxy, BadPeer("json") as master:
-        no_proxies.setenv("http_proxy", proxy.url)
+        monkeypatch.setenv("http_proxy", proxy.url)
         if no_proxy:
-            no_proxies.setenv("NO_PROXY", no_proxy)
+            monkeypatch.setenv("NO_PROXY", no_proxy)
         with bounded(master.url, token="t0k", proxy_from_env=from_env) as client:
             client.status()  # through httpx.Client
             client.transport.request(  # and the gradient pushes' own path
