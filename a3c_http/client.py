@@ -193,10 +193,12 @@ class MasterClient:
         )
 
     def worker_done(self, worker_id: str, error: str | None = None) -> dict[str, Any]:
+        """Sent once the worker was told to stop too: its one attempt is not cut short."""
         return self._json(
             "POST",
             "/worker_done",
             json={"worker_id": worker_id, "error": error, "run_id": self.run_id},
+            stoppable=False,
         )
 
     def heartbeat(self, worker_id: str, **stats: Any) -> bool:

@@ -13,8 +13,9 @@ fills the caller's memory. `BoundedTransport` makes each attempt:
   Content-Length says it will), read in httpcore's chunks, never whole; and so for a compressed
   body, whose decoded size that count would not bound (our services never compress);
 - end with `Interrupted` within `SLICE_S` of the caller's stop event being set, while it waits
-  for the reply or reads it. A stop set before the attempt began leaves it alone: a worker told to
-  stop still sends its `POST /worker_done`, bounded by the deadline.
+  for the reply or reads it; once the event is set, a new attempt ends so before anything is
+  sent. But for a request whose `STOPPABLE` extension is False: a worker told to stop still sends
+  its `POST /worker_done`, bounded by the deadline.
 
 It does so in the network layer that httpcore's pools take: a socket's read waits in slices of
 `SLICE_S` and looks at the attempt between two. The attempt is the calling thread's (httpcore's
@@ -38,6 +39,8 @@ import httpx
 SLICE_S = 0.1
 # Send with every request through a BoundedTransport: it refuses compressed replies.
 IDENTITY = {"Accept-Encoding": "identity"}
+# The request extension that, set to False, lets an attempt run to its end whatever the stop.
+STOPPABLE = "a3c_stoppable"
 _PROXY_SCHEMES = ("http", "https")
 
 
@@ -47,7 +50,8 @@ class ReplyRefused(Exception):
 
 
 class Interrupted(Exception):
-    """The caller's stop event was set while the attempt waited for its reply or read it."""
+    """The caller's stop event was set before the attempt, or while it waited for its reply or
+    read it."""
 
 
 class _Attempt:
@@ -56,7 +60,7 @@ class _Attempt:
     def __init__(self, timeout: float | None, stop: threading.Event | None) -> None:
         self.timeout = timeout
         self.deadline = None if timeout is None else time.monotonic() + timeout
-        self.stop = None if stop is None or stop.is_set() else stop
+        self.stop = stop
 
     def left(self) -> float | None:
         """Seconds to the deadline (None: no deadline); raises once the attempt is over."""
@@ -225,7 +229,10 @@ class BoundedTransport(httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         timeout = request.extensions.get("timeout", {}).get("read")
-        _attempts.current = _Attempt(timeout, self.stop)
+        stop = self.stop if request.extensions.get(STOPPABLE, True) else None
+        if stop is not None and stop.is_set():
+            raise Interrupted("told to stop before the request was sent")
+        _attempts.current = _Attempt(timeout, stop)
         try:
             response = self._transport_for(request.url).handle_request(request)
             problem = self._refused(response.headers)

@@ -14,7 +14,8 @@ The error hierarchy (everything a caller needs to catch is an `A3CError`)::
     ├── ProtocolError          a reply that breaks the contract: weights that do not fit the
     │                          model (the WireError is its cause), a missing X-Model-Version,
     │                          a body larger than A3C_MAX_BODY_BYTES or a compressed one
-    ├── Stopped                told to stop while waiting for a reply or to retry
+    ├── Stopped                told to stop: while waiting for a reply or to retry, or before
+    │                          the request was sent
     └── MasterRejected         the master answered 4xx: retrying the same request cannot help
         ├── Unauthorized       401/403: the token is missing or wrong
         └── Conflict           409: stale gradients, or a run that is not in the right state
@@ -37,7 +38,7 @@ from typing import Any
 import httpx
 
 from a3c_http.logs import Events, Outage
-from a3c_http.outbound import IDENTITY, BoundedTransport, Interrupted, ReplyRefused
+from a3c_http.outbound import IDENTITY, STOPPABLE, BoundedTransport, Interrupted, ReplyRefused
 from a3c_http.protocol import DEFAULT_MAX_BODY_BYTES, STOP_HEADER
 
 
@@ -54,8 +55,8 @@ class ProtocolError(A3CError):
 
 
 class Stopped(A3CError):
-    """The caller's stop event was set while a request waited for its reply or to be retried: the
-    worker was told to stop (its /stop, SIGTERM), so it waits out neither."""
+    """The caller's stop event was set before a request was sent, or while it waited for its reply
+    or to be retried: the worker was told to stop (its /stop, SIGTERM), so it waits for nothing."""
 
 
 class MasterRejected(A3CError):
@@ -125,8 +126,8 @@ class Transport:
         self.base_url, self.token = base_url, token
         self.timeout_s = timeout_s
         self.max_reply_bytes, self.proxy_from_env = max_reply_bytes, proxy_from_env
-        # Once set, an attempt waiting for its reply ends, and a failed request is not retried
-        # (Stopped); never set, a retry's wait is a sleep.
+        # Once set, a request ends (Stopped): its attempt, or its wait to retry, or before it is
+        # sent (see `request`'s `stoppable`); never set, a retry's wait is a sleep.
         self.stop_event = stop or threading.Event()
         # HTTP_PROXY and the like are not for a cluster's own traffic unless A3C_PROXY_FROM_ENV
         # says so: the proxy, if any, is the transport's choice (trust_env=False below), so the
@@ -192,10 +193,15 @@ class Transport:
         path: str,
         direct: dict[str, Any] | None = None,
         checked: bool = True,
+        stoppable: bool = True,
         **kwargs: Any,
     ) -> httpx.Response:
         """`direct`: the arguments of `direct`, for the hot path; else those of httpx's.
-        `checked`: raise the error a 4xx means (else return it, for the caller to judge)."""
+        `checked`: raise the error a 4xx means (else return it, for the caller to judge).
+        `stoppable`: once the stop event is set, an attempt ends (Stopped) or is not made; False:
+        one attempt runs to its end regardless (a worker's last words), but is not retried."""
+        if not stoppable:
+            kwargs["extensions"] = {STOPPABLE: False}
         deadline = time.monotonic() + self.retry_deadline_s
         delay = self.backoff_s
         attempt = 0
@@ -210,9 +216,8 @@ class Transport:
                 problem = f"{type(exc).__name__}: {exc}"
             except ReplyRefused as exc:
                 raise ProtocolError(f"the master's reply to {method} {path} {exc}") from None
-            except Interrupted:
-                what = f"{method} {path}"
-                raise Stopped(f"told to stop while waiting for the reply to {what}") from None
+            except Interrupted as exc:
+                raise Stopped(f"{exc}: {method} {path}") from None
             else:
                 if response.status_code < 500:
                     self.outage.answered()

@@ -285,16 +285,21 @@ def test_a_stop_from_another_thread_ends_a_call_whose_reply_trickles() -> None:
     assert not thread.is_alive(), "the call still waits after the stop"
     assert elapsed < 1.0, elapsed
     assert len(outcome) == 1 and isinstance(outcome[0], Stopped), outcome
-    assert "waiting for the reply to POST /heartbeat" in str(outcome[0])
+    assert "told to stop while waiting for the reply: POST /heartbeat" in str(outcome[0])
 
 
-def test_a_call_made_after_the_stop_still_gets_its_attempt() -> None:
-    """A worker told to stop still sends its POST /worker_done."""
+def test_after_the_stop_no_call_is_sent_but_the_workers_last_words() -> None:
+    """A call made once the worker was told to stop is not sent (a push after its last rollout
+    would hold it for a whole attempt), but POST /worker_done is."""
     stop = threading.Event()
     stop.set()
     with BadPeer("json") as master, bounded(master.url, stop=stop) as client:
+        with pytest.raises(Stopped, match="before the request was sent: POST /heartbeat"):
+            client.heartbeat("w1")
+        with pytest.raises(Stopped, match="POST /gradients"):
+            client.push_gradients("w1", 3, TENSORS, LAYOUT)
         assert client.worker_done("w1") == {}
-    assert master.heads[0].startswith(b"POST /worker_done ")
+    assert [head.split(b" ")[:2] for head in master.heads] == [[b"POST", b"/worker_done"]]
 
 
 # -- proxies ------------------------------------------------------------------------------------

@@ -122,7 +122,7 @@ def test_a_stop_ends_a_push_whose_reply_trickles_in() -> None:
         wait_for(lambda: master.sent >= 1, 30, "the reply to begin trickling", interval_s=0.01)
         started = time.monotonic()
         client.transport.stop_event.set()
-        with pytest.raises(Stopped, match="waiting for the reply to POST /gradients"):
+        with pytest.raises(Stopped, match="waiting for the reply: POST /gradients"):
             pending.result(timeout=30)
         elapsed = time.monotonic() - started
     assert elapsed < 1.0, elapsed  # the reader's poll and the child's read slice, not 30 s
