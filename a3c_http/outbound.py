@@ -13,8 +13,8 @@ fills the caller's memory. `BoundedTransport` makes each attempt:
   Content-Length says it will), read in httpcore's chunks, never whole; and so for a compressed
   body, whose decoded size that count would not bound (our services never compress);
 - end with `Interrupted` within `SLICE_S` of the caller's stop event being set, while it waits
-  for the reply or reads it; once the event is set, a new attempt ends so before anything is
-  sent. But for a request whose `STOPPABLE` extension is False: a worker told to stop still sends
+  for the reply or reads it; an attempt begun after it was set ends before anything is sent.
+  A request whose `STOPPABLE` extension is False is exempt: a worker told to stop still sends
   its `POST /worker_done`, bounded by the deadline.
 
 It does so in the network layer that httpcore's pools take: a socket's read waits in slices of
