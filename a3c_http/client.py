@@ -26,6 +26,7 @@ from a3c_http.logs import Events
 from a3c_http.protocol import (
     BEST_SCORE_HEADER,
     CONTENT_TYPE,
+    DEFAULT_MAX_BODY_BYTES,
     DUPLICATE_HEADER,
     GLOBAL_EPISODE_HEADER,
     GRAD_NORM_HEADER,
@@ -111,15 +112,20 @@ class MasterClient:
         events: Events | None = None,
         push_threads: int = 1,
         push_process: dict[str, Any] | None = None,
+        max_reply_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        proxy_from_env: bool = False,
     ) -> None:
         """`push_gradients_async` sends up to `push_threads` pushes at once: from a child process
         when `push_process` is given (its log settings, log_level and log_format, and worker_id;
-        started at the first push), else from threads of this process."""
+        started at the first push), else from threads of this process. `max_reply_bytes` and
+        `proxy_from_env`: the worker's A3C_MAX_BODY_BYTES and A3C_PROXY_FROM_ENV (`Transport`),
+        in this process and the push process alike."""
         # Worker messages carry the run id so that a late message of an earlier run is refused.
         self.run_id = run_id
         self.transport = Transport(
             base_url, token, timeout_s, retry_deadline_s, backoff_s, max_backoff_s,
             transport, stop, events or Events(logging.getLogger("a3c.client"), run_id),
+            max_reply_bytes, proxy_from_env,
         )
         self.push_threads = max(1, push_threads)
         self._push_options = push_process
@@ -187,10 +193,12 @@ class MasterClient:
         )
 
     def worker_done(self, worker_id: str, error: str | None = None) -> dict[str, Any]:
+        """Sent once the worker was told to stop too: its one attempt is not cut short."""
         return self._json(
             "POST",
             "/worker_done",
             json={"worker_id": worker_id, "error": error, "run_id": self.run_id},
+            stoppable=False,
         )
 
     def heartbeat(self, worker_id: str, **stats: Any) -> bool:

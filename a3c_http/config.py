@@ -25,7 +25,9 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from a3c_http.logs import LogFormat, LogLevel
+from a3c_http.outbound import environment_proxies
 from a3c_http.presets import with_preset
+from a3c_http.protocol import DEFAULT_MAX_BODY_BYTES
 
 # The largest seed torch.manual_seed takes (an unsigned 64-bit integer).
 MAX_SEED = 2**64 - 1
@@ -301,8 +303,6 @@ def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     return gym.spec(name)
 
 
-DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
-
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
@@ -321,11 +321,21 @@ class _FromEnv(BaseSettings):
     log_level: LogLevel = "info"
     log_format: LogFormat = "text"
     log_progress_s: float = Field(30.0, ge=0, le=86_400, allow_inf_nan=False)
+    # Calls to the other service (a worker's to its master, the master's POST /start_worker) go
+    # through the proxy HTTP_PROXY and the like name for the URL; false: straight to it.
+    proxy_from_env: bool = False
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod
     def _any_case(cls, v: Any) -> Any:
         return v.lower() if isinstance(v, str) else v
+
+    @field_validator("proxy_from_env")
+    @classmethod
+    def _proxies_usable(cls, v: bool) -> bool:
+        if v:
+            environment_proxies()  # a proxy we cannot use stops the service now, not a run later
+        return v
 
     @classmethod
     def from_env(cls) -> Self:

@@ -4,6 +4,9 @@ the master and the worker import them from here, so a name cannot drift between 
 
 from __future__ import annotations
 
+# The default of A3C_MAX_BODY_BYTES: the largest request body a service reads, and the largest reply
+# a worker reads from its master.
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 # Tensors (weights and gradients) travel as one safetensors file in the body.
 CONTENT_TYPE = "application/octet-stream"
 

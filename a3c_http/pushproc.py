@@ -12,11 +12,11 @@ The pipes carry frames: 8 bytes (the lengths of a JSON head and of a body, littl
 the head, the body. To the child: first `{"options": {...}, "threads": n}` (a3c_http.transport's
 `Transport` arguments, the log settings and ids), then requests `{"id", "method", "path",
 "headers", "timeout"}` with their bodies, and `{"stop": true}` when the worker is told to stop
-(retries end with Stopped). From the child: `{"id", "status", "headers", "retries"}` with the
-reply's body, or `{"id", "error", "message", "retries"}` when the request failed for good, and
-`{"retries"}` at each retry (the worker's /status shows them as they happen). The
-child retries as the in-process client does; it ends when its stdin closes, so it never outlives
-the worker.
+(a request waiting for its reply or to be retried ends with Stopped). From the child: `{"id",
+"status", "headers", "retries"}` with the reply's body, or `{"id", "error", "message",
+"retries"}` when the request failed for good, and `{"retries"}` at each retry (the worker's
+/status shows them as they happen). The child retries as the in-process client does; it ends
+when its stdin closes, so it never outlives the worker.
 """
 
 from __future__ import annotations
@@ -38,10 +38,14 @@ from typing import Any
 import httpx
 
 from a3c_http import logs
-from a3c_http.transport import A3CError, MasterUnavailable, Stopped, Transport
+from a3c_http.transport import A3CError, MasterUnavailable, ProtocolError, Stopped, Transport
 
 _LENGTHS = struct.Struct("<II")
-_ERRORS: dict[str, type[A3CError]] = {"unavailable": MasterUnavailable, "stopped": Stopped}
+_ERRORS: dict[str, type[A3CError]] = {
+    "unavailable": MasterUnavailable,
+    "stopped": Stopped,
+    "protocol": ProtocolError,
+}
 # How often the reader thread looks at the stop event while no reply comes.
 _STOP_POLL_S = 0.1
 
@@ -79,8 +83,9 @@ class PushProcess:
 
     def __init__(self, options: dict[str, Any], threads: int, stop: threading.Event) -> None:
         """`options`: `Transport`'s arguments (base_url, token, timeout_s, retry_deadline_s,
-        backoff_s, max_backoff_s) with log_level, log_format, run_id and worker_id; `threads`:
-        requests the child sends at once; `stop`: the worker's stop event."""
+        backoff_s, max_backoff_s, max_reply_bytes, proxy_from_env) with log_level, log_format,
+        run_id and worker_id; `threads`: requests the child sends at once; `stop`: the worker's
+        stop event."""
         root = str(Path(__file__).resolve().parent.parent)  # this a3c_http, not another one
         path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
@@ -105,7 +110,7 @@ class PushProcess:
         self, method: str, path: str, headers: dict[str, str], content: bytes, timeout: float
     ) -> Future:
         """Send one request; its future gets the reply (4xx included, for the caller to judge)
-        or the error it failed with for good (MasterUnavailable, Stopped)."""
+        or the error it failed with for good (MasterUnavailable, Stopped, ProtocolError)."""
         future: Future = Future()
         head = {"method": method, "path": path, "headers": list(headers.items())}
         with self._lock:
@@ -185,6 +190,8 @@ def _serve() -> None:
             response = transport.request(head["method"], head["path"], direct, checked=False)
         except Stopped as exc:
             reply.update(error="stopped", message=str(exc))
+        except ProtocolError as exc:  # a reply past A3C_MAX_BODY_BYTES
+            reply.update(error="protocol", message=str(exc))
         except MasterUnavailable as exc:
             reply.update(error="unavailable", message=str(exc))
         except Exception as exc:  # anything else fails this request, not the process

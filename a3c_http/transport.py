@@ -2,7 +2,9 @@
 
 This is the half of the client that needs no torch (a3c_http/client.py is the other): the push
 process (a3c_http/pushproc.py) runs it in a child of the worker, which starts in a fifth of a
-second because it imports httpx only.
+second because it imports httpx only. Each attempt is bounded by a3c_http/outbound.py: a total
+deadline (the request's timeout), a size bound on the reply (A3C_MAX_BODY_BYTES) and the stop
+event, which ends an attempt waiting for its reply within a fraction of a second.
 
 The error hierarchy (everything a caller needs to catch is an `A3CError`)::
 
@@ -10,15 +12,18 @@ The error hierarchy (everything a caller needs to catch is an `A3CError`)::
     ├── MasterUnavailable      the master could not be reached, timed out or answered 5xx,
     │                          on every attempt until the retry deadline ran out
     ├── ProtocolError          a reply that breaks the contract: weights that do not fit the
-    │                          model (the WireError is its cause) or a missing X-Model-Version
-    ├── Stopped                told to stop while waiting to retry
+    │                          model (the WireError is its cause), a missing X-Model-Version,
+    │                          a body larger than A3C_MAX_BODY_BYTES or a compressed one
+    ├── Stopped                told to stop: while waiting for a reply or to retry, or before
+    │                          the request was sent
     └── MasterRejected         the master answered 4xx: retrying the same request cannot help
         ├── Unauthorized       401/403: the token is missing or wrong
         └── Conflict           409: stale gradients, or a run that is not in the right state
 
-Retries: connection errors, timeouts and 5xx are retried with exponential backoff and jitter until
-`retry_deadline_s` has passed since the first attempt; 4xx are never retried (a lost contact and
-its end are logged once each, a3c_http/logs.py `Outage`).
+Retries: connection errors, timeouts (an attempt past its deadline) and 5xx are retried with
+exponential backoff and jitter until `retry_deadline_s` has passed since the first attempt; 4xx
+are never retried, nor a reply too large (a lost contact and its end are logged once each,
+a3c_http/logs.py `Outage`).
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from typing import Any
 import httpx
 
 from a3c_http.logs import Events, Outage
-from a3c_http.protocol import STOP_HEADER
+from a3c_http.outbound import IDENTITY, STOPPABLE, BoundedTransport, Interrupted, ReplyRefused
+from a3c_http.protocol import DEFAULT_MAX_BODY_BYTES, STOP_HEADER
 
 
 class A3CError(Exception):
@@ -49,8 +55,8 @@ class ProtocolError(A3CError):
 
 
 class Stopped(A3CError):
-    """The caller's stop event was set while a request waited to be retried: the worker was told
-    to stop (its /stop, SIGTERM), so it does not wait out the retry deadline."""
+    """The caller's stop event was set before a request was sent, or while it waited for its reply
+    or to be retried: the worker was told to stop (its /stop, SIGTERM), so it waits for nothing."""
 
 
 class MasterRejected(A3CError):
@@ -96,7 +102,10 @@ def check(response: httpx.Response) -> httpx.Response:
 
 class Transport:
     """Requests to the master at `base_url`, retried as the module says. Safe to use from
-    several threads at once."""
+    several threads at once. `max_reply_bytes`: the largest reply body read (A3C_MAX_BODY_BYTES);
+    `proxy_from_env`: go through the proxy the environment names for the master's URL
+    (A3C_PROXY_FROM_ENV), else straight to it. Both apply to the default transport only (a
+    `transport` given is used as it is)."""
 
     def __init__(
         self,
@@ -109,13 +118,23 @@ class Transport:
         transport: httpx.BaseTransport | None = None,
         stop: threading.Event | None = None,
         events: Events | None = None,
+        max_reply_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        proxy_from_env: bool = False,
     ) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        auth = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = {**auth, **IDENTITY}
         self.base_url, self.token = base_url, token
         self.timeout_s = timeout_s
-        # The workers talk to the master directly: HTTP_PROXY and the like are not for a
-        # cluster's own traffic (and the gradient pushes below skip the client's machinery).
-        self._transport = transport or httpx.HTTPTransport()
+        self.max_reply_bytes, self.proxy_from_env = max_reply_bytes, proxy_from_env
+        # Once set, a request ends (Stopped): its attempt, or its wait to retry, or before it is
+        # sent (see `request`'s `stoppable`); never set, a retry's wait is a sleep.
+        self.stop_event = stop or threading.Event()
+        # HTTP_PROXY and the like are not for a cluster's own traffic unless A3C_PROXY_FROM_ENV
+        # says so: the proxy, if any, is the transport's choice (trust_env=False below), so the
+        # gradient pushes, which skip the client's machinery, take the same way.
+        self._transport = transport or BoundedTransport(
+            max_reply_bytes, self.stop_event, proxy_from_env, "A3C_MAX_BODY_BYTES"
+        )
         self.http = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers=headers,
@@ -123,10 +142,8 @@ class Transport:
             transport=self._transport,
             trust_env=False,
         )
-        self._auth = list(headers.items())
+        self._headers = list(headers.items())  # the token, and no compression
         self.retry_deadline_s = retry_deadline_s
-        # Once set, a failed request is not retried (Stopped); never set, its wait is a sleep.
-        self.stop_event = stop or threading.Event()
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.retries = 0  # attempts beyond the first, over the transport's life
@@ -142,6 +159,8 @@ class Transport:
             "retry_deadline_s": self.retry_deadline_s,
             "backoff_s": self.backoff_s,
             "max_backoff_s": self.max_backoff_s,
+            "max_reply_bytes": self.max_reply_bytes,
+            "proxy_from_env": self.proxy_from_env,
         }
 
     def close(self) -> None:
@@ -157,7 +176,7 @@ class Transport:
         request = httpx.Request(
             method,
             base.copy_with(raw_path=base.raw_path.rstrip(b"/") + path.encode()),
-            headers=[*self._auth, *headers.items()],
+            headers=[*self._headers, *headers.items()],
             content=content,
             extensions={"timeout": httpx.Timeout(timeout).as_dict()},
         )
@@ -174,10 +193,15 @@ class Transport:
         path: str,
         direct: dict[str, Any] | None = None,
         checked: bool = True,
+        stoppable: bool = True,
         **kwargs: Any,
     ) -> httpx.Response:
         """`direct`: the arguments of `direct`, for the hot path; else those of httpx's.
-        `checked`: raise the error a 4xx means (else return it, for the caller to judge)."""
+        `checked`: raise the error a 4xx means (else return it, for the caller to judge).
+        `stoppable`: once the stop event is set, an attempt ends (Stopped) or is not made; False:
+        one attempt runs to its end regardless (a worker's last words), but is not retried."""
+        if not stoppable:
+            kwargs["extensions"] = {STOPPABLE: False}
         deadline = time.monotonic() + self.retry_deadline_s
         delay = self.backoff_s
         attempt = 0
@@ -190,6 +214,10 @@ class Transport:
                     response = self.http.request(method, path, **kwargs)
             except httpx.TransportError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
+            except ReplyRefused as exc:
+                raise ProtocolError(f"the master's reply to {method} {path} {exc}") from None
+            except Interrupted as exc:
+                raise Stopped(f"{exc}: {method} {path}") from None
             else:
                 if response.status_code < 500:
                     self.outage.answered()

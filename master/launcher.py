@@ -10,7 +10,11 @@ from urllib.parse import urlsplit
 import httpx
 
 from a3c_http.config import TrainConfig
+from a3c_http.outbound import IDENTITY, BoundedTransport, ReplyRefused
 from master.ledger import RunLedger
+
+# A worker answers POST /start_worker with a few hundred bytes of JSON: a larger reply is not one.
+START_REPLY_BYTES = 1024 * 1024
 
 
 class WorkerListError(ValueError):
@@ -69,13 +73,14 @@ def read_workers_file(path: Path) -> list[str]:
     return parse_workers(text.splitlines(), str(path))
 
 
-def _start_one(url: str, body: dict[str, Any], token: str | None, timeout_s: float) -> str | None:
+def _start_one(client: httpx.Client, url: str, body: dict[str, Any]) -> str | None:
     """POST /start_worker; None when it started, else why not."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        response = httpx.post(f"{url}/start_worker", json=body, headers=headers, timeout=timeout_s)
+        response = client.post(f"{url}/start_worker", json=body)
     except httpx.HTTPError as exc:
         return f"cannot reach the worker: {type(exc).__name__}: {exc}"
+    except ReplyRefused as exc:
+        return f"the worker's reply {exc}"
     if response.status_code == 202:
         return None
     try:
@@ -95,9 +100,12 @@ def start_workers(
     master_url: str,
     token: str | None,
     timeout_s: float = 10.0,
+    proxy_from_env: bool = False,
 ) -> list[dict[str, Any]]:
     """POST /start_worker to every worker (id -> URL) at once; a worker that cannot be started is
-    marked failed with the reason."""
+    marked failed with the reason. Each call ends within `timeout_s`, however slowly the worker
+    answers, and goes through the proxy the environment names only with `proxy_from_env`
+    (A3C_PROXY_FROM_ENV)."""
     jobs = [
         (
             worker_id,
@@ -112,8 +120,15 @@ def start_workers(
         )
         for worker_id, url in workers.items()
     ]
-    with ThreadPoolExecutor(max_workers=min(16, len(jobs))) as pool:
-        errors = list(pool.map(lambda job: _start_one(job[1], job[2], token, timeout_s), jobs))
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
+    client = httpx.Client(
+        headers={**auth, **IDENTITY},
+        timeout=timeout_s,
+        transport=BoundedTransport(START_REPLY_BYTES, proxy_from_env=proxy_from_env),
+        trust_env=False,  # the proxy, if any, is the transport's choice
+    )
+    with client, ThreadPoolExecutor(max_workers=min(16, len(jobs))) as pool:
+        errors = list(pool.map(lambda job: _start_one(client, job[1], job[2]), jobs))
     results = []
     for (worker_id, url, _), error in zip(jobs, errors, strict=True):
         if error:

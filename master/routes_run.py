@@ -59,7 +59,15 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
             422, f"env_id/env_kwargs: cannot build {config.env_id!r}: {exc}"
         ) from None
     workers = dict(zip(worker_ids, urls, strict=True))
-    results = launch(state.ledger, workers, run_id, state.ledger.config, master_url, settings.token)
+    results = launch(
+        state.ledger,
+        workers,
+        run_id,
+        state.ledger.config,
+        master_url,
+        settings.token,
+        proxy_from_env=settings.proxy_from_env,
+    )
     if not any(r["started"] for r in results):
         state.finish("no worker could be started")
     state.check_liveness()

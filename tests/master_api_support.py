@@ -112,7 +112,9 @@ def launched(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """Replace the launcher: every worker 'starts' without HTTP. Returns the calls."""
     calls: list[dict[str, Any]] = []
 
-    def fake_launch(state, workers, run_id, config, master_url, token, timeout_s=10.0):
+    def fake_launch(
+        state, workers, run_id, config, master_url, token, timeout_s=10.0, proxy_from_env=False
+    ):
         calls.append(
             {
                 "workers": dict(workers),

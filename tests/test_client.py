@@ -1,5 +1,7 @@
 """MasterClient against httpx.MockTransport: retries, the error hierarchy, and a stop while the
-master is away (its messages: tests/test_client_messages.py)."""
+master is away (its messages: tests/test_client_messages.py); and against a master that
+misbehaves on a loopback port (tests/badpeer.py): each attempt's deadline, its size bound and a
+stop while the reply trickles in, and which proxy its calls take."""
 
 from __future__ import annotations
 
@@ -12,11 +14,15 @@ import pytest
 from a3c_http.client import (
     A3CError,
     Conflict,
+    MasterClient,
     MasterRejected,
     MasterUnavailable,
+    ProtocolError,
     Stopped,
     Unauthorized,
 )
+from a3c_http.localcluster import wait_for
+from tests.badpeer import BadPeer, without_proxies
 from tests.client_support import LAYOUT, TENSORS, Recorder, make_client, ok_health
 
 # -- retries --------------------------------------------------------------------------------------
@@ -198,3 +204,126 @@ def test_without_a_stop_the_client_retries_as_before() -> None:
     handler = Recorder(httpx.ConnectError("refused"), httpx.Response(503), ok_health())
     assert make_client(handler, stop=stop).healthz() is True
     assert handler.calls == 3
+
+
+# -- a master that misbehaves: each attempt's bounds -----------------------------------------------
+
+
+def bounded(url: str, **kwargs) -> MasterClient:
+    """A client with its real transport (the bounds are the transport's)."""
+    options = {"backoff_s": 0.01, "max_backoff_s": 0.02, "retry_deadline_s": 0.0} | kwargs
+    return MasterClient(url, **options)
+
+
+def test_an_attempt_ends_at_its_deadline_however_slowly_the_reply_trickles() -> None:
+    """A byte every 0.3 s never trips httpx's per-read timeout: the attempt's own deadline ends
+    it, and it is retried as any timeout."""
+    with BadPeer("trickle", interval_s=0.3) as master, bounded(
+        master.url, timeout_s=0.6, retry_deadline_s=0.9
+    ) as client:
+        started = time.monotonic()
+        with pytest.raises(MasterUnavailable, match="no complete reply within 0.6 s") as info:
+            client.status()
+        elapsed = time.monotonic() - started
+    assert "failed 2 times" in str(info.value) and len(master.heads) == 2
+    assert master.sent >= 2  # bytes came all along, each before a read could time out
+    assert elapsed < 2 * 0.6 + 1.0, elapsed  # two deadlines and a margin, not 64 bytes' 19 s
+
+
+def test_a_reply_past_the_size_bound_fails_the_push_at_once_unread() -> None:
+    with BadPeer("huge", length=64 << 20) as master:
+        client = bounded(master.url, max_reply_bytes=4096, retry_deadline_s=30.0)
+        with client, pytest.raises(ProtocolError) as info:
+            client.push_gradients("w1", 3, TENSORS, LAYOUT)
+    assert "reply to POST /gradients passed A3C_MAX_BODY_BYTES=4096 bytes" in str(info.value)
+    assert len(master.heads) == 1  # not retried: the same reply would come again
+    # The client stopped reading after its 4 KiB: the master got no further than the socket
+    # buffers let it, far from its 64 MiB.
+    assert master.sent < 16 << 20, master.sent
+
+
+def test_a_reply_that_announces_more_than_the_bound_is_refused_before_its_body() -> None:
+    with BadPeer("huge", length=64 << 20, announce=True) as master:
+        client = bounded(master.url, max_reply_bytes=4096)
+        with client, pytest.raises(ProtocolError, match="announces 67108864 bytes, which passes"):
+            client.status()
+    assert master.sent < 16 << 20, master.sent
+
+
+def test_a_compressed_reply_is_refused_and_none_is_asked_for() -> None:
+    """A compressed body's size once decoded is not what the bound counted."""
+    with BadPeer("json", extra_headers=b"Content-Encoding: gzip\r\n") as master, bounded(
+        master.url
+    ) as client:
+        with pytest.raises(ProtocolError, match=r"compressed \(Content-Encoding: gzip\)"):
+            client.status()
+        with pytest.raises(ProtocolError, match="compressed"):
+            client.push_gradients("w1", 3, TENSORS, LAYOUT)
+    assert all(b"\r\naccept-encoding: identity" in head.lower() for head in master.heads)
+
+
+def test_a_stop_from_another_thread_ends_a_call_whose_reply_trickles() -> None:
+    stop = threading.Event()
+    outcome: list[BaseException] = []
+    with BadPeer("trickle", interval_s=0.3) as master, bounded(
+        master.url, timeout_s=30.0, retry_deadline_s=60.0, stop=stop
+    ) as client:
+
+        def call() -> None:
+            try:
+                client.heartbeat("w1")
+            except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+                outcome.append(exc)
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        wait_for(lambda: master.sent >= 1, 10, "the reply to begin trickling", interval_s=0.01)
+        started = time.monotonic()
+        stop.set()
+        thread.join(5)
+        elapsed = time.monotonic() - started
+    assert not thread.is_alive(), "the call still waits after the stop"
+    assert elapsed < 1.0, elapsed
+    assert len(outcome) == 1 and isinstance(outcome[0], Stopped), outcome
+    assert "told to stop while waiting for the reply: POST /heartbeat" in str(outcome[0])
+
+
+def test_after_the_stop_no_call_is_sent_but_the_workers_last_words() -> None:
+    """A call made once the worker was told to stop is not sent (a push after its last rollout
+    would hold it for a whole attempt), but POST /worker_done is."""
+    stop = threading.Event()
+    stop.set()
+    with BadPeer("json") as master, bounded(master.url, stop=stop) as client:
+        with pytest.raises(Stopped, match="before the request was sent: POST /heartbeat"):
+            client.heartbeat("w1")
+        with pytest.raises(Stopped, match="POST /gradients"):
+            client.push_gradients("w1", 3, TENSORS, LAYOUT)
+        assert client.worker_done("w1") == {}
+    assert [head.split(b" ")[:2] for head in master.heads] == [[b"POST", b"/worker_done"]]
+
+
+# -- proxies ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("from_env", "no_proxy", "via_proxy"),
+    [(False, None, False), (True, None, True), (True, "localhost,127.0.0.1", False)],
+)
+def test_the_environments_proxy_is_taken_only_when_asked_and_not_for_no_proxy(
+    monkeypatch: pytest.MonkeyPatch, from_env: bool, no_proxy: str | None, via_proxy: bool
+) -> None:
+    without_proxies(monkeypatch)
+    with BadPeer("json") as proxy, BadPeer("json") as master:
+        monkeypatch.setenv("http_proxy", proxy.url)
+        if no_proxy:
+            monkeypatch.setenv("NO_PROXY", no_proxy)
+        with bounded(master.url, token="t0k", proxy_from_env=from_env) as client:
+            client.status()  # through httpx.Client
+            client.transport.request(  # and the gradient pushes' own path
+                "POST", "/gradients", {"content": b"x", "headers": {}, "timeout": 5.0}, False
+            )
+    reached, other = (proxy, master) if via_proxy else (master, proxy)
+    assert len(reached.heads) == 2 and other.heads == []
+    lines = [head.split(b"\r\n", 1)[0] for head in reached.heads]
+    target = master.url.encode() if via_proxy else b""  # a proxy is sent the absolute URL
+    assert lines == [b"GET %s/status HTTP/1.1" % target, b"POST %s/gradients HTTP/1.1" % target]

@@ -11,6 +11,7 @@ import torch
 from pydantic import ValidationError
 
 from a3c_http.config import MAX_SEED, Settings, TrainConfig, WorkerSettings
+from tests.badpeer import without_proxies
 
 SETTINGS_VARS = (
     "A3C_TOKEN",
@@ -22,6 +23,7 @@ SETTINGS_VARS = (
     "A3C_MAX_BODY_BYTES",
     "A3C_MASTER_RETRY_S",
     "A3C_TORCH_THREADS",
+    "A3C_PROXY_FROM_ENV",
 )
 
 
@@ -264,6 +266,7 @@ def test_worker_settings_defaults(clean_env: pytest.MonkeyPatch) -> None:
     assert s.master_retry_s == 60.0
     assert s.torch_threads == 1
     assert s.max_body_bytes == 32 * 1024 * 1024
+    assert s.proxy_from_env is False
 
 
 def test_worker_settings_from_env_vars(clean_env: pytest.MonkeyPatch) -> None:
@@ -305,6 +308,19 @@ def test_a_bad_setting_is_one_line_that_names_the_variable_and_its_value(
     message = str(info.value)
     assert f"{name}={raw!r}" in message
     assert "\n" not in message, message
+
+
+def test_a_proxy_that_cannot_be_used_stops_a_service_only_when_proxies_are_asked_for(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    without_proxies(clean_env)
+    clean_env.setenv("ALL_PROXY", "socks5://10.0.0.1:1080")
+    assert Settings.from_env().proxy_from_env is False  # not asked for: the proxy is ignored
+    clean_env.setenv("A3C_PROXY_FROM_ENV", "true")
+    with pytest.raises(ValueError) as info:
+        WorkerSettings.from_env()
+    assert str(info.value).startswith("A3C_PROXY_FROM_ENV='true': ")
+    assert "ALL_PROXY='socks5://10.0.0.1:1080': only http:// and https://" in str(info.value)
 
 
 def test_every_bad_setting_is_named_at_once(clean_env: pytest.MonkeyPatch) -> None:

@@ -1,16 +1,19 @@
 """The master's calls to the workers it starts (POST /start_worker), in-process (TestClient)
-against stand-in workers over loopback: each gets the token, the run and the master's URL, and a
-worker that cannot be started is reported while the run goes on."""
+against stand-in workers over loopback: each gets the token, the run and the master's URL, a
+worker that cannot be started is reported while the run goes on, a worker's reply is bounded, and
+the calls take the environment's proxy only with A3C_PROXY_FROM_ENV."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 
 from a3c_http.localcluster import free_port
 from a3c_http.standin import StandInWorker
 from master.app import create_app as create_master
+from tests.badpeer import BadPeer, without_proxies
 from tests.http_layer_support import LOOPBACK, settings, start_run
 from tests.http_layer_support import _clean_env as _clean_env
 from tests.support import AUTH, TOKEN
@@ -78,3 +81,40 @@ def test_a_worker_that_cannot_be_started_is_reported_and_the_run_goes_on(
         s = c.get("/status").json()
         assert s["state"] == "finished" and s["finish_reason"] == "no worker could be started"
         assert s["workers"][0]["state"] == "failed" and "401" in s["workers"][0]["error"]
+
+
+def test_a_worker_whose_reply_is_too_large_is_reported_without_reading_it_whole(
+    tmp_path: Path,
+) -> None:
+    with BadPeer("huge", length=64 << 20) as huge, TestClient(
+        create_master(settings(tmp_path)), client=LOOPBACK, headers=AUTH
+    ) as c:
+        (result,) = start_run(c, [huge.url])["workers"]
+    assert result["started"] is False and "reply passed 1048576 bytes" in result["error"], result
+    assert huge.sent < 16 << 20, huge.sent
+
+
+@pytest.mark.parametrize("from_env", [False, True])
+def test_the_calls_take_the_environments_proxy_only_with_a3c_proxy_from_env(
+    tmp_path: Path, standin: StandInWorker, monkeypatch: pytest.MonkeyPatch, from_env: bool
+) -> None:
+    without_proxies(monkeypatch)
+    with BadPeer("json") as proxy:
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        before = len(standin.starts())
+        with TestClient(
+            create_master(settings(tmp_path, proxy_from_env=from_env)),
+            client=LOOPBACK,
+            headers=AUTH,
+        ) as c:
+            (result,) = start_run(c, [standin.url])["workers"]
+    if not from_env:
+        assert proxy.heads == [] and result["started"] is True, result
+        assert len(standin.starts()) == before + 1
+        return
+    # Sent through the proxy, token and all, as the setting asks: the worker never saw it.
+    assert len(standin.starts()) == before
+    ((line, *rest),) = [head.decode().split("\r\n") for head in proxy.heads]
+    assert line == f"POST {standin.url}/start_worker HTTP/1.1"
+    headers = {name.lower(): value for name, _, value in (h.partition(": ") for h in rest)}
+    assert headers["authorization"] == f"Bearer {TOKEN}"

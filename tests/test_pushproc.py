@@ -1,12 +1,14 @@
 """The push process (a3c_http/pushproc.py): gradient pushes sent by a child of the caller, against a
 small HTTP server on loopback that plays the master. Replies, errors and retries come back as
-MasterClient's own results; a stop ends the retries; a child that dies fails what is pending."""
+MasterClient's own results; a stop ends the retries and a reply that trickles in, the size bound
+holds in the child too; a child that dies fails what is pending."""
 
 from __future__ import annotations
 
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -14,8 +16,9 @@ import pytest
 import torch
 
 from a3c_http import wire
-from a3c_http.client import Conflict, MasterClient, MasterUnavailable, Stopped
+from a3c_http.client import Conflict, MasterClient, MasterUnavailable, ProtocolError, Stopped
 from a3c_http.localcluster import free_port, wait_for
+from tests.badpeer import BadPeer
 from tests.client_support import LAYOUT, SPEC, TENSORS
 
 PUSH = {"log_level": "warning", "log_format": "text", "worker_id": "w1"}
@@ -109,6 +112,28 @@ def test_a_stop_ends_the_retries_of_a_master_that_is_away() -> None:
         client.transport.stop_event.set()  # the worker is told to stop: no 600 s of retries
         with pytest.raises(Stopped, match="told to stop"):
             pending.result(timeout=30)
+
+
+def test_a_stop_ends_a_push_whose_reply_trickles_in() -> None:
+    with BadPeer("trickle", interval_s=0.3) as master, client_of(
+        master.url, timeout_s=30.0
+    ) as client:
+        pending = push(client)
+        wait_for(lambda: master.sent >= 1, 30, "the reply to begin trickling", interval_s=0.01)
+        started = time.monotonic()
+        client.transport.stop_event.set()
+        with pytest.raises(Stopped, match="waiting for the reply: POST /gradients"):
+            pending.result(timeout=30)
+        elapsed = time.monotonic() - started
+    assert elapsed < 1.0, elapsed  # the reader's poll and the child's read slice, not 30 s
+
+
+def test_the_child_reads_no_reply_past_the_workers_size_bound() -> None:
+    with BadPeer("huge", length=64 << 20) as master:
+        client = client_of(master.url, max_reply_bytes=4096)
+        with client, pytest.raises(ProtocolError, match="passed A3C_MAX_BODY_BYTES=4096 bytes"):
+            push(client).result(timeout=30)
+    assert len(master.heads) == 1 and master.sent < 16 << 20, master.sent
 
 
 def test_a_child_that_dies_fails_its_pushes_instead_of_leaving_them_waiting() -> None:

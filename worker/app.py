@@ -87,6 +87,8 @@ class WorkerService:
                 events=events,
                 push_threads=min(cfg.max_in_flight, cfg.max_staleness),
                 push_process=push_process if settings.push_process else None,
+                max_reply_bytes=settings.max_body_bytes,
+                proxy_from_env=settings.proxy_from_env,
             )
             self._thread = threading.Thread(
                 target=self._train,
