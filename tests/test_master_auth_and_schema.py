@@ -82,6 +82,7 @@ CONFLICT_OPERATIONS = {
     ("POST", "/worker_started"),
     ("POST", "/worker_done"),
     ("POST", "/episode"),
+    ("POST", "/heartbeat"),
     ("GET", "/global_model_weights"),
     ("POST", "/local_model_weights"),
     ("POST", "/gradients"),
