@@ -146,6 +146,9 @@ BAD_JSON_BODIES: dict[str, list[tuple[str, bytes, tuple[str, ...]]]] = {
          ("last_reward",)),
         ("metrics list", j({"worker_id": "w1", "metrics": [1, 2]}), ("metrics",)),
         ("metrics NaN", b'{"worker_id": "w1", "metrics": {"x": NaN}}', ("metrics",)),
+        # Past what a float holds exactly: /metrics would overflow converting the sum.
+        ("env_steps 10**400", j({"worker_id": "w1", "env_steps": 10**400}), ("env_steps",)),
+        ("episodes 2**53 + 1", j({"worker_id": "w1", "episodes": 2**53 + 1}), ("episodes",)),
     ],
     "/best_score": [
         *COMMON,
