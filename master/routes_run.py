@@ -9,6 +9,7 @@ import gymnasium as gym
 from fastapi import HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
+from a3c_http.envs import MissingDependency
 from a3c_http.exploration import ExplorationError
 from a3c_http.model import UnsupportedSpace
 from a3c_http.protocol import METRICS_CONTENT_TYPE as METRICS_TYPE
@@ -54,6 +55,8 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
         run_id, worker_ids = state.start_run(config, urls)
     except (ModelTooLarge, ExplorationError) as exc:
         raise HTTPException(422, str(exc)) from None
+    except MissingDependency as exc:
+        raise HTTPException(422, f"env_id: {exc}") from None
     except (UnsupportedSpace, gym.error.Error, TypeError, ValueError) as exc:
         raise HTTPException(
             422, f"env_id/env_kwargs: cannot build {config.env_id!r}: {exc}"

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from a3c_http.config import Settings, TrainConfig
@@ -14,7 +15,7 @@ from a3c_http.store import RunStore, Snapshot
 from master.state import ClusterState
 from scripts.evaluate import main as evaluate_main
 from scripts.plot_rewards import plot
-from scripts.run_local import progress_line
+from scripts.run_local import progress_line, refusal
 
 
 def status(elapsed: float, steps: int, **extra: object) -> dict:
@@ -31,6 +32,19 @@ def test_progress_line_measures_the_rate_between_two_statuses() -> None:
     assert "mean100   41.5" in line and "best  120" in line
     assert "workers: 1 lost, 2 running" in line
     assert "env steps/s       0" in progress_line(status(1.0, 0), None)
+
+
+def test_a_refused_train_is_one_readable_line() -> None:
+    """The quickstart prints the master's `detail`, not the raw JSON of its 422 or 503."""
+    detail = "env_id: unknown gymnasium environment 'CartPol-v1'; did you mean 'CartPole-v1'?"
+    errors = [{"loc": ["body", "env_id"], "msg": detail[8:], "type": "value_error"}]
+    assert refusal(httpx.Response(422, json={"detail": detail, "errors": errors})) == (
+        f"error: the master refused the config: {detail}")
+    down = "no worker could be started: w1 (http://127.0.0.1:8001): cannot reach the worker"
+    assert refusal(httpx.Response(503, json={"detail": down, "data": {"workers": []}})) == (
+        f"error: {down}")
+    assert refusal(httpx.Response(502, text="Bad Gateway")) == (
+        "error: POST /train answered 502: Bad Gateway")
 
 
 def saved_run(folder: Path, run_id: str, evaluations: int = 0) -> Path:
