@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -61,6 +62,11 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(1)
     make_env = None
     if args.video is not None:
+        # Frames are drawn off-screen (rgb_array) and nothing is played: without these, SDL looks
+        # for a display and a sound server when pygame starts, and on a host with neither (a
+        # server, a container) prints "XDG_RUNTIME_DIR is invalid or not set" to stderr.
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
         make_env = video_env(config, args.video)
     try:
         with warnings.catch_warnings():  # a recorder closed by a failure has nothing to save

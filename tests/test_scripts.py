@@ -4,6 +4,8 @@ run."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +18,8 @@ from master.state import ClusterState
 from scripts.evaluate import main as evaluate_main
 from scripts.plot_rewards import plot
 from scripts.run_local import progress_line, refusal
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def status(elapsed: float, steps: int, **extra: object) -> dict:
@@ -106,9 +110,19 @@ def test_evaluate_plays_a_saved_run_and_ends_with_its_json_line(
         evaluate_main([str(tmp_path / "elsewhere")])
 
 
-def test_evaluate_records_a_video_of_each_episode(tmp_path: Path) -> None:
+def test_evaluate_records_a_video_of_each_episode_quietly(tmp_path: Path) -> None:
+    """In a process of its own, as a user runs it on a host without a display or a session
+    (no XDG_RUNTIME_DIR): pygame starts SDL there, which would complain on stderr."""
     run_with_weights(tmp_path / "run")
-    evaluate_main([str(tmp_path / "run"), "--episodes", "2", "--video", str(tmp_path / "v")])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SDL_", "XDG_", "DISPLAY"))}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "evaluate.py"), str(tmp_path / "run"),
+         "--episodes", "2", "--video", str(tmp_path / "v")],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "XDG_RUNTIME_DIR" not in done.stderr, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["episodes"] == 2
     videos = sorted((tmp_path / "v").glob("*.mp4"))
     assert len(videos) == 2 and all(v.stat().st_size > 1000 for v in videos)
 
