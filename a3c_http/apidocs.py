@@ -1,7 +1,9 @@
 """The interactive API docs at `/docs`, on the master and the workers, without the internet:
 FastAPI's own `/docs` page loads Swagger UI's script and styles from a CDN (a blank page on a
 cluster that cannot reach it), so both services serve them from an installed package instead
-(`swagger_ui_bundle`: static files only). ReDoc (`/redoc`) has no such package and is turned off.
+(`swagger-ui-bundle-v2`, imported as `swagger_ui_bundle`: Swagger UI 5's files, nothing else;
+Swagger UI 4 cannot show our OpenAPI 3.1 schemas). ReDoc (`/redoc`) would load from a CDN too,
+and is turned off.
 
 The page itself needs the token like every route (its schema, `/openapi.json`, does); Swagger UI's
 files are served without it, as the dashboard's are: they are the package's, the same for every
