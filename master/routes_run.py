@@ -27,7 +27,7 @@ REQUEST_URL = "the base URL of this request"
 
 class NoWorkerStarted(ErrorBody):
     """POST /train's 503: no worker could be started, so the run finished at once. `detail`
-    says why of each worker; `data` is what the 202 would have carried (the run id, and each
+    says why for each worker; `data` is what the 202 would have carried (the run id, and each
     worker's `started` and `error`)."""
 
     data: dict[str, Any]
@@ -107,9 +107,9 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
         state.finish("no worker could be started")
         why = "; ".join(f"{r['worker_id']} at {r['url']}: {r['error']}" for r in results)
         detail = (
-            f"no worker could be started, so run {run_id} finished at once ({why}). Start the "
-            "workers (uvicorn worker.app:app --host H --port P on each of their hosts) and "
-            "POST /train again"
+            f"no worker could be started, so run {run_id} finished at once ({why}). Start each "
+            "worker (uvicorn worker.app:app --host H --port P on its host, with the master's "
+            "A3C_TOKEN) and POST /train again"
         )
         return JSONResponse({"detail": detail, "data": data}, status_code=503)
     state.check_liveness()
