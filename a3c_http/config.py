@@ -18,12 +18,16 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
     ValidationError,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from a3c_http.envs import unknown_env
+from a3c_http.hints import with_field_hints
 from a3c_http.logs import LogFormat, LogLevel
 from a3c_http.outbound import environment_proxies
 from a3c_http.presets import with_preset
@@ -223,6 +227,18 @@ class TrainConfig(BaseModel):
         "heartbeat_timeout_s.",
     )
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _unknown_fields_say_what_was_meant(
+        cls, data: Any, handler: ModelWrapValidatorHandler[TrainConfig]
+    ) -> TrainConfig:
+        """An unknown field stays refused (`extra="forbid"`) where it is; its message says what
+        the user may have meant."""
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            raise with_field_hints(exc, cls.model_fields) from None
+
     @model_validator(mode="after")
     def _sync_timeout_fits(self) -> TrainConfig:
         if self.sync_mode == "sync" and self.sync_timeout_s >= self.heartbeat_timeout_s:
@@ -249,7 +265,10 @@ class TrainConfig(BaseModel):
     @field_validator("env_id")
     @classmethod
     def _registered(cls, v: str) -> str:
-        env_spec(v)
+        try:
+            env_spec(v)
+        except ValueError as exc:  # the message alone, not "Value error, ..."
+            raise PydanticCustomError("value_error", str(exc)) from None
         return v
 
     @model_validator(mode="after")
@@ -299,7 +318,7 @@ def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
         except ImportError as exc:
             raise ValueError(f"cannot import {module!r}: {exc}") from None
     if name not in gym.registry:
-        raise ValueError(f"unknown gymnasium environment {name!r}")
+        raise ValueError(unknown_env(name, module or None))
     return gym.spec(name)
 
 

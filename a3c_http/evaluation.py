@@ -21,6 +21,7 @@ import torch
 
 from a3c_http import wire
 from a3c_http.config import TrainConfig
+from a3c_http.envs import make_env as new_env
 from a3c_http.model import ActorCritic, model_for
 
 # Added to the run's seed, so that the evaluation's episodes are not the workers' first ones
@@ -88,7 +89,7 @@ def play(
     time in one batch. Episode `i` is reset with `eval_seed(seed, i)` whichever environment plays
     it, so the result depends on the weights and the seed only."""
     seed = config.seed or 0
-    make_env = make_env or (lambda _: gym.make(config.env_id, **config.env_kwargs))
+    make_env = make_env or (lambda _: new_env(config.env_id, config.env_kwargs))
     envs = [make_env(i) for i in range(min(episodes, MAX_PARALLEL_ENVS))]
     try:
         space = envs[0].action_space

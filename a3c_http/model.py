@@ -18,6 +18,7 @@ from torch import nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
 from a3c_http.config import TrainConfig
+from a3c_http.envs import make_env
 from a3c_http.normalize import RunningMeanStd
 
 
@@ -158,7 +159,7 @@ def build_model(
 ) -> ActorCritic:
     """The network for an environment, sized from a throwaway instance of it; `options` go to
     ActorCritic."""
-    env = gym.make(env_id, **env_kwargs)
+    env = make_env(env_id, env_kwargs)
     try:
         return ActorCritic.for_spaces(
             env.observation_space, env.action_space, hidden_sizes, **options

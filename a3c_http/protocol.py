@@ -34,5 +34,11 @@ GLOBAL_EPISODE_HEADER = "X-A3C-Global-Episode"
 BEST_SCORE_HEADER = "X-A3C-Best-Score"
 MOVING_AVERAGE_HEADER = "X-A3C-Moving-Average"
 IMPROVED_HEADER = "X-A3C-Improved"
+# The largest integer SQLite stores (a signed 64-bit one): a paging number or a version past it
+# names no row, and handing it to SQLite would overflow.
+MAX_SQLITE_INT = 2**63 - 1
+# The largest count a worker may report (episodes, steps): the largest integer a float64 holds
+# exactly, as Prometheus and the dashboard's JavaScript read them, and far inside SQLite's.
+MAX_COUNT = 2**53
 # GET /metrics: Prometheus's text exposition format.
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
+from a3c_http.envs import make_env
 from a3c_http.model import ActorCritic
 from a3c_http.normalize import statistics_entries
 
@@ -47,7 +48,7 @@ class Rollout:
 
 def make_vector_env(env_id: str, env_kwargs: dict, num_envs: int) -> SyncVectorEnv:
     return SyncVectorEnv(
-        [lambda: gym.make(env_id, **env_kwargs) for _ in range(num_envs)],
+        [lambda: make_env(env_id, env_kwargs) for _ in range(num_envs)],
         autoreset_mode=AutoresetMode.NEXT_STEP,
     )
 

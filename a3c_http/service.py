@@ -20,6 +20,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from a3c_http import apidocs
+
 
 def is_loopback(host: str | None) -> bool:
     if not host:
@@ -290,16 +292,18 @@ def install_common(
     quiet_paths: set[str] | None = None,
     public_paths: frozenset[str] = frozenset(),
 ) -> None:
-    """Health route, auth, body limit, the 422 format and the 405's `Allow` shared by both
-    services (the routes declare the errors they answer: `protected_router`, `JSON_BODY`, ...);
-    `quiet_paths`: routes whose successful requests uvicorn's access log leaves out;
-    `public_paths`: static pages served without the token (GET and HEAD only)."""
+    """Health route, API docs (a3c_http/apidocs.py), auth, body limit, the 422 format and the
+    405's `Allow` shared by both services (the routes declare the errors they answer:
+    `protected_router`, `JSON_BODY`, ...); `quiet_paths`: routes whose successful requests
+    uvicorn's access log leaves out; `public_paths`: static pages served without the token (GET
+    and HEAD only), besides Swagger UI's files."""
     if quiet_paths:
         quiet_access_log(quiet_paths)
     app.include_router(health_router)
+    apidocs.install(app)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     # Added last, so it runs first: a request without the right token is refused before its body
     # is read or its size is judged.
-    app.add_middleware(Auth, token=token, public=public_paths)
+    app.add_middleware(Auth, token=token, public=public_paths | apidocs.PUBLIC_PATHS)

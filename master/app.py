@@ -83,7 +83,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             finally:
                 state.close()
 
-    app = FastAPI(title="a3c-http master", version="0.1.0", lifespan=lifespan)
+    # FastAPI's /docs and /redoc load from a CDN: install_common serves /docs from the package.
+    app = FastAPI(
+        title="a3c-http master", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None
+    )
     app.state.cluster = state
     app.state.metrics = MasterMetrics(state.status)
     # The routes of the workers' training loop: hundreds of requests a second.

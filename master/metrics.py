@@ -63,9 +63,11 @@ class StatusCollector(Collector):
         for state in WORKER_STATES:
             workers.add_metric([state], states.get(state, 0))
         yield workers
+        # Not a3c_worker_env_steps_per_second: each worker exports that one itself, and a sum()
+        # over both would count every worker twice. No name is exported by both services.
         speed = GaugeMetricFamily(
-            "a3c_worker_env_steps_per_second",
-            "A worker's env steps per second, as it last reported.",
+            "a3c_worker_reported_env_steps_per_second",
+            "A worker's env steps per second, as it last reported them to the master.",
             labels=["worker_id"],
         )
         seen = GaugeMetricFamily(

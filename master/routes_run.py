@@ -4,15 +4,17 @@ metrics."""
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 import gymnasium as gym
 from fastapi import HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
+from a3c_http.envs import MissingDependency
 from a3c_http.exploration import ExplorationError
 from a3c_http.model import UnsupportedSpace
 from a3c_http.protocol import METRICS_CONTENT_TYPE as METRICS_TYPE
-from a3c_http.service import JSON_BODY, conflict, protected_router
+from a3c_http.service import JSON_BODY, ErrorBody, conflict, is_loopback, protected_router
 from master.deps import State
 from master.launcher import WorkerListError, normalize_url, parse_workers, read_workers_file
 from master.launcher import start_workers as launch
@@ -20,12 +22,46 @@ from master.schemas import OTHER_RUN, EpisodeIn, HeartbeatIn, Seq, TrainIn
 from master.state import ModelTooLarge
 
 router = protected_router(tags=["run"])
+REQUEST_URL = "the base URL of this request"
+
+
+class NoWorkerStarted(ErrorBody):
+    """POST /train's 503: no worker could be started, so the run finished at once. `detail`
+    says why for each worker; `data` is what the 202 would have carried (the run id, and each
+    worker's `started` and `error`)."""
+
+    data: dict[str, Any]
+
+
+def _own_host(url: str) -> bool:
+    """Whether `url`'s host names, wherever it is used, the host that uses it: a loopback
+    address, or 0.0.0.0 and :: (a client connecting there reaches its own host)."""
+    host = urlsplit(url).hostname
+    return is_loopback(host) or host in ("0.0.0.0", "::")
+
+
+def unreachable_master(master_url: str, urls: list[str]) -> str | None:
+    """Why workers on other hosts cannot use a master URL taken from the request: its address
+    names, on their hosts, themselves. None when nothing says they cannot."""
+    remote = [url for url in urls if not _own_host(url)]
+    if not _own_host(master_url) or not remote:
+        return None
+    return (
+        f"the workers at {', '.join(remote)} could not reach the master at {master_url}, the "
+        "address this POST /train was sent to, which names their own hosts. Set "
+        '"master_url" in the body, or A3C_MASTER_URL on the master, to an address of this host '
+        f"that they can reach (e.g. http://10.0.0.10:{urlsplit(master_url).port})"
+    )
 
 
 @router.post(
     "/train",
     status_code=202,
-    responses={**JSON_BODY, **conflict("a run is running: POST /stop it first")},
+    responses={
+        **JSON_BODY,
+        **conflict("a run is running: POST /stop it first"),
+        503: {"model": NoWorkerStarted, "description": "no worker could be started"},
+    },
 )
 def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
     settings = state.settings
@@ -42,18 +78,24 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
     elif settings.master_url:
         master_url, source = settings.master_url, "A3C_MASTER_URL"
     else:
-        master_url, source = str(request.base_url), "the base URL of this request"
+        master_url, source = str(request.base_url), REQUEST_URL
     try:
         if "://" not in master_url:
             raise WorkerListError(f"{master_url!r}: expected a URL such as http://10.0.0.10:33333")
         master_url = normalize_url(master_url, default_port=True)
     except WorkerListError as exc:
         raise HTTPException(422, f"{source}: {exc}") from None
+    # Said before anything starts: else the workers retry that URL for A3C_MASTER_RETRY_S, the
+    # master learns only after start_timeout_s that none runs, and a new POST /train gets 409.
+    if source == REQUEST_URL and (problem := unreachable_master(master_url, urls)):
+        raise HTTPException(422, problem)
     config = body.config()
     try:
         run_id, worker_ids = state.start_run(config, urls)
     except (ModelTooLarge, ExplorationError) as exc:
         raise HTTPException(422, str(exc)) from None
+    except MissingDependency as exc:
+        raise HTTPException(422, f"env_id: {exc}") from None
     except (UnsupportedSpace, gym.error.Error, TypeError, ValueError) as exc:
         raise HTTPException(
             422, f"env_id/env_kwargs: cannot build {config.env_id!r}: {exc}"
@@ -68,13 +110,18 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
         settings.token,
         proxy_from_env=settings.proxy_from_env,
     )
+    data = {"run_id": run_id, "master_url": master_url, "workers": results}
     if not any(r["started"] for r in results):
         state.finish("no worker could be started")
+        why = "; ".join(f"{r['worker_id']} at {r['url']}: {r['error']}" for r in results)
+        detail = (
+            f"no worker could be started, so run {run_id} finished at once ({why}). Start each "
+            "worker (uvicorn worker.app:app --host H --port P on its host, with the master's "
+            "A3C_TOKEN) and POST /train again"
+        )
+        return JSONResponse({"detail": detail, "data": data}, status_code=503)
     state.check_liveness()
-    return JSONResponse(
-        {"data": {"run_id": run_id, "master_url": master_url, "workers": results}},
-        status_code=202,
-    )
+    return JSONResponse({"data": data}, status_code=202)
 
 
 @router.post("/stop")

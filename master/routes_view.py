@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
+from a3c_http.protocol import MAX_SQLITE_INT
 from a3c_http.service import INVALID, protected_router
 from master.deps import State
 from master.history import MAX_LIMIT, history_page
@@ -52,13 +53,17 @@ for _path in PAGES:
     _serve(_path)
 
 
+# A row number: no row is numbered past SQLite's integers, and a larger one would overflow there.
+RowNumber = Annotated[int, Query(ge=0, le=MAX_SQLITE_INT)]
+
+
 @router.get("/history", responses=INVALID)
 def history(
     state: State,
-    since: Annotated[int, Query(ge=0, description="the last episode number the client has")] = 0,
+    since: Annotated[RowNumber, Query(description="the last episode number the client has")] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="rows per page")] = 1000,
     evaluations_since: Annotated[
-        int, Query(ge=0, description="the last evaluation number the client has")
+        RowNumber, Query(description="the last evaluation number the client has")
     ] = 0,
 ) -> dict[str, Any]:
     """The run's episodes numbered above `since` and evaluations above `evaluations_since`, at

@@ -10,7 +10,7 @@ from fastapi import Header
 from pydantic import BaseModel, ConfigDict, Field
 
 from a3c_http.config import TrainConfig
-from a3c_http.protocol import GRAD_NORM_HEADER, LOSS_HEADER, SEQ_HEADER
+from a3c_http.protocol import GRAD_NORM_HEADER, LOSS_HEADER, MAX_COUNT, SEQ_HEADER
 from a3c_http.service import conflict
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
@@ -88,11 +88,14 @@ class WorkerStats(BaseModel):
     """What a worker says of its progress: in a heartbeat, or with its gradients."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
-    episodes: int | None = Field(None, ge=0)
-    steps: int | None = Field(None, ge=0)
+    # Bounded: the master sums them into figures that /metrics and TensorBoard hand to C code
+    # (a float, a 64-bit step), where a larger integer would overflow.
+    episodes: int | None = Field(None, ge=0, le=MAX_COUNT)
+    steps: int | None = Field(None, ge=0, le=MAX_COUNT)
     env_steps: int | None = Field(
         None,
         ge=0,
+        le=MAX_COUNT,
         description="Every environment step this worker took in the run, of finished episodes "
         "and of those going on; the master's `env_steps` (what `max_steps` counts) adds up these.",
     )

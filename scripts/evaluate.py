@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -23,6 +24,7 @@ import gymnasium as gym  # noqa: E402
 import torch  # noqa: E402
 from gymnasium.error import DependencyNotInstalled  # noqa: E402
 
+from a3c_http.envs import MissingDependency, make_env  # noqa: E402
 from a3c_http.evaluation import evaluate  # noqa: E402
 from a3c_http.store import RunStore  # noqa: E402
 from master.state import saved_config  # noqa: E402
@@ -33,7 +35,7 @@ def video_env(config, folder: Path):  # noqa: ANN001, ANN201
     from gymnasium.wrappers import RecordVideo
 
     def make(i: int) -> gym.Env:
-        env = gym.make(config.env_id, render_mode="rgb_array", **config.env_kwargs)
+        env = make_env(config.env_id, config.env_kwargs, render_mode="rgb_array")
         with warnings.catch_warnings():
             if i > 0:  # the first environment made the folder: no files are overwritten
                 warnings.filterwarnings("ignore", ".*Overwriting existing videos")
@@ -60,12 +62,19 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(1)
     make_env = None
     if args.video is not None:
+        # Frames are drawn off-screen (rgb_array) and nothing is played: without these, SDL looks
+        # for a display and a sound server when pygame starts, and on a host with neither (a
+        # server, a container) prints "XDG_RUNTIME_DIR is invalid or not set" to stderr.
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
         make_env = video_env(config, args.video)
     try:
         with warnings.catch_warnings():  # a recorder closed by a failure has nothing to save
             warnings.filterwarnings("ignore", ".*zero frames to save")
             result = evaluate(config, snap.weights, args.episodes, make_env)
-    except DependencyNotInstalled as exc:  # only rendering needs extra packages
+    except MissingDependency as exc:  # the environment's own packages: what to install
+        raise SystemExit(str(exc)) from None
+    except DependencyNotInstalled as exc:  # else only rendering needs extra packages
         raise SystemExit(
             f"--video needs a package that is not installed ({exc}). The `video` extra has what "
             "the environments gymnasium ships need (moviepy, pygame): ./scripts/setup_venv.sh video"

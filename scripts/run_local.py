@@ -56,6 +56,19 @@ def progress_line(status: dict, previous: dict | None) -> str:
     )
 
 
+def refusal(reply: httpx.Response) -> str:
+    """The line to print when POST /train started no run: the master's `detail`, readable."""
+    try:
+        detail = reply.json().get("detail")
+    except ValueError:
+        detail = None
+    if not isinstance(detail, str):
+        return f"error: POST /train answered {reply.status_code}: {reply.text}"
+    if reply.status_code == 422:
+        return f"error: the master refused the config: {detail}"
+    return f"error: {detail}"
+
+
 class Stopped(Exception):
     pass
 
@@ -147,7 +160,7 @@ def main() -> int:
             cluster.http.post(f"{cluster.master.url}/stop")
             reply = cluster.train(**overrides)
         if reply.status_code != 202:
-            print(f"error: POST /train answered {reply.status_code}: {reply.text}", file=sys.stderr)
+            print(refusal(reply), file=sys.stderr)
             return 2
         data = reply.json()["data"]
         print(f"run {data['run_id']} started; run folder {args.run_dir}")

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Make .venv and install the project into it; does nothing when it is already up to date.
 # Usage: scripts/setup_venv.sh [extra,...]   (e.g. "plot", "dev", "box2d" or "bench")
+# TORCH_INDEX_URL, when set, is the package index torch comes from, e.g. PyTorch's CPU-only
+# builds: TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu (on a plain index, torch 2.13.0
+# for Linux brings its CUDA packages, gigabytes a CPU-only host never uses).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 extras="${1:-plot}"
@@ -16,13 +19,18 @@ fi
 if [ -f "$stamp" ] && [ "$stamp" -nt "$root/pyproject.toml" ]; then
     exit 0
 fi
-echo "[setup] installing torch 2.13.0 (CPU) and the project [$extras] into .venv (first run only)"
+from="${TORCH_INDEX_URL:+ from $TORCH_INDEX_URL}"
+echo "[setup] installing torch 2.13.0$from and the project [$extras] into .venv (first run only)"
 pip_install() {
     # This machine's pip config names index folders that may not exist; its warnings are noise.
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
         -c "$root/scripts/constraints.txt" "$@" 2>&1 | { grep -v "is ignored: it is neither" || true; }
 }
-pip_install "torch==2.13.0"
+if [ -n "${TORCH_INDEX_URL:-}" ]; then
+    pip_install --index-url "$TORCH_INDEX_URL" "torch==2.13.0"
+else
+    pip_install "torch==2.13.0"
+fi
 case ",$extras," in
     *,box2d,*|*,bench,*)
         # box2d-py has no wheel: its build needs swig on PATH, from the venv.

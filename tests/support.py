@@ -8,12 +8,14 @@ import hashlib
 import io
 import json
 import pickle
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import save as st_save
@@ -209,3 +211,11 @@ def bad_tensor_bodies(good: dict[str, torch.Tensor]) -> dict[str, tuple[bytes, t
         "+Inf": (with_value(matrix, (0, 0), float("inf")), ("infinite",)),
         "-Inf": (with_value(matrix, (-1, -1), float("-inf")), ("infinite",)),
     }
+
+
+def without_box2d(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gymnasium's Box2D environments as where box2d-py is not installed, whether it is here or
+    not: `import Box2D` fails, and their modules are imported again (and fail) when next made."""
+    monkeypatch.setitem(sys.modules, "Box2D", None)
+    for name in [m for m in sys.modules if m.startswith("gymnasium.envs.box2d")]:
+        monkeypatch.delitem(sys.modules, name)

@@ -57,12 +57,29 @@ def test_config_is_frozen() -> None:
         cfg.lr = 0.5  # type: ignore[misc]
 
 
-def test_unknown_field_is_refused_and_named() -> None:
+@pytest.mark.parametrize(
+    ("field", "meant"),
+    [
+        # The names of Stable-Baselines3, the RL Zoo and CleanRL.
+        ("learning_rate", "did you mean 'lr'?"),
+        ("n_steps", "did you mean 't_max'?"),
+        ("ent_coef", "did you mean 'entropy_coef'?"),
+        ("vf_coef", "did you mean 'value_coef'?"),
+        ("n_envs", "did you mean 'num_envs'?"),
+        ("normalize", "did you mean 'normalize_obs' or 'normalize_reward'?"),
+        # Misspellings of our own.
+        ("gama", "did you mean 'gamma'?"),
+        ("hidden_size", "did you mean 'hidden_sizes'?"),
+        ("bogus_field", "the fields are those of the README's \"Training config\" table"),
+    ],
+)
+def test_unknown_field_is_refused_and_named_with_what_was_meant(field: str, meant: str) -> None:
     with pytest.raises(ValidationError) as info:
-        TrainConfig(learning_rate=0.1)
-    errors = info.value.errors()
-    assert [e["loc"] for e in errors] == [("learning_rate",)]
-    assert errors[0]["type"] == "extra_forbidden"
+        TrainConfig(**{field: 0.1}, num_envs=0)
+    errors = {e["loc"]: e for e in info.value.errors()}
+    assert set(errors) == {(field,), ("num_envs",)}  # the other errors are still there
+    assert errors[(field,)]["type"] == "extra_forbidden"
+    assert errors[(field,)]["msg"].startswith(f"unknown field {field!r}: {meant}")
 
 
 @pytest.mark.parametrize(
@@ -113,9 +130,23 @@ def test_invalid_value_is_refused_naming_the_field(field: str, value: object) ->
     assert field in str(info.value)
 
 
-def test_unknown_env_message_names_the_env() -> None:
-    with pytest.raises(ValidationError, match="NoSuchEnv-v0"):
-        TrainConfig(env_id="NoSuchEnv-v0")
+@pytest.mark.parametrize(
+    ("env_id", "said"),
+    [
+        ("CartPol-v1", "unknown gymnasium environment 'CartPol-v1'; did you mean 'CartPole-v1'?"),
+        ("lunarlander-v2", "did you mean 'LunarLander-v3'?"),
+        # Close to nothing registered: most likely a custom environment without its module.
+        ("NoSuchEnv-v0", "unknown gymnasium environment 'NoSuchEnv-v0'. A custom environment "
+                         "is named module:EnvName-v0"),
+    ],
+)
+def test_unknown_env_message_says_what_was_meant(env_id: str, said: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        TrainConfig(env_id=env_id)
+    (error,) = info.value.errors()
+    assert error["loc"] == ("env_id",) and said in error["msg"], error["msg"]
+    if "custom" in said:
+        assert "A3C_ENV_MODULES" in error["msg"]
 
 
 @pytest.mark.parametrize(("interval", "timeout"), [(2.0, 2.0), (5.0, 1.0)])

@@ -92,6 +92,10 @@ def test_history_names_the_run_so_a_client_starts_again_on_a_new_one(tmp_path: P
         ("limit=10001", "limit: Input should be less than or equal to 10000"),
         ("since=-1", "since: Input should be greater than or equal to 0"),
         ("evaluations_since=x", "evaluations_since: Input should be a valid integer"),
+        # Past SQLite's integers: a 422, not an overflow in the database.
+        (f"since={2**63}", f"since: Input should be less than or equal to {2**63 - 1}"),
+        (f"evaluations_since={2**63}",
+         f"evaluations_since: Input should be less than or equal to {2**63 - 1}"),
     ],
 )
 def test_history_refuses_bad_paging_naming_the_parameter(

@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from a3c_http import apidocs
 from master.routes_view import PUBLIC_PATHS
 from tests.http_layer_support import _clean_env as _clean_env
 from tests.http_layer_support import master as master
@@ -49,8 +50,10 @@ GOOD_BODIES: dict[str, Any] = {
 
 
 def open_paths(c: TestClient) -> set[str]:
-    """The paths open to GET and HEAD: /healthz, and the master's dashboard page and files."""
-    return {"/healthz", *(PUBLIC_PATHS if hasattr(c.app.state, "cluster") else ())}
+    """The paths open to GET and HEAD: /healthz, Swagger UI's files, and the master's dashboard
+    page and files."""
+    dashboard = PUBLIC_PATHS if hasattr(c.app.state, "cluster") else ()
+    return {"/healthz", *apidocs.PUBLIC_PATHS, *dashboard}
 
 
 def routes(c: TestClient) -> list[str]:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
@@ -22,7 +23,7 @@ from tests.http_layer_support import LIMIT, LOOPBACK, settings
 from tests.http_layer_support import _clean_env as _clean_env
 from tests.http_layer_support import master as master
 from tests.http_layer_support import worker as worker
-from tests.support import AUTH, OCTET, bad_tensor_bodies, snapshot
+from tests.support import AUTH, OCTET, bad_tensor_bodies, snapshot, without_box2d
 
 JSON = {"Content-Type": "application/json"}
 
@@ -146,6 +147,9 @@ BAD_JSON_BODIES: dict[str, list[tuple[str, bytes, tuple[str, ...]]]] = {
          ("last_reward",)),
         ("metrics list", j({"worker_id": "w1", "metrics": [1, 2]}), ("metrics",)),
         ("metrics NaN", b'{"worker_id": "w1", "metrics": {"x": NaN}}', ("metrics",)),
+        # Past what a float holds exactly: /metrics would overflow converting the sum.
+        ("env_steps 10**400", j({"worker_id": "w1", "env_steps": 10**400}), ("env_steps",)),
+        ("episodes 2**53 + 1", j({"worker_id": "w1", "episodes": 2**53 + 1}), ("episodes",)),
     ],
     "/best_score": [
         *COMMON,
@@ -309,6 +313,23 @@ BAD_CONFIGS: list[tuple[str, Any, tuple[str, ...]]] = [
     ("JSON array", b"[1, 2]", ("object", "dict", "valid")),
     ("JSON null", b"null", ("object", "dict", "null", "valid")),
 ]
+
+
+def test_an_environment_whose_packages_are_missing_says_how_to_install_them(
+    tmp_path: Path, standin: StandInWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gymnasium's own hint (pip install "gymnasium[box2d]") is not how this project installs."""
+    without_box2d(monkeypatch)
+    with TestClient(create_master(settings(tmp_path)), client=LOOPBACK, headers=AUTH) as c:
+        starts = len(standin.starts())
+        reply = c.post("/train", json={"workers": [standin.url], "env_id": "LunarLander-v3"})
+        assert reply.status_code == 422, reply.text
+        detail = reply.json()["detail"]
+        assert detail.startswith("env_id: LunarLander-v3 needs the packages of the box2d extra")
+        assert "./scripts/setup_venv.sh box2d" in detail and "a3c-http[box2d]" in detail
+        assert "gymnasium[box2d]" not in detail
+        assert c.get("/status").json()["state"] == "idle"
+    assert len(standin.starts()) == starts
 
 
 def test_a_bad_config_is_422_naming_the_field_and_starts_nothing(

@@ -113,7 +113,7 @@ def test_a_worker_that_cannot_be_started_and_a_resumed_run_are_logged(
     body = {"workers": [f"127.0.0.1:{free_port()}"], "master_url": "http://127.0.0.1:1"}
     with TestClient(create_master(settings), client=LOOPBACK) as c:
         r = c.post("/train", json=body)
-        assert r.status_code == 202, r.text
+        assert r.status_code == 503, r.text
         run_id = r.json()["data"]["run_id"]
     assert captured_events.names() == ["run_started", "worker_failed", "run_finished"]
     failed = captured_events.one("worker_failed")

@@ -1,18 +1,22 @@
 """The master's HTTP API: who it serves (the bearer token, or loopback clients when it has
 none; /healthz for anyone) and its OpenAPI schema (every error declared on the routes
-themselves, the bearer token offered to /docs). In-process (TestClient)."""
+themselves, the bearer token offered to /docs, and /docs itself, the worker's too). In-process
+(TestClient)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from fastapi.openapi.utils import get_openapi
 from fastapi.testclient import TestClient
 
+from a3c_http import apidocs
 from master.app import create_app
 from tests.master_api_support import _clean_env as _clean_env
 from tests.master_api_support import make_settings, master, status
 from tests.schema_checks import assert_bearer_everywhere_but_healthz, assert_errors_declared
+from worker.app import create_app as create_worker
 
 REMOTE = ("10.1.2.3", 5)
 
@@ -107,3 +111,30 @@ def test_the_schema_offers_the_bearer_token_to_docs(tmp_path: Path) -> None:
         assert r.status_code == 200
         assert_bearer_everywhere_but_healthz(r.json())
         assert c.get("/openapi.json").status_code == 401  # enforcement is unchanged
+
+
+def test_docs_load_only_files_served_by_the_service_itself(tmp_path: Path) -> None:
+    """/docs works without the internet: its page refers to nothing but Swagger UI's files,
+    which both services serve (without the token, as the dashboard's: they hold no data), and the
+    schema (with it); no /redoc, which would need a CDN."""
+    auth = {"Authorization": "Bearer s3cret"}
+    kinds = {".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
+    for app in (create_app(make_settings(tmp_path, token="s3cret")), create_worker("s3cret")):
+        with TestClient(app, client=REMOTE) as c:
+            page = c.get("/docs", headers=auth)
+            assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+            assert "://" not in page.text, page.text  # no CDN, no absolute URL at all
+            loaded = set(re.findall(r'(?:src|href)="([^"]+)"', page.text))
+            assert loaded == set(apidocs.PUBLIC_PATHS), loaded
+            assert re.findall(r"url: '([^']+)'", page.text) == ["/openapi.json"]
+            for path in loaded:
+                r = c.get(path)
+                kind = kinds[path[path.rindex("."):]]
+                assert r.status_code == 200 and r.headers["content-type"].startswith(kind), path
+                assert len(r.content) > 500, path
+            assert c.get("/docs").status_code == 401  # the page, as its schema, needs the token
+            assert c.get("/redoc", headers=auth).status_code == 404
+    # Swagger UI shows OpenAPI 3.1, the version of our schemas, from its version 5 on.
+    assert app.openapi()["openapi"].startswith("3.1.")
+    version = re.search(r"swagger-ui-(\d+)\.", Path(apidocs.swagger_ui_path).name)
+    assert version and int(version[1]) >= 5, apidocs.swagger_ui_path

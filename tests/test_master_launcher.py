@@ -76,7 +76,10 @@ def test_a_worker_that_cannot_be_started_is_reported_and_the_run_goes_on(
         assert states == {standin.url: "starting", refusing.url: "failed", unreachable: "failed"}
         # A master whose only worker refuses its token has nobody to run the run.
         assert c.post("/stop").status_code == 200
-        (only,) = start_run(c, [refusing.url])["workers"]
+        reply = c.post("/train", json={"workers": [refusing.url], "seed": 1})
+        assert reply.status_code == 503, reply.text
+        assert "401" in reply.json()["detail"] and "A3C_TOKEN" in reply.json()["detail"]
+        (only,) = reply.json()["data"]["workers"]
         assert only["started"] is False and "401" in only["error"], only
         s = c.get("/status").json()
         assert s["state"] == "finished" and s["finish_reason"] == "no worker could be started"

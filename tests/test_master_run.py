@@ -63,10 +63,16 @@ def test_status_idle_has_every_field(client: TestClient) -> None:
     assert s["solved"] is False
 
 
-def test_train_with_unreachable_worker_finishes(client: TestClient) -> None:
+def test_train_with_every_worker_down_is_503_naming_each_and_the_run_finishes(
+    client: TestClient,
+) -> None:
     port = free_port()
     r = client.post("/train", json={**TRAIN, "workers": [f"127.0.0.1:{port}"]})
-    assert r.status_code == 202, r.text
+    assert r.status_code == 503, r.text
+    detail = r.json()["detail"]
+    assert detail.startswith("no worker could be started"), detail
+    assert f"w1 at http://127.0.0.1:{port}: cannot reach the worker" in detail
+    # Scripts still read the run and each worker's result, as from a 202.
     data = r.json()["data"]
     assert data["run_id"]
     assert len(data["workers"]) == 1
@@ -126,6 +132,37 @@ def test_train_default_master_url_is_the_request_base_url(
     r = client.post("/train", json={"workers": WORKERS})  # TestClient: http://testserver/
     assert r.status_code == 202, r.text
     assert r.json()["data"]["master_url"].startswith("http://testserver")
+
+
+def test_train_sent_to_loopback_refuses_to_give_it_to_workers_elsewhere(
+    tmp_path: Path, launched: list
+) -> None:
+    """A master bound to 0.0.0.0, POST /train sent to localhost: the workers on other hosts
+    would get a URL that names themselves. Refused before anything starts; `master_url` or
+    A3C_MASTER_URL say where the master is, and loopback workers may have the loopback URL."""
+    remote = ["10.0.0.11:8001", "127.0.0.1:9001"]
+    with master(make_settings(tmp_path)) as c:
+        r = c.post("http://localhost:33333/train", json={"workers": remote})
+        assert r.status_code == 422, r.text
+        detail = r.json()["detail"]
+        assert detail.startswith(
+            "the workers at http://10.0.0.11:8001 could not reach the master at "
+            "http://localhost:33333"), detail
+        assert '"master_url"' in detail and "A3C_MASTER_URL" in detail
+        # 0.0.0.0, where a master bound to every interface can be reached, names their host too.
+        r = c.post("http://0.0.0.0:33333/train", json={"workers": remote})
+        assert r.status_code == 422 and "http://0.0.0.0:33333" in r.json()["detail"], r.text
+        assert status(c)["state"] == "idle" and launched == []
+        local = c.post("http://127.0.0.1:33333/train", json={"workers": ["127.0.0.1:9001"]})
+        assert local.status_code == 202, local.text
+        assert c.post("/stop", json={}).status_code == 200
+        given = {"workers": remote, "master_url": "http://10.0.0.10:33333"}
+        assert c.post("http://localhost:33333/train", json=given).status_code == 202
+    settings = make_settings(tmp_path / "2", master_url="http://10.0.0.10:33333")
+    with master(settings) as c:
+        assert c.post("http://[::1]:33333/train", json={"workers": remote}).status_code == 202
+    assert [call["master_url"] for call in launched] == [
+        "http://127.0.0.1:33333", "http://10.0.0.10:33333", "http://10.0.0.10:33333"]
 
 
 @pytest.mark.parametrize("master_url", ["ftp://127.0.0.1:1", "nonsense"])

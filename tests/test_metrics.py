@@ -67,6 +67,30 @@ def test_a_workers_metrics_equal_its_status() -> None:
         assert value == status["time"][f"{phase}_s"]
 
 
+def names(text: str) -> set[str]:
+    """Every metric family's name and every sample's (counters add `_total`, histograms more)."""
+    families = list(text_string_to_metric_families(text))
+    return {f.name for f in families} | {s.name for f in families for s in f.samples}
+
+
+def test_no_metric_name_is_exported_by_both_services(tmp_path: Path) -> None:
+    """A PromQL sum() over the master's and the workers' targets counts each figure once."""
+    with master_running(tmp_path) as c:
+        assert push(c, 1) == 200  # every family the master has: an episode, an update
+        beat = {"worker_id": "w1", "steps_per_s": 1234.5}
+        assert c.post("/heartbeat", json=beat).status_code == 200
+        master = c.get("/metrics").text
+    with TestClient(create_worker(token=""), client=("127.0.0.1", 5)) as c:
+        progress = c.app.state.worker.progress  # every family a worker has, the optional too
+        progress.steps_per_s, progress.round_trip_s = 987.0, 0.002
+        worker = c.get("/metrics").text
+    got = samples(master)
+    assert got[("a3c_worker_reported_env_steps_per_second", (("worker_id", "w1"),))] == 1234.5
+    assert samples(worker)[("a3c_worker_env_steps_per_second", ())] == 987.0
+    assert len(names(master)) > 10 and len(names(worker)) > 10
+    assert names(master).isdisjoint(names(worker)), names(master) & names(worker)
+
+
 @pytest.mark.skipif(
     shutil.which("promtool") is None,
     reason="promtool is not installed (Debian's `prometheus` package; .ci/run installs it)",

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from a3c_http.envs import MissingDependency
 from a3c_http.model import build_model
 from a3c_http.rollout import Rollout, RolloutCollector
+from tests.support import without_box2d
 
 # CartPole-v1 terminates when |x| > 2.4 or |theta| > 12 degrees.
 X_LIMIT = 2.4
@@ -176,3 +178,13 @@ def test_same_seed_same_rollout() -> None:
     assert torch.equal(a.obs, b.obs)
     assert torch.equal(a.actions, b.actions)
     assert torch.equal(a.valid, b.valid)
+
+
+def test_a_workers_environments_say_how_to_install_a_missing_package(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a worker without Box2D reports (the master's POST /train says the same: see
+    test_http_bad_input.py), rather than gymnasium's own pip hint."""
+    without_box2d(monkeypatch)
+    with pytest.raises(MissingDependency, match=r"\./scripts/setup_venv\.sh box2d"):
+        RolloutCollector("LunarLander-v3", {}, num_envs=2, seed=1)

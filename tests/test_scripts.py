@@ -4,9 +4,12 @@ run."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from a3c_http.config import Settings, TrainConfig
@@ -14,7 +17,9 @@ from a3c_http.store import RunStore, Snapshot
 from master.state import ClusterState
 from scripts.evaluate import main as evaluate_main
 from scripts.plot_rewards import plot
-from scripts.run_local import progress_line
+from scripts.run_local import progress_line, refusal
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def status(elapsed: float, steps: int, **extra: object) -> dict:
@@ -31,6 +36,19 @@ def test_progress_line_measures_the_rate_between_two_statuses() -> None:
     assert "mean100   41.5" in line and "best  120" in line
     assert "workers: 1 lost, 2 running" in line
     assert "env steps/s       0" in progress_line(status(1.0, 0), None)
+
+
+def test_a_refused_train_is_one_readable_line() -> None:
+    """The quickstart prints the master's `detail`, not the raw JSON of its 422 or 503."""
+    detail = "env_id: unknown gymnasium environment 'CartPol-v1'; did you mean 'CartPole-v1'?"
+    errors = [{"loc": ["body", "env_id"], "msg": detail[8:], "type": "value_error"}]
+    assert refusal(httpx.Response(422, json={"detail": detail, "errors": errors})) == (
+        f"error: the master refused the config: {detail}")
+    down = "no worker could be started: w1 (http://127.0.0.1:8001): cannot reach the worker"
+    assert refusal(httpx.Response(503, json={"detail": down, "data": {"workers": []}})) == (
+        f"error: {down}")
+    assert refusal(httpx.Response(502, text="Bad Gateway")) == (
+        "error: POST /train answered 502: Bad Gateway")
 
 
 def saved_run(folder: Path, run_id: str, evaluations: int = 0) -> Path:
@@ -92,9 +110,19 @@ def test_evaluate_plays_a_saved_run_and_ends_with_its_json_line(
         evaluate_main([str(tmp_path / "elsewhere")])
 
 
-def test_evaluate_records_a_video_of_each_episode(tmp_path: Path) -> None:
+def test_evaluate_records_a_video_of_each_episode_quietly(tmp_path: Path) -> None:
+    """In a process of its own, as a user runs it on a host without a display or a session
+    (no XDG_RUNTIME_DIR): pygame starts SDL there, which would complain on stderr."""
     run_with_weights(tmp_path / "run")
-    evaluate_main([str(tmp_path / "run"), "--episodes", "2", "--video", str(tmp_path / "v")])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SDL_", "XDG_", "DISPLAY"))}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "evaluate.py"), str(tmp_path / "run"),
+         "--episodes", "2", "--video", str(tmp_path / "v")],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "XDG_RUNTIME_DIR" not in done.stderr, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["episodes"] == 2
     videos = sorted((tmp_path / "v").glob("*.mp4"))
     assert len(videos) == 2 and all(v.stat().st_size > 1000 for v in videos)
 

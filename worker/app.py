@@ -226,7 +226,10 @@ def create_app(token: str | None = None, settings: WorkerSettings | None = None)
         service.stop()
         service.join(timeout=15)
 
-    app = FastAPI(title="a3c-http worker", version="0.1.0", lifespan=lifespan)
+    # FastAPI's /docs and /redoc load from a CDN: install_common serves /docs from the package.
+    app = FastAPI(
+        title="a3c-http worker", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None
+    )
     app.state.worker = service
     install_common(app, settings.token, settings.max_body_bytes)
     router = protected_router()
