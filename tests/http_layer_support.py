@@ -40,10 +40,13 @@ def settings(tmp_path: Path, **overrides: Any) -> Settings:
     return Settings(**values)
 
 
-def start_run(c: TestClient, workers: list[str], **config: Any) -> dict[str, Any]:
+def start_run(
+    c: TestClient, workers: list[str], expect: int = 202, **config: Any
+) -> dict[str, Any]:
+    """POST /train; `expect` 503 when no worker can start (the body still has the results)."""
     body = {"workers": workers, "heartbeat_timeout_s": 3600, "seed": 1, **config}
     reply = c.post("/train", json=body)
-    assert reply.status_code == 202, reply.text
+    assert reply.status_code == expect, reply.text
     return reply.json()["data"]
 
 
