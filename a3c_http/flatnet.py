@@ -62,6 +62,28 @@ class FlatNetwork:
     def optimizer_state(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
 
+    def non_finite(self) -> str | None:
+        """What holds a NaN or an infinity, the weights' first such tensor or the optimizer's
+        (`tensor 'obs_rms.var' of the weights`), or None: such a state must never be saved."""
+        if not bool(torch.isfinite(self.flat).all()):
+            bad = next(
+                name
+                for name, s in self.layout.slices.items()
+                if not bool(torch.isfinite(self.flat[s]).all())
+            )
+            return f"tensor {bad!r} of the weights"
+        return non_finite_optimizer_state(self.optimizer_state())
+
+
+def non_finite_optimizer_state(state: dict[str, Any]) -> str | None:
+    """The first entry of an optimizer's state dict that holds a NaN or an infinity
+    (`'exp_avg_sq' of the optimizer state`), or None."""
+    for entry in state.get("state", {}).values():
+        for key, value in entry.items():
+            if torch.is_tensor(value) and not bool(torch.isfinite(value).all()):
+                return f"{key!r} of the optimizer state"
+    return None
+
 
 def bind(model: nn.Module, layout: Layout) -> torch.Tensor:
     """Make every parameter and buffer of `model` a view of one new vector in `layout`'s order

@@ -332,19 +332,17 @@ class RunStore:
             if db is not self._db:
                 db.close()
 
-    def saved_run_id(self) -> str | None:
-        """The id of the run saved here, read from its config alone: for a folder whose state
-        does not load (master/resume.py). Raises what reading it raises."""
+    def saved_meta(self) -> dict[str, str]:
+        """The texts of the `meta` table (the config and the state) as saved, unparsed: for a
+        folder whose run does not load (master/resume.py). Raises what reading it raises."""
         db = self._read()
         if db is None:
-            return None
+            return {}
         try:
-            row = db.execute("SELECT value FROM meta WHERE key = 'config'").fetchone()
+            return dict(db.execute("SELECT key, value FROM meta"))
         finally:
             if db is not self._db:
                 db.close()
-        run_id = json.loads(row[0]).get("run_id") if row else None
-        return run_id if isinstance(run_id, str) else None
 
     def archive_path(self, run_id: str) -> Path:
         """Where `archive` moves the files of run `run_id`."""

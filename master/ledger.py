@@ -389,4 +389,3 @@ class RunLedger:
             self.stats = Stats.from_json(state["stats"], queue)
             self.evals = Evaluations.from_json(state.get("evaluations", {}))
             self.workers = Registry.from_json(state.get("workers", []), self.events)
-            self.events.run_resumed(self.run_id, self.run_state, self.stats, elapsed_s)

@@ -35,6 +35,7 @@ from a3c_http.a3c import set_learning_rate
 from a3c_http.config import TrainConfig
 from a3c_http.flatnet import FlatNetwork
 from a3c_http.model import ActorCritic
+from a3c_http.store import NonFiniteValue
 from master.errors import StateConflict
 from master.outliers import OutlierFilter
 from master.rounds import Outcome, Round, Update
@@ -349,10 +350,19 @@ class ParameterServer:
             }
 
     def blobs(self) -> tuple[bytes, bytes]:
-        """The weights and the optimizer's state, as bytes."""
+        """The weights and the optimizer's state, as bytes. NonFiniteValue, naming the tensor,
+        when either holds a NaN or an infinity: the run folder keeps its last save rather than
+        one that no master could resume from."""
         with self.lock:
+            net = self._require_net()
+            bad = net.non_finite()
+            if bad is not None:
+                raise NonFiniteValue(
+                    f"{bad} holds NaN or infinite values (model version {self.version}): not "
+                    "saved, the run folder keeps its last save"
+                )
             buf = io.BytesIO()
-            torch.save(self._require_net().optimizer_state(), buf)
+            torch.save(net.optimizer_state(), buf)
             return self.weights()[0], buf.getvalue()
 
     def restore(
@@ -360,12 +370,13 @@ class ParameterServer:
         config: TrainConfig,
         model: ActorCritic,
         state: dict[str, Any],
-        optimizer: bytes,
+        optimizer_state: dict[str, Any],
         temporary: dict[str, bytes],
         skip_versions: int,
     ) -> None:
+        """Take up a saved run (master/resume.py read and checked it); `skip_versions`: how far
+        the version jumps after a crash."""
         with self.lock:
-            optimizer_state = torch.load(io.BytesIO(optimizer), weights_only=True)
             self._set_model(config, model, optimizer_state)
             self.version = int(state.get("model_version", 0)) + skip_versions
             self.first_version = int(state.get("first_version", 0))

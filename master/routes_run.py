@@ -12,10 +12,11 @@ from fastapi.responses import JSONResponse, Response
 from a3c_http.exploration import ExplorationError
 from a3c_http.model import UnsupportedSpace
 from a3c_http.protocol import METRICS_CONTENT_TYPE as METRICS_TYPE
-from a3c_http.service import JSON_BODY, conflict, protected_router
+from a3c_http.service import JSON_BODY, conflict, error, protected_router
 from master.deps import State
 from master.launcher import WorkerListError, normalize_url, parse_workers, read_workers_file
 from master.launcher import start_workers as launch
+from master.persistence import FolderUnwritable
 from master.schemas import OTHER_RUN, EpisodeIn, HeartbeatIn, Seq, TrainIn
 from master.state import ModelTooLarge
 
@@ -25,7 +26,11 @@ router = protected_router(tags=["run"])
 @router.post(
     "/train",
     status_code=202,
-    responses={**JSON_BODY, **conflict("a run is running: POST /stop it first")},
+    responses={
+        **JSON_BODY,
+        **conflict("a run is running: POST /stop it first"),
+        503: error("the previous run's last changes cannot be saved (a full disk): no new run"),
+    },
 )
 def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
     settings = state.settings
@@ -54,6 +59,8 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
         run_id, worker_ids = state.start_run(config, urls)
     except (ModelTooLarge, ExplorationError) as exc:
         raise HTTPException(422, str(exc)) from None
+    except FolderUnwritable as exc:
+        raise HTTPException(503, str(exc)) from None
     except (UnsupportedSpace, gym.error.Error, TypeError, ValueError) as exc:
         raise HTTPException(
             422, f"env_id/env_kwargs: cannot build {config.env_id!r}: {exc}"
