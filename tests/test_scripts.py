@@ -14,7 +14,7 @@ from a3c_http.store import RunStore, Snapshot
 from master.state import ClusterState
 from scripts.evaluate import main as evaluate_main
 from scripts.plot_rewards import plot
-from scripts.run_local import progress_line
+from scripts.run_local import progress_line, resume_note
 
 
 def status(elapsed: float, steps: int, **extra: object) -> dict:
@@ -31,6 +31,14 @@ def test_progress_line_measures_the_rate_between_two_statuses() -> None:
     assert "mean100   41.5" in line and "best  120" in line
     assert "workers: 1 lost, 2 running" in line
     assert "env steps/s       0" in progress_line(status(1.0, 0), None)
+
+
+def test_the_quickstart_notes_a_run_its_master_cannot_resume_in_one_line() -> None:
+    assert resume_note(status(1.0, 0, resume_error=None)) is None
+    problem = {"error": "runs/latest/run.db holds run r1, which cannot be resumed: ...; run r1 "
+               "is then moved to runs/latest/archive/r1/", "run_id": "r1"}  # fmt: skip
+    note = resume_note(status(1.0, 0, resume_error=problem))
+    assert note.startswith("note: runs/latest/run.db holds run r1") and "\n" not in note
 
 
 def saved_run(folder: Path, run_id: str, evaluations: int = 0) -> Path:
