@@ -13,6 +13,7 @@ removed lock file or owner file back (`FolderLock.keep`), so the folder looks as
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -104,7 +105,10 @@ class FolderLock:
         self._file_lock = lock
         held = os.stat(self.folder / LOCK)
         self._lock_file = (held.st_dev, held.st_ino)
-        self._write_owner()
+        # Only the message of a second master needs it: a full disk must not keep the owner out
+        # of its folder (`keep` writes it once there is room).
+        with contextlib.suppress(OSError):
+            self._write_owner()
 
     def _write_owner(self) -> None:
         # The lock file itself is no place for it: every process that tries the lock opens it.

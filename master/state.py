@@ -101,9 +101,9 @@ class ClusterState:
             self.persister.restored(resumed.saved_at)
         # Started and closed by the app's lifespan (master/app.py).
         self.evaluator = Evaluator(self.ledger, self.params, self.record_evaluation)
+        self.ledger.events.flush()  # the resume's line before any of its save's
         if resumed is not None and resumed.skipped:
             self.persist()  # the skipped versions are on disk before any is handed out
-        self.ledger.events.flush()
 
     def _new_parts(self) -> None:
         self.ledger = RunLedger(self.settings.queue_max)
