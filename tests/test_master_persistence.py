@@ -173,6 +173,7 @@ def test_status_and_metrics_show_a_failing_save_until_one_succeeds(
 ) -> None:
     with master(make_settings(tmp_path)) as c:
         start_run(c)
+        register(c)
         state = c.app.state.cluster
         saved_at = status(c)["last_saved_at"]
         assert status(c)["save_error"] is None and saved_at > 0
@@ -200,6 +201,11 @@ def test_status_and_metrics_show_a_failing_save_until_one_succeeds(
     assert RunStore(tmp_path / "run").load().state["run_state"] == "finished"
 
 
+def register(c: TestClient, worker_id: str = "w1") -> None:
+    r = c.post("/worker_started", json={"worker_id": worker_id, "url": "http://127.0.0.1:9001"})
+    assert r.status_code == 200, r.text
+
+
 def metric(c: TestClient, name: str) -> float:
     for line in c.get("/metrics").text.splitlines():
         if line.startswith(f"{name} "):
@@ -214,6 +220,7 @@ def test_no_new_run_begins_while_the_last_ones_changes_cannot_be_saved(
     (503) and changes nothing, and begins once they are saved."""
     with master(make_settings(tmp_path)) as c:
         first = start_run(c)["run_id"]
+        register(c)
         state = c.app.state.cluster
         real = state.store.save
 
@@ -244,6 +251,7 @@ def saved_run(tmp_path: Path) -> tuple[str, int]:
     and model version."""
     with master(make_settings(tmp_path)) as c:
         run_id = start_run(c)["run_id"]
+        register(c)
         tensors, version, _ = weights(c)
         assert push_gradients(c, wire.encode(ones_like(tensors)), version).status_code == 200
         episode(c, 3.0)
