@@ -68,10 +68,9 @@ class FlatNetwork:
         if self._statistics:
             for vector in vectors:
                 absorb(self.model, self.layout.views(vector))
-        after = self._state_tensors()
-        bad = next((name for name, t in after.items() if not _finite(t)), None)
+        bad = self.non_finite()
         if bad is not None:
-            if after.keys() != before.keys():  # the first step made the optimizer's state
+            if self._state_tensors().keys() != before.keys():  # the first step made the state
                 self.optimizer.state.pop(self.params, None)
             with torch.no_grad():
                 for tensor, copy in zip(before.values(), saved, strict=True):
@@ -121,6 +120,28 @@ class FlatNetwork:
 
     def optimizer_state(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
+
+    def non_finite(self) -> str | None:
+        """What holds a NaN or an infinity, the weights' first such tensor or the optimizer's
+        (`tensor 'obs_rms.var' of the weights`, `the optimizer's square_avg`), or None: such a
+        state is never kept after a step, nor saved."""
+        for name, tensor in self._state_tensors().items():
+            if not _finite(tensor):
+                if tensor is not self.flat:
+                    return name
+                bad = next(n for n, s in self.layout.slices.items() if not _finite(self.flat[s]))
+                return f"tensor {bad!r} of the weights"
+        return None
+
+
+def non_finite_optimizer_state(state: dict[str, Any]) -> str | None:
+    """The first entry of an optimizer's state dict that holds a NaN or an infinity
+    (`'exp_avg_sq' of the optimizer state`), or None."""
+    for entry in state.get("state", {}).values():
+        for key, value in entry.items():
+            if torch.is_tensor(value) and not bool(torch.isfinite(value).all()):
+                return f"{key!r} of the optimizer state"
+    return None
 
 
 def _finite(tensor: torch.Tensor) -> bool:

@@ -259,30 +259,34 @@ def protected_router(**kwargs: Any) -> APIRouter:
 
 
 class QuietAccessLog(logging.Filter):
-    """Leaves out uvicorn's access line of a successful request to one of `paths`: a master
-    serving hundreds of gradient pushes a second would otherwise spend a good part of its time
-    writing them (A3C_ACCESS_LOG=all keeps them). Errors (4xx, 5xx) and every other route are
-    logged as ever."""
+    """Leaves out uvicorn's access line of a successful request to one of `paths`, and of a 409
+    to one of `conflicts`: a master serving hundreds of gradient pushes a second would otherwise
+    spend a good part of its time writing them, and its refusals of stale pushes (a thousand
+    after a restart) are counted elsewhere (A3C_ACCESS_LOG=all keeps them). Other errors and
+    every other route are logged as ever."""
 
-    def __init__(self, paths: set[str]) -> None:
+    def __init__(self, paths: set[str], conflicts: set[str] | None = None) -> None:
         super().__init__()
         self.paths = frozenset(paths)
+        self.conflicts = frozenset(conflicts or ())
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
         # uvicorn's access record: (client, method, path with query, HTTP version, status)
-        if isinstance(args, tuple) and len(args) == 5:
-            path = str(args[2]).partition("?")[0]
-            return not (path in self.paths and isinstance(args[4], int) and args[4] < 400)
+        if isinstance(args, tuple) and len(args) == 5 and isinstance(args[4], int):
+            path, status = str(args[2]).partition("?")[0], args[4]
+            if path in self.paths and status < 400:
+                return False
+            return not (path in self.conflicts and status == 409)
         return True
 
 
-def quiet_access_log(paths: set[str]) -> None:
+def quiet_access_log(paths: set[str], conflicts: set[str] | None = None) -> None:
     """Install `QuietAccessLog` on uvicorn's access logger (once per process)."""
     logger = logging.getLogger("uvicorn.access")
     for old in [f for f in logger.filters if isinstance(f, QuietAccessLog)]:
         logger.removeFilter(old)
-    logger.addFilter(QuietAccessLog(paths))
+    logger.addFilter(QuietAccessLog(paths, conflicts))
 
 
 def install_common(
@@ -291,14 +295,16 @@ def install_common(
     max_body_bytes: int,
     quiet_paths: set[str] | None = None,
     public_paths: frozenset[str] = frozenset(),
+    quiet_conflicts: set[str] | None = None,
 ) -> None:
     """Health route, API docs (a3c_http/apidocs.py), auth, body limit, the 422 format and the
     405's `Allow` shared by both services (the routes declare the errors they answer:
     `protected_router`, `JSON_BODY`, ...); `quiet_paths`: routes whose successful requests
-    uvicorn's access log leaves out; `public_paths`: static pages served without the token (GET
-    and HEAD only), besides Swagger UI's files."""
+    uvicorn's access log leaves out, and `quiet_conflicts` those whose 409s it leaves out too;
+    `public_paths`: static pages served without the token (GET and HEAD only), besides Swagger
+    UI's files."""
     if quiet_paths:
-        quiet_access_log(quiet_paths)
+        quiet_access_log(quiet_paths, quiet_conflicts)
     app.include_router(health_router)
     apidocs.install(app)
     app.add_exception_handler(RequestValidationError, _validation_error)

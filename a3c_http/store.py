@@ -7,21 +7,28 @@
                           changed them
     config.json           a copy of the resolved config, for users
     archive/<run_id>/     earlier runs of this folder, moved aside by a new POST /train
-    .a3c.lock             held by the one master that owns the folder
+    .a3c.lock, .a3c.owner the one master that owns the folder (a3c_http/folderlock.py)
 
 A save is one SQLite transaction, so a kill at any moment leaves the previous save or the new one,
 never a mix of the two (new weights with old counters). Episode rows are keyed by their global
 episode number and FIFO entries by their position, so a save retried after a failure writes each
 row once. Any user can read a run with `sqlite3 run.db 'select * from episodes'`.
 
-Only one master may own a folder at a time: `RunStore.acquire` takes `.a3c.lock` for the life of
-the process, and a second master (or `uvicorn --workers 2`) refuses to start. Reading a folder
-(`RunStore(path)`: plots, evaluation, tests) needs no lock.
+A save that fails (a full disk) leaves the previous save whole and the store ready for the next
+one; nothing NaN or infinite is ever written (`NonFiniteValue`), so a folder never holds a value
+that its master could not resume from.
+
+Only one master may own a folder at a time: `RunStore.acquire` takes its locks for the life of
+the process (`.a3c.lock` and a flock on the folder itself, which no hand can delete), and a second
+master (or `uvicorn --workers 2`) refuses to start. Reading a folder (`RunStore(path)`: plots,
+evaluation, tests) needs no lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -31,11 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
+from a3c_http.folderlock import LOCK, OWNER, FolderLock, RunDirInUse
+
+__all__ = ["LOCK", "OWNER", "NonFiniteValue", "RunDirInUse", "RunStore", "Snapshot", "atomic_write"]
 
 DB = "run.db"
-LOCK = ".a3c.lock"
-OWNER = ".a3c.owner"
 # What a new run moves to archive/<run_id>/ (the quickstart's plot included).
 RUN_FILES = (DB, "weights.safetensors", "config.json")
 EPISODE_FIELDS = ("global_episode", "worker_id", "reward", "length", "time")
@@ -79,35 +86,27 @@ CREATE TABLE IF NOT EXISTS evaluations (
 """
 
 
-class RunDirInUse(ValueError):
-    """Another master process owns the run folder. `sibling`: that master and this process were
-    started by the same parent, as `uvicorn --workers N` does."""
-
-    def __init__(self, run_dir: Path, owner: dict[str, int] | None) -> None:
-        self.sibling = (
-            owner is not None and owner["pid"] != os.getpid() and owner["ppid"] == os.getppid() != 1
-        )
-        if self.sibling:
-            why = (
-                f"the run folder {run_dir} is owned by process {owner['pid']}, another master "
-                "started by the same `uvicorn --workers N`: a master is one process, so run "
-                "uvicorn without --workers"
-            )
-        else:
-            pid = f" (process {owner['pid']})" if owner else ""
-            why = (
-                f"the run folder {run_dir} is in use by another master{pid}, which holds "
-                f"{run_dir / LOCK}: stop that master, or set A3C_RUN_DIR to another folder"
-            )
-        super().__init__(why)
+class NonFiniteValue(ValueError):
+    """A value about to be saved is NaN or infinite: the save is refused (the folder keeps its
+    last save), since a master could never resume from it."""
 
 
-def _read_owner(path: Path) -> dict[str, int] | None:
-    try:
-        owner = json.loads(path.read_text())
-        return {"pid": int(owner["pid"]), "ppid": int(owner["ppid"])}
-    except (OSError, ValueError, KeyError, TypeError):
+def find_non_finite(obj: Any, path: str = "") -> str | None:
+    """Where in a JSON-like `obj` the first NaN or infinity is (`stats.best_score = inf`), or
+    None when every number is finite."""
+    if isinstance(obj, float):
+        return None if math.isfinite(obj) else f"{path or 'the value'} = {obj}"
+    if isinstance(obj, dict):
+        items: Any = obj.items()
+    elif isinstance(obj, list | tuple):
+        items = enumerate(obj)
+    else:
         return None
+    for key, value in items:
+        found = find_non_finite(value, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 @dataclass
@@ -146,8 +145,20 @@ def _safe_name(run_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", run_id)[:100].lstrip(".") or "_"
 
 
-def _json(obj: Any) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True)
+def _json(obj: Any, what: str = "the value") -> str:
+    """`obj` as the run folder's JSON; NonFiniteValue for a NaN or an infinity, which JSON does
+    not have (Python would write `Infinity`, which no strict reader takes)."""
+    try:
+        return json.dumps(obj, indent=2, sort_keys=True, allow_nan=False)
+    except ValueError:
+        raise NonFiniteValue(f"{what} holds {find_non_finite(obj)}: not saved") from None
+
+
+def _check_rows(table: str, rows: list[tuple]) -> None:
+    for row in rows:
+        bad = find_non_finite(list(row))
+        if bad is not None:
+            raise NonFiniteValue(f"{table} row {row[0]} holds a NaN or infinity: not saved")
 
 
 class RunStore:
@@ -156,7 +167,7 @@ class RunStore:
     def __init__(self, run_dir: Path) -> None:
         self.dir = Path(run_dir)
         self._db: sqlite3.Connection | None = None
-        self._owner: FileLock | None = None
+        self._lock: FolderLock | None = None  # held by the owner (`acquire`)
         self._config_copy: bytes | None = None  # what config.json holds, once this store wrote it
 
     @classmethod
@@ -164,27 +175,24 @@ class RunStore:
         """The store of the master that owns `run_dir`; RunDirInUse when another one does."""
         store = cls(run_dir)
         store.dir.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(store.dir / LOCK), timeout=0)
-        try:
-            lock.acquire()
-        except Timeout:
-            raise RunDirInUse(store.dir, _read_owner(store.dir / OWNER)) from None
-        store._owner = lock
-        # Who owns it, for the message a second master gets (the lock file itself is truncated
-        # by every process that tries it).
-        atomic_write(
-            store.dir / OWNER, json.dumps({"pid": os.getpid(), "ppid": os.getppid()}).encode()
-        )
+        lock = FolderLock(store.dir)
+        lock.take()
+        store._lock = lock
         return store
+
+    def keep_lock(self) -> bool:
+        """The owner puts back a lock file removed by hand (a3c_http/folderlock.py); True when
+        it did."""
+        return self._lock.keep() if self._lock is not None else False
 
     def close(self) -> None:
         """Close the database and give up the folder (no save: the caller saves first)."""
         if self._db is not None:
             self._db.close()
             self._db = None
-        if self._owner is not None:
-            self._owner.release()
-            self._owner = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def path(self, name: str) -> Path:
         return self.dir / name
@@ -193,21 +201,35 @@ class RunStore:
         if self._db is None:
             # Saves come from the housekeeping thread and from request threads; the master
             # serialises them (master/persistence.py), so one connection may serve them all.
-            self._db = sqlite3.connect(self.path(DB), check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.executescript(SCHEMA)
+            db = sqlite3.connect(self.path(DB), check_same_thread=False, isolation_level=None)
+            try:
+                db.execute("PRAGMA synchronous=FULL")
+                db.executescript(SCHEMA)
+            except BaseException:
+                db.close()
+                raise
+            self._db = db
         return self._db
 
     def save(self, snap: Snapshot) -> None:
-        """Write one snapshot in one transaction, then refresh the users' copies."""
-        if self._owner is None:
+        """Write one snapshot in one transaction, then refresh the users' copies. On failure
+        (sqlite3.Error, OSError, NonFiniteValue) the folder keeps its previous save and the store
+        takes the next one; a copy that failed is written again by the next save that holds it."""
+        if self._lock is None:
             raise RuntimeError("only the master that acquired the run folder writes to it")
+        config = _json(snap.config, "the config")
+        state = _json(snap.state, "the state")
+        for table, rows in (
+            ("episodes", snap.new_episodes),
+            ("evaluations", snap.new_evaluations),
+            ("queue", snap.queue),
+        ):
+            _check_rows(table, rows)
         db = self._connect()
         db.execute("BEGIN IMMEDIATE")
         try:
             db.executemany(
-                "INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                [("config", _json(snap.config)), ("state", _json(snap.state))],
+                "INSERT OR REPLACE INTO meta VALUES (?, ?)", [("config", config), ("state", state)]
             )
             blobs = {"weights": snap.weights, "optimizer": snap.optimizer}
             db.executemany(
@@ -226,14 +248,29 @@ class RunStore:
             db.executemany("INSERT OR IGNORE INTO queue VALUES (?, ?)", snap.queue)
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            self._roll_back(db)
             raise
         if snap.weights:
             atomic_write(self.path("weights.safetensors"), snap.weights)
-        config_copy = _json(snap.config).encode()
+        config_copy = config.encode()
         if config_copy != self._config_copy:
             atomic_write(self.path("config.json"), config_copy)
             self._config_copy = config_copy
+
+    def _roll_back(self, db: sqlite3.Connection) -> None:
+        """End the failed transaction, if SQLite did not: at some errors (a full disk among them)
+        it rolls back by itself, and a ROLLBACK then fails ("no transaction is active") over the
+        error that says what went wrong."""
+        if not db.in_transaction:
+            return
+        try:
+            db.execute("ROLLBACK")
+        except sqlite3.Error:
+            # A connection that cannot even roll back is given up: the next save opens another,
+            # and SQLite rolls the journal of this transaction back when it does.
+            with contextlib.suppress(sqlite3.Error):
+                db.close()
+            self._db = None
 
     def _read(self) -> sqlite3.Connection | None:
         if self._db is not None:
@@ -295,6 +332,22 @@ class RunStore:
             if db is not self._db:
                 db.close()
 
+    def saved_meta(self) -> dict[str, str]:
+        """The texts of the `meta` table (the config and the state) as saved, unparsed: for a
+        folder whose run does not load (master/resume.py). Raises what reading it raises."""
+        db = self._read()
+        if db is None:
+            return {}
+        try:
+            return dict(db.execute("SELECT key, value FROM meta"))
+        finally:
+            if db is not self._db:
+                db.close()
+
+    def archive_path(self, run_id: str) -> Path:
+        """Where `archive` moves the files of run `run_id`."""
+        return self.path("archive") / _safe_name(run_id)
+
     def archive(self, run_id: str) -> Path | None:
         """Move the files of the run in this folder to archive/<run_id>/ (a new run begins)."""
         if self._db is not None:
@@ -305,7 +358,7 @@ class RunStore:
         present += sorted(self.dir.glob("*.png"))
         if not present:
             return None
-        target = self.path("archive") / _safe_name(run_id)
+        target = self.archive_path(run_id)
         target.mkdir(parents=True, exist_ok=True)
         for path in present:
             shutil.move(str(path), target / path.name)

@@ -19,36 +19,13 @@ from a3c_http.protocol import STOP_HEADER
 from a3c_http.service import install_common
 from a3c_http.store import RunDirInUse
 from a3c_http.wire import WireError
-from master import routes_run, routes_seed, routes_view, routes_weights, tensorboard
+from master import housekeeping, routes_run, routes_seed, routes_view, routes_weights, tensorboard
 from master.errors import Invalid
-from master.events import ProgressLog
 from master.metrics import MasterMetrics
 from master.state import ClusterState, StateConflict
 
-
-def _housekeeping(
-    state: ClusterState, stop: threading.Event, board: tensorboard.TensorBoard | None
-) -> None:
-    """Mark silent workers lost, persist at most `persist_interval_s` after a change, write
-    the TensorBoard scalars every `tensorboard.INTERVAL_S` (when the extra is installed) and log
-    the progress line every `log_progress_s`."""
-    progress = ProgressLog(state.settings.log_progress_s)
-    interval = state.settings.persist_interval_s
-    tick = min(0.5, interval)
-    ticks_per_persist = max(1, round(interval / tick))
-    ticks_per_board = max(1, round(tensorboard.INTERVAL_S / tick))
-    n = 0
-    while not stop.wait(tick):
-        state.check_liveness()
-        n += 1
-        if n % ticks_per_persist == 0:
-            state.persist()
-        if board is not None and n % ticks_per_board == 0:
-            board.tick(state.status())
-        progress.tick(state.status)
-    if board is not None:
-        board.tick(state.status())  # the run's last figures
-        board.close()
+# How long a stopping master waits for a save in progress before its own last save.
+SHUTDOWN_SAVE_WAIT_S = 10.0
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -64,7 +41,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         stop = threading.Event()
         board = tensorboard.TensorBoard(settings.run_dir) if tensorboard.available() else None
         thread = threading.Thread(
-            target=_housekeeping, args=(state, stop, board), daemon=True, name="a3c-housekeeping"
+            target=housekeeping.run, args=(state, stop, board), daemon=True, name="a3c-housekeeping"
         )
         thread.start()
         state.evaluator.start()
@@ -79,7 +56,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             thread.join(timeout=10)
             state.evaluator.close()
             try:
-                state.persist(force=True, clean=True)
+                # A save that fails is logged, not raised, and one stuck on a disk that never
+                # answers is not waited for: the process ends and gives up the folder either way
+                # (the last save on disk then says no clean shutdown, so a resume skips versions).
+                state.persist(force=True, clean=True, wait_s=SHUTDOWN_SAVE_WAIT_S)
             finally:
                 state.close()
 
@@ -89,13 +69,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.cluster = state
     app.state.metrics = MasterMetrics(state.status)
-    # The routes of the workers' training loop: hundreds of requests a second.
+    # The routes of the workers' training loop: hundreds of requests a second. The 409s of their
+    # updates are part of the loop too (stale pushes, and after a restart every push computed
+    # before it): counted in updates_rejected_by, summed up by the progress line.
     hot = {"/gradients", "/episode", "/heartbeat", "/global_model_weights", "/local_model_weights"}
+    quiet = settings.access_log == "quiet"
     install_common(
         app,
         settings.token,
         settings.max_body_bytes,
-        quiet_paths=hot if settings.access_log == "quiet" else None,
+        quiet_paths=hot if quiet else None,
+        quiet_conflicts={"/gradients", "/local_model_weights"} if quiet else None,
         public_paths=routes_view.PUBLIC_PATHS,
     )
     for module in (routes_seed, routes_weights, routes_run, routes_view):

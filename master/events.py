@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from a3c_http.logs import Pace, emit
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from master.records import Stats, WorkerRecord
 
 logger = logging.getLogger("a3c.master")
-INFO, WARNING, ERROR = logging.INFO, logging.WARNING, logging.ERROR
+DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
 
 
 @dataclass(frozen=True)
@@ -80,19 +81,36 @@ class RunEvents:
             seed=c.seed,
         )
 
-    def run_resumed(self, run_id: str, state: str, stats: Stats, elapsed_s: float) -> None:
-        """A master started on a run folder took up its run (if it holds one)."""
+    def run_resumed(
+        self,
+        run_id: str | None,
+        state: str,
+        stats: Stats,
+        elapsed_s: float,
+        model_version: int,
+        skipped: int,
+    ) -> None:
+        """A master started on a run folder took up its run (if it holds one); `skipped`: the
+        model versions it jumped after a crash (master/resume.py)."""
         self.run_id = run_id
         if run_id is None:
             return
+        message = (
+            f"resumed run {run_id} after a crash: model versions continue at {model_version}, "
+            "past any version handed out since the last save"
+            if skipped
+            else "run restored from the run folder"
+        )
         self.add(
             INFO,
             "run_resumed",
-            "run restored from the run folder",
+            message,
             state=state,
             episodes=stats.global_episode,
             best_score=stats.best_score,
             elapsed_s=round(elapsed_s, 1),
+            model_version=model_version,
+            versions_skipped=skipped,
         )
 
     def run_finished(self, reason: str, stats: Stats, env_steps: int, elapsed_s: float) -> None:
@@ -196,7 +214,104 @@ class ProgressLog:
             "mean_return_100": s["mean_return_100"],
             "best_score": s["best_score"],
             "model_version": s["model_version"],
+            "updates_applied": s["updates_applied"],
+            # Refusals are left out of the access log (a3c_http/service.py QuietAccessLog), as
+            # the pushes computed before a restart are; this line sums them up.
+            "updates_rejected": s["updates_rejected"],
+            "rejected_by": {k: v for k, v in s["updates_rejected_by"].items() if v},
             "workers_running": sum(w["state"] == "running" for w in workers),
             "workers": len(workers),
         }
         emit(logger, INFO, "progress", "progress", s["run_id"], None, fields)
+
+
+def lock_file_restored(folder: Path) -> None:
+    """The owner put back the folder's lock file, which a hand had removed."""
+    emit(
+        logger,
+        WARNING,
+        "lock_file_restored",
+        "the run folder's lock file was removed: put back (this master still owns the folder)",
+        None,
+        None,
+        {"folder": str(folder)},
+    )
+
+
+def resume_failed(message: str, run_id: str | None, file: str) -> None:
+    """The master found a run it cannot resume (master/resume.py): `message` says which file,
+    what is wrong and what to do."""
+    emit(logger, ERROR, "resume_failed", message, run_id, None, {"file": file})
+
+
+class Failures:
+    """A task that is retried until it works (a save of the run folder, a housekeeping chore):
+    its first failure in a row is logged as an error with what went wrong, each further one at
+    DEBUG, and the first success after them at INFO with how long it failed (events
+    `<event>_failed`, `<event>_recovered`). `public()` is what /status shows. The caller
+    serialises `failed` and `succeeded`; `public` may be read from any thread."""
+
+    def __init__(self, what: str, event: str, traceback: bool = False, **fields: Any) -> None:
+        self.what = what
+        self.event = event
+        self.traceback = traceback  # the first failure's: for tasks that are not expected to fail
+        self.fields = fields
+        # (error, since: wall clock, since: monotonic, failures), replaced whole, so a reader
+        # never sees half of an update.
+        self._now: tuple[str, float, float, int] | None = None
+
+    def failed(self, exc: BaseException, run_id: str | None = None) -> None:
+        error = f"{type(exc).__name__}: {exc}"
+        now = self._now
+        if now is None:
+            self._now = (error, time.time(), time.monotonic(), 1)
+            emit(
+                logger,
+                ERROR,
+                f"{self.event}_failed",
+                f"{self.what} failed; retrying at every tick",
+                run_id,
+                None,
+                {**self.fields, "error": error},
+                exc_info=exc if self.traceback else False,
+            )
+        else:
+            self._now = (error, now[1], now[2], now[3] + 1)
+            fields = {**self.fields, "error": error, "failures": now[3] + 1}
+            emit(
+                logger,
+                DEBUG,
+                f"{self.event}_failed",
+                f"{self.what} failed again",
+                run_id,
+                None,
+                fields,
+            )
+
+    def succeeded(self, run_id: str | None = None) -> None:
+        now = self._now
+        if now is None:  # the cheap look of every success
+            return
+        self._now = None
+        fields = {
+            **self.fields,
+            "failed_for_s": round(time.monotonic() - now[2], 1),
+            "failures": now[3],
+        }
+        emit(
+            logger,
+            INFO,
+            f"{self.event}_recovered",
+            f"{self.what} works again",
+            run_id,
+            None,
+            fields,
+        )
+
+    def public(self) -> dict[str, Any] | None:
+        """`{"error", "since" (unix time of the first failure in a row), "failures"}`, or None
+        while the task works."""
+        now = self._now
+        if now is None:
+            return None
+        return {"error": now[0], "since": round(now[1], 3), "failures": now[3]}

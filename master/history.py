@@ -31,8 +31,10 @@ def history_page(
             total, evaluation_total = ledger.stats.global_episode, ledger.evals.count
             unsaved = [r for r in ledger.unsaved_rows if r[0] > since]
             unsaved_evaluations = [r for r in ledger.evals.unsaved if r[0] > evaluations_since]
-        episodes = store.read_episodes(since, limit)
-        evaluations = store.read_evaluations(evaluations_since, limit)
+        episodes, evaluations = [], []
+        if state.persister.holds_current_run:  # not the rows of a run not taken up, or before
+            episodes = store.read_episodes(since, limit)
+            evaluations = store.read_evaluations(evaluations_since, limit)
     episodes += [dict(zip(EPISODE_FIELDS, r, strict=True)) for r in unsaved]
     evaluations += [dict(zip(EVALUATION_FIELDS, r, strict=True)) for r in unsaved_evaluations]
     episodes, evaluations = episodes[:limit], evaluations[:limit]

@@ -432,4 +432,3 @@ class RunLedger:
             self.workers = Registry.from_json(
                 state.get("workers", []), self.events, self.max_workers
             )
-            self.events.run_resumed(self.run_id, self.run_state, self.stats, elapsed_s)

@@ -81,6 +81,18 @@ class StatusCollector(Collector):
             seen.add_metric([w["worker_id"]], w["last_seen_s"])
         yield speed
         yield seen
+        save_error = s.get("save_error") or {}
+        yield GaugeMetricFamily(
+            "a3c_save_failures",
+            "Saves of the run folder that failed in a row (0 once one succeeds).",
+            value=save_error.get("failures", 0),
+        )
+        if s.get("last_saved_at") is not None:
+            yield GaugeMetricFamily(
+                "a3c_last_save_timestamp_seconds",
+                "Unix time of the last successful save of the run folder.",
+                value=s["last_saved_at"],
+            )
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:

@@ -43,6 +43,7 @@ from a3c_http.config import TrainConfig
 from a3c_http.flatnet import FlatNetwork, NonFiniteStep
 from a3c_http.model import ActorCritic
 from a3c_http.normalize import statistics_problem
+from a3c_http.store import NonFiniteValue
 from master.errors import Invalid, StateConflict
 from master.limits import RunLimits
 from master.outliers import OutlierFilter
@@ -428,10 +429,19 @@ class ParameterServer:
             }
 
     def blobs(self) -> tuple[bytes, bytes]:
-        """The weights and the optimizer's state, as bytes."""
+        """The weights and the optimizer's state, as bytes. NonFiniteValue, naming the tensor,
+        when either holds a NaN or an infinity: the run folder keeps its last save rather than
+        one that no master could resume from."""
         with self.lock:
+            net = self._require_net()
+            bad = net.non_finite()
+            if bad is not None:
+                raise NonFiniteValue(
+                    f"{bad} holds NaN or infinite values (model version {self.version}): not "
+                    "saved, the run folder keeps its last save"
+                )
             buf = io.BytesIO()
-            torch.save(self._require_net().optimizer_state(), buf)
+            torch.save(net.optimizer_state(), buf)
             return self.weights()[0], buf.getvalue()
 
     def restore(
@@ -439,12 +449,13 @@ class ParameterServer:
         config: TrainConfig,
         model: ActorCritic,
         state: dict[str, Any],
-        optimizer: bytes,
+        optimizer_state: dict[str, Any],
         temporary: dict[str, bytes],
         skip_versions: int,
     ) -> None:
+        """Take up a saved run (master/resume.py read and checked it); `skip_versions`: how far
+        the version jumps after a crash."""
         with self.lock:
-            optimizer_state = torch.load(io.BytesIO(optimizer), weights_only=True)
             self._set_model(config, model, optimizer_state)
             self.version = int(state.get("model_version", 0)) + skip_versions
             self.first_version = int(state.get("first_version", 0))

@@ -8,6 +8,17 @@ written after they are released, so no request ever waits for the disk; only ano
 Nothing marks the state "dirty": a save compares what it would write with what it last wrote and
 writes only when something changed (the weights by their version, the rest by value), and only
 what changed (new episode and evaluation rows and FIFO entries, weights of a new version).
+
+A save that fails (a full disk, a NaN that must not be written) changes nothing in memory: what it
+would have written is still there, marked unsaved, and the next save writes it with whatever
+changed since. So `save` never raises: it records the failure (`failures`: /status's
+`save_error`, /metrics) and logs it (master/events.py `Failures`), and the housekeeping thread's
+next tick retries. Only a new run is refused (`FolderUnwritable`) while the previous run's last
+changes cannot be saved: moving that run to archive/ unsaved would lose them.
+
+The folder may hold files of no run in memory: a run the master could not resume
+(`unresumable`, master/resume.py), which nothing writes into until a new run moves it aside, or
+the previous run, when moving it aside failed (`_aside`): the next save moves it first.
 """
 
 from __future__ import annotations
@@ -18,7 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from a3c_http.store import RunStore, Snapshot
+from a3c_http.store import NonFiniteValue, RunStore, Snapshot
+from master.events import Failures
 from master.ledger import RunLedger
 from master.params import ParameterServer
 
@@ -36,6 +48,11 @@ class _Marks:
     queue_end: int = 0
 
 
+class FolderUnwritable(Exception):
+    """A new run cannot begin: the previous run's last changes cannot be saved (the message says
+    why and what to do)."""
+
+
 class Persister:
     def __init__(self, store: RunStore, ledger: RunLedger, params: ParameterServer) -> None:
         self.store = store
@@ -43,27 +60,84 @@ class Persister:
         self.params = params
         self.mutex = threading.Lock()
         self._saved = _Marks()
+        self.failures = Failures("saving the run folder", "save")
+        self.last_saved_at: float | None = None  # unix time of the last save written
+        self.unresumable: str | None = None  # its name under archive/, while it is here
+        self._aside: str | None = None  # the previous run's, until its files are moved aside
 
-    def save(self, force: bool = False, clean: bool = False) -> bool:
-        """Write the state to the run folder if anything changed (or `force`). `clean`: this is
-        the last save of a process that shuts down, so nothing happens after it."""
-        with self.mutex:
-            return self._write(self._take(force, clean))
+    @property
+    def holds_current_run(self) -> bool:
+        """Whether the folder's files are those of the run in memory (or of none yet)."""
+        return self.unresumable is None and self._aside is None
+
+    def save(self, force: bool = False, clean: bool = False, wait_s: float = -1) -> bool:
+        """Write the state to the run folder if anything changed (or `force`); True when it did.
+        `clean`: this is the last save of a process that shuts down, so nothing happens after it.
+        `wait_s`: how long to wait for a save in progress (-1: as long as it takes). A failure is
+        recorded and logged, never raised: the next save retries it."""
+        if not self.mutex.acquire(timeout=wait_s):
+            waited = TimeoutError(f"a save in progress did not end within {wait_s} s")
+            self.failures.failed(waited, self.ledger.run_id)
+            return False
+        try:
+            return self._save(force, clean)
+        finally:
+            self.mutex.release()
+
+    def _save(self, force: bool, clean: bool) -> bool:
+        if self.unresumable is not None:
+            return False
+        try:
+            written = self._settle(force, clean)
+        except Exception as exc:  # whatever it is, the thread that saves goes on
+            self.failures.failed(exc, self.ledger.run_id)
+            return False
+        self.failures.succeeded(self.ledger.run_id)
+        return written
+
+    def _settle(self, force: bool, clean: bool) -> bool:
+        """Under the mutex: move the previous run's files aside if they are still here, then
+        write what changed. Raises what the store raises."""
+        if self._aside is not None:
+            self.store.archive(self._aside)
+            self._aside = None
+            self._saved = _Marks()  # the folder holds nothing of the current run yet
+        return self._write(self._take(force, clean))
 
     def switch_run(self, swap: Callable[[], T]) -> T:
         """Start a new run: `swap()` (called under both locks) replaces the old run's state by the
-        new one's. The old run's last changes are saved, its files archived, then the new run
-        saved, all before any other save can land. Returns what `swap` returns."""
+        new one's. The old run's changes are saved first (FolderUnwritable, nothing swapped, when
+        they cannot be), then its files (or those of a run that could not be resumed) go to
+        archive/ and the new run is saved, all before any other save can land; a failure of
+        these is recorded and retried by the next save. Returns what `swap` returns."""
         with self.mutex:
-            with self.ledger.lock, self.params.lock:
-                old_run_id = self.ledger.run_id
-                last = self._take(force=False, clean=False) if old_run_id else None
-                result = swap()
-            self._write(last)
+            old_run_id = self.ledger.run_id if self.unresumable is None else None
             if old_run_id is not None:
-                self.store.archive(old_run_id)
-                self._saved = _Marks()  # the folder holds nothing of the new run yet
-            self._write(self._take(force=True, clean=False))
+                try:
+                    self._settle(force=False, clean=False)
+                except NonFiniteValue as exc:  # it can never be saved: the last save is the run
+                    self.failures.failed(exc, old_run_id)
+                except Exception as exc:
+                    self.failures.failed(exc, old_run_id)
+                    raise FolderUnwritable(
+                        f"run {old_run_id}'s last changes cannot be saved "
+                        f"({type(exc).__name__}: {exc}), and archiving the run without them "
+                        "would lose them: free space in the run folder (or fix what the error "
+                        "names) and POST /train again"
+                    ) from exc
+            with self.ledger.lock, self.params.lock:
+                try:  # the changes of the instant since
+                    last = self._take(force=False, clean=False) if old_run_id else None
+                except NonFiniteValue:
+                    last = None
+                result = swap()
+            self._aside, self.unresumable = self.unresumable or old_run_id, None
+            if last is not None:
+                try:
+                    self._write(last)
+                except Exception as exc:  # the archived run then ends at the save before
+                    self.failures.failed(exc, old_run_id)
+            self._save(force=True, clean=False)
             return result
 
     def _take(self, force: bool, clean: bool) -> tuple[Snapshot, _Marks] | None:
@@ -108,6 +182,7 @@ class Persister:
         snapshot, marks = taken
         self.store.save(snapshot)  # on failure nothing is marked saved: the next save retries
         self._saved = marks
+        self.last_saved_at = snapshot.state["saved_at"]
         episodes, evaluations = snapshot.new_episodes, snapshot.new_evaluations
         if episodes or evaluations:
             self.ledger.rows_saved(
@@ -115,10 +190,11 @@ class Persister:
             )
         return True
 
-    def restored(self) -> None:
-        """The ledger and the parameter server were restored from the last save: its FIFO entries
-        are on disk (the rest is saved again at the next save, once)."""
+    def restored(self, saved_at: float | None) -> None:
+        """The ledger and the parameter server were restored from the save made at `saved_at`:
+        its FIFO entries are on disk (the rest is saved again at the next save, once)."""
         stats = self.ledger.stats
         self._saved = _Marks(
             queue_head=stats.queue_head, queue_end=stats.queue_head + len(stats.queue)
         )
+        self.last_saved_at = saved_at

@@ -18,6 +18,7 @@ from a3c_http.service import JSON_BODY, ErrorBody, conflict, is_loopback, protec
 from master.deps import State
 from master.launcher import WorkerListError, normalize_url, parse_workers, read_workers_file
 from master.launcher import start_workers as launch
+from master.persistence import FolderUnwritable
 from master.schemas import OTHER_RUN, EpisodeIn, HeartbeatIn, Seq, TrainIn
 from master.state import ModelTooLarge
 
@@ -28,9 +29,10 @@ REQUEST_URL = "the base URL of this request"
 class NoWorkerStarted(ErrorBody):
     """POST /train's 503: no worker could be started, so the run finished at once. `detail`
     says why for each worker; `data` is what the 202 would have carried (the run id, and each
-    worker's `started` and `error`)."""
+    worker's `started` and `error`). When the previous run's last changes cannot be saved, no
+    run begins and there is no `data`."""
 
-    data: dict[str, Any]
+    data: dict[str, Any] | None = None
 
 
 def _own_host(url: str) -> bool:
@@ -60,7 +62,11 @@ def unreachable_master(master_url: str, urls: list[str]) -> str | None:
     responses={
         **JSON_BODY,
         **conflict("a run is running: POST /stop it first"),
-        503: {"model": NoWorkerStarted, "description": "no worker could be started"},
+        503: {
+            "model": NoWorkerStarted,
+            "description": "no worker could be started (`data` has each worker's result), or the "
+            "previous run's last changes cannot be saved (a full disk): no new run began",
+        },
     },
 )
 def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
@@ -96,6 +102,8 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
         raise HTTPException(422, str(exc)) from None
     except MissingDependency as exc:
         raise HTTPException(422, f"env_id: {exc}") from None
+    except FolderUnwritable as exc:
+        raise HTTPException(503, str(exc)) from None
     except (UnsupportedSpace, gym.error.Error, TypeError, ValueError) as exc:
         raise HTTPException(
             422, f"env_id/env_kwargs: cannot build {config.env_id!r}: {exc}"

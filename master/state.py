@@ -15,10 +15,15 @@ them: starting a run, updates (the ledger admits, the parameter server applies),
 at once whatever finished the run, and logging the run's events (master/events.py) once the
 ledger's lock is released. In sync mode it also tells the parameter server when the workers a
 round waits for are gone, so the round closes without them.
+
+At start it takes up the run in its folder (master/resume.py), or starts idle with the reason it
+cannot (`resume_error`). No save ever raises into a request: a failed one is recorded (/status
+`save_error`) and the housekeeping thread retries it.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -34,31 +39,27 @@ from a3c_http.service import describe_error
 from a3c_http.store import RunStore
 from master.errors import Invalid, StateConflict
 from master.evaluator import Evaluator
+from master.events import lock_file_restored, resume_failed
 from master.ledger import RunLedger
 from master.params import ParameterServer
 from master.persistence import Persister
+from master.resume import (
+    VERSIONS_SKIPPED_AFTER_A_CRASH,
+    CannotResume,
+    resume,
+    saved_config,
+    versions_to_skip,
+)
 from master.rounds import Outcome
 from master.schemas import RolloutReport
 
-__all__ = ["VERSIONS_SKIPPED_AFTER_A_CRASH", "ClusterState", "StateConflict"]
-
-# A master that resumes a running run after a crash, not a clean shutdown, skips this many model
-# versions: the versions it handed out after its last save (a few seconds of updates) named
-# weights that are lost, and must never name other weights. Gradients computed on them are then
-# far too stale (409: the worker pulls the weights), and an ETag cached from them never matches.
-VERSIONS_SKIPPED_AFTER_A_CRASH = 1_000_000
-
-
-# What a field added since a run was saved meant before it existed: a run folder of an earlier
-# version resumes with the network and optimizer it was saved with (a shared torso and Adam), and
-# no preset fills in what that version did not know.
-_BEFORE_THE_FIELD = {"preset": None, "shared_torso": True, "optimizer": "adam"}
-
-
-def saved_config(data: dict[str, Any]) -> TrainConfig:
-    """The config of a saved run, as it was saved (also by an earlier version)."""
-    fields = {k: v for k, v in data.items() if k != "run_id"}
-    return TrainConfig(**{**_BEFORE_THE_FIELD, **fields})
+__all__ = [
+    "VERSIONS_SKIPPED_AFTER_A_CRASH",
+    "ClusterState",
+    "StateConflict",
+    "saved_config",
+    "versions_to_skip",
+]
 
 
 def rollout_report(metadata: dict[str, str]) -> RolloutReport | None:
@@ -83,18 +84,41 @@ class ClusterState:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.store = RunStore.acquire(settings.run_dir)
-        self.ledger = RunLedger(settings.queue_max, settings.max_workers)
-        self.params = ParameterServer()
-        self.persister = Persister(self.store, self.ledger, self.params)
+        # Why the run in the folder could not be resumed (master/resume.py), until a new run.
+        self.resume_error: CannotResume | None = None
+        self._new_parts()
+        try:
+            resumed = resume(self.store, self.ledger, self.params, time.time())
+        except CannotResume as exc:
+            resumed = None
+            self._new_parts()  # idle, with nothing of the run that could not be taken up
+            self.resume_error = exc
+            self.persister.unresumable = exc.aside
+            if exc.next_version is not None:  # a new run's versions go on after that run's
+                self.params.version = exc.next_version
+            resume_failed(str(exc), exc.run_id, str(exc.file))
+        if resumed is not None:
+            self.persister.restored(resumed.saved_at)
         # Started and closed by the app's lifespan (master/app.py).
         self.evaluator = Evaluator(self.ledger, self.params, self.record_evaluation)
-        if self._restore():
+        self.ledger.events.flush()  # the resume's line before any of its save's
+        if resumed is not None and resumed.skipped:
             self.persist()  # the skipped versions are on disk before any is handed out
-        self.ledger.events.flush()
+
+    def _new_parts(self) -> None:
+        self.ledger = RunLedger(self.settings.queue_max, self.settings.max_workers)
+        self.params = ParameterServer()
+        self.persister = Persister(self.store, self.ledger, self.params)
 
     def close(self) -> None:
         """Give up the run folder (the caller saved what it wanted to keep)."""
         self.store.close()
+
+    def keep_folder(self) -> None:
+        """Put back the folder's lock file if it was removed by hand (the housekeeping thread
+        looks at every save's tick)."""
+        if self.store.keep_lock():
+            lock_file_restored(self.store.dir)
 
     # -- the run ---------------------------------------------------------------------------------
 
@@ -117,12 +141,15 @@ class ClusterState:
         self._check_fits(config, len(layout.header) + 4 * layout.numel, "")
 
         def swap() -> tuple[str, list[str]]:
-            earlier_run = self.ledger.run_id is not None
+            # A run of this folder before (also one that could not be resumed, whose last
+            # version `__init__` took): the new run's versions go on after its.
+            earlier_run = self.ledger.run_id is not None or self.params.version > 0
             worker_ids = self.ledger.begin(config, worker_urls)
             self.params.begin(config, model, next_version=earlier_run)
             return self.ledger.run_id, worker_ids
 
         started = self.persister.switch_run(swap)
+        self.resume_error = None  # that run's files are moved aside (or will be, at next save)
         self.ledger.events.flush()
         return started
 
@@ -253,26 +280,15 @@ class ClusterState:
 
     def status(self) -> dict[str, Any]:
         self.check_liveness()
-        return {**self.ledger.status(), **self.params.counters()}
+        persister = self.persister
+        return {
+            **self.ledger.status(),
+            **self.params.counters(),
+            "save_error": persister.failures.public(),
+            "last_saved_at": persister.last_saved_at,
+            "resume_error": self.resume_error.public() if self.resume_error else None,
+        }
 
-    def persist(self, force: bool = False, clean: bool = False) -> bool:
-        return self.persister.save(force, clean)
-
-    def _restore(self) -> bool:
-        """Resume from the run folder; True when model versions were skipped (see
-        VERSIONS_SKIPPED_AFTER_A_CRASH)."""
-        snap = self.store.load()
-        if snap is None:
-            return False
-        config = saved_config(snap.config) if snap.weights else None
-        state = snap.state
-        self.ledger.restore(state, float(state.get("elapsed_s", 0.0)), config, snap.queue)
-        skipped = 0
-        if config is not None:
-            model = model_for(config)
-            model.load_state_dict(wire.decode(snap.weights, wire.spec_of(model)))
-            crashed = state["run_state"] == "running" and not state.get("clean_shutdown", False)
-            skipped = VERSIONS_SKIPPED_AFTER_A_CRASH if crashed else 0
-            self.params.restore(config, model, state, snap.optimizer, snap.temporary, skipped)
-        self.persister.restored()
-        return skipped > 0
+    def persist(self, force: bool = False, clean: bool = False, wait_s: float = -1) -> bool:
+        """Save what changed (master/persistence.py: a failure is recorded, never raised)."""
+        return self.persister.save(force, clean, wait_s)

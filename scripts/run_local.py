@@ -69,6 +69,15 @@ def refusal(reply: httpx.Response) -> str:
     return f"error: {detail}"
 
 
+def resume_note(status: dict) -> str | None:
+    """One line when the master could not resume the run in its folder: the new run this script
+    starts moves that run to the archive."""
+    problem = status.get("resume_error")
+    if not problem:
+        return None
+    return f"note: {problem['error']} (the new run starts now)"
+
+
 class Stopped(Exception):
     pass
 
@@ -152,6 +161,9 @@ def main() -> int:
             f"logs in {logs}/"
         )
         cluster.start()
+        note = resume_note(cluster.status())
+        if note:
+            print(note)
         reply = cluster.train(**overrides)
         if reply.status_code == 409:
             # The run folder holds a run left running (an earlier quickstart was killed): the

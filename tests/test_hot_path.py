@@ -134,6 +134,11 @@ def test_the_access_log_leaves_out_only_successes_of_the_hot_routes() -> None:
     assert quiet.filter(access("/gradients", 409))  # errors stay visible
     assert quiet.filter(access("/train?x=1", 202))  # and every other route
     assert not quiet.filter(access("/gradients?a=b", 304))
+    # The master's: also the refusals of updates (counted in updates_rejected_by instead).
+    master = QuietAccessLog({"/gradients", "/episode"}, conflicts={"/gradients"})
+    assert not master.filter(access("/gradients", 409))
+    assert master.filter(access("/gradients", 422))  # a body that does not fit stays visible
+    assert master.filter(access("/episode", 409))
 
 
 def test_the_master_quiets_uvicorns_access_log_unless_told_otherwise(tmp_path) -> None:
@@ -148,6 +153,7 @@ def test_the_master_quiets_uvicorns_access_log_unless_told_otherwise(tmp_path) -
     try:
         create_app(Settings(run_dir=tmp_path / "a")).state.cluster.close()
         assert len(quiet()) == 1 and "/gradients" in quiet()[0].paths
+        assert quiet()[0].conflicts == {"/gradients", "/local_model_weights"}
         create_app(Settings(run_dir=tmp_path / "b")).state.cluster.close()
         assert len(quiet()) == 1  # once per process, however many apps
     finally:

@@ -219,6 +219,8 @@ def test_the_master_progress_line_comes_every_interval_while_a_run_runs(
         return {
             **state, "env_steps": steps, "global_episode": len(asked), "best_score": 9.0,
             "mean_return_100": 8.5, "model_version": 40, "workers": workers,
+            "updates_applied": 39, "updates_rejected": 970,
+            "updates_rejected_by": {"invalid": 0, "stale": 968, "outlier": 2},
         }  # fmt: skip
 
     for _ in range(2):
@@ -234,7 +236,8 @@ def test_the_master_progress_line_comes_every_interval_while_a_run_runs(
     first, second = captured_events.all("progress")
     assert first.run_id == "r1" and first.fields == {
         "episodes": 1, "env_steps": 600, "steps_per_s": 10.0, "mean_return_100": 8.5,
-        "best_score": 9.0, "model_version": 40, "workers_running": 1, "workers": 2,
+        "best_score": 9.0, "model_version": 40, "updates_applied": 39, "updates_rejected": 970,
+        "rejected_by": {"stale": 968, "outlier": 2}, "workers_running": 1, "workers": 2,
     }  # fmt: skip
     assert second.fields["steps_per_s"] == 600 / 30  # since the first line
 

@@ -3,6 +3,7 @@ face (the 409, the optional headers and their validation) through TestClient."""
 
 from __future__ import annotations
 
+import io
 import math
 import random
 import re
@@ -179,7 +180,8 @@ def test_the_counter_and_the_window_are_saved_with_the_run() -> None:
         push(params, 1000.0)
     state, (_, optimizer) = params.state(), params.blobs()
     resumed = ParameterServer()
-    resumed.restore(CONFIG, model_for(CONFIG), state, optimizer, {}, skip_versions=0)
+    optimizer_state = torch.load(io.BytesIO(optimizer), weights_only=True)
+    resumed.restore(CONFIG, model_for(CONFIG), state, optimizer_state, {}, skip_versions=0)
     assert resumed.counters()["updates_refused_outlier"] == 1
     with pytest.raises(StateConflict, match="outlier"):  # judged at once: no second warm-up
         push(resumed, 1000.0)

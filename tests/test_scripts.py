@@ -17,7 +17,7 @@ from a3c_http.store import RunStore, Snapshot
 from master.state import ClusterState
 from scripts.evaluate import main as evaluate_main
 from scripts.plot_rewards import plot
-from scripts.run_local import progress_line, refusal
+from scripts.run_local import progress_line, refusal, resume_note
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,6 +49,14 @@ def test_a_refused_train_is_one_readable_line() -> None:
         f"error: {down}")
     assert refusal(httpx.Response(502, text="Bad Gateway")) == (
         "error: POST /train answered 502: Bad Gateway")
+
+
+def test_the_quickstart_notes_a_run_its_master_cannot_resume_in_one_line() -> None:
+    assert resume_note(status(1.0, 0, resume_error=None)) is None
+    problem = {"error": "runs/latest/run.db holds run r1, which cannot be resumed: ...; run r1 "
+               "is then moved to runs/latest/archive/r1/", "run_id": "r1"}  # fmt: skip
+    note = resume_note(status(1.0, 0, resume_error=problem))
+    assert note.startswith("note: runs/latest/run.db holds run r1") and "\n" not in note
 
 
 def saved_run(folder: Path, run_id: str, evaluations: int = 0) -> Path:

@@ -3,6 +3,8 @@ HTTP layer adds to these is tested in the test_master_*.py files."""
 
 from __future__ import annotations
 
+import errno
+import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,10 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from a3c_http import store as store_module
 from a3c_http import wire
 from a3c_http.config import Settings, TrainConfig
+from a3c_http.localcluster import wait_for
 from a3c_http.store import RunStore
+from master import housekeeping
 from master.state import ClusterState, StateConflict, saved_config
+from tests.log_capture import CapturedEvents
 
 WORKERS = ["http://127.0.0.1:9"]
 
@@ -156,3 +162,143 @@ def test_a_config_saved_before_the_learner_fields_resumes_as_it_was_saved() -> N
     assert not config.normalize_obs  # Acrobot-v1's preset does not creep in
     fresh = TrainConfig(env_id="Acrobot-v1").resolved()
     assert saved_config(fresh.model_dump()) == fresh  # today's saves read back unchanged
+
+
+# -- saving through faults --------------------------------------------------------------------
+
+
+def disk_full(state: ClusterState, full: bool = True) -> None:
+    """The run folder's database may not grow (or may again): SQLite then answers "database or
+    disk is full" as on a full disk (PRAGMA max_page_count, on the store's own connection)."""
+    db = state.store._connect()
+    pages = db.execute("PRAGMA page_count").fetchone()[0] if full else 1_000_000
+    db.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def test_a_full_disk_loses_nothing_in_memory_and_saving_resumes_by_itself(
+    state: ClusterState,
+) -> None:
+    """Every part changes while saves fail: episode rows, the FIFO, an evaluation, the temporary
+    slots, the weights, and the finish (whose own save fails without raising into the request).
+    Once there is room, the next save writes all of it."""
+    state.start_run(CONFIG.model_copy(update={"max_episodes": 300}), WORKERS)
+    state.put_weights("w1", ones(state), temporary=True)
+    state.worker_started("w2", None)  # a second worker joins: its slot changes too
+    state.persist()
+    disk_full(state)
+    for i in range(299):
+        state.report_episode("w1", float(i), 10)
+    state.apply_gradients("w1", 0, ones(state))
+    state.put_weights("w2", ones(state), temporary=True)
+    taken = {"model_version": 1, "elapsed_s": 1.0, "global_steps": 10}
+    result = {"mean_return": 3.0, "std_return": 1.0, "episodes": 2, "mean_length": 9.0}
+    state.record_evaluation(state.ledger.run_id, taken, result, None)
+    assert state.report_episode("w1", 1.0, 10)["stop"]  # the 300th finishes the run
+    status = state.status()
+    assert status["state"] == "finished"
+    assert status["save_error"]["failures"] == 1, status["save_error"]
+    assert "database or disk is full" in status["save_error"]["error"]
+    folder = RunStore(state.settings.run_dir)
+    assert folder.load().state["run_state"] == "running" and folder.read_episodes() == []
+
+    disk_full(state, False)
+    assert state.persist() is True
+    assert state.status()["save_error"] is None
+    saved = folder.load()
+    assert saved.state["run_state"] == "finished"
+    assert [r["global_episode"] for r in folder.read_episodes()] == list(range(1, 301))
+    assert saved.queue == state.ledger.stats.queue_since(0) and len(saved.queue) == 300
+    assert [e["mean_return"] for e in folder.read_evaluations()] == [3.0]
+    assert set(saved.temporary) == {"w1", "w2"}
+    assert (saved.weights, saved.state["model_version"]) == state.params.weights()
+    assert (state.settings.run_dir / "weights.safetensors").read_bytes() == saved.weights
+
+
+def test_a_users_copy_that_fails_leaves_no_temp_file_and_the_next_save_writes_it(
+    state: ClusterState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state.start_run(CONFIG, WORKERS)
+    state.apply_gradients("w1", 0, ones(state))
+
+    def no_space(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store_module.os, "fsync", no_space)
+    state.persist()  # the transaction lands; the copy of the weights does not
+    monkeypatch.undo()
+    assert "No space left on device" in state.status()["save_error"]["error"]
+    run_dir = state.settings.run_dir
+    assert [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")] == []
+    assert state.persist() is True
+    assert (run_dir / "weights.safetensors").read_bytes() == state.params.weights()[0]
+
+
+def test_weights_or_an_optimizer_state_holding_nan_are_never_saved(state: ClusterState) -> None:
+    state.start_run(CONFIG, WORKERS)
+    state.apply_gradients("w1", 0, ones(state))
+    state.persist()
+    before = RunStore(state.settings.run_dir).load()
+    net = state.params.net
+    name = net.layout.names[0]
+    finite = net.flat.clone()
+    net.flat[net.layout.slices[name]] = float("nan")
+    state.params.version += 1  # as an update would
+    state.persist()
+    assert f"tensor {name!r} of the weights holds NaN" in state.status()["save_error"]["error"]
+    net.flat.copy_(finite)
+    entry = next(iter(net.optimizer.state.values()))
+    key = next(k for k, v in entry.items() if torch.is_tensor(v) and v.dim() > 0)
+    entry[key][0] = float("inf")
+    state.persist()
+    assert f"the optimizer's {key} holds NaN" in state.status()["save_error"]["error"]
+    after = RunStore(state.settings.run_dir).load()
+    assert (after.weights, after.optimizer) == (before.weights, before.optimizer)
+
+
+def test_housekeeping_survives_failing_chores_and_saves_at_a_later_tick(
+    tmp_path: Path, captured_events: CapturedEvents
+) -> None:
+    state = ClusterState(settings(tmp_path).model_copy(update={"persist_interval_s": 0.05}))
+    state.start_run(CONFIG, WORKERS)
+    failing = {"liveness": 2, "save": 2}
+    real_check, real_save = state.check_liveness, state.store.save
+
+    def check_liveness() -> None:
+        if failing["liveness"]:
+            failing["liveness"] -= 1
+            raise RuntimeError("liveness broke")
+        real_check()
+
+    def save(snapshot) -> None:  # noqa: ANN001 (whatever the store takes)
+        if failing["save"]:
+            failing["save"] -= 1
+            raise sqlite3.OperationalError("database or disk is full")
+        real_save(snapshot)
+
+    state.check_liveness, state.store.save = check_liveness, save
+    state.report_episode("w1", 5.0, 10)
+    (tmp_path / "run" / store_module.LOCK).unlink()  # a hand tidies the folder
+    stop = threading.Event()
+    thread = threading.Thread(target=housekeeping.run, args=(state, stop, None))
+    thread.start()
+    saved = RunStore(tmp_path / "run")
+    try:
+        wait_for(
+            lambda: len(saved.read_episodes()) == 1 and not any(failing.values()),
+            10,
+            "a save after the failed ones",
+        )
+        wait_for(lambda: (tmp_path / "run" / store_module.LOCK).exists(), 10, "the lock file")
+    finally:
+        stop.set()
+        thread.join(10)
+        state.close()
+    assert not thread.is_alive()
+    failed = captured_events.all("save_failed")  # the repeat is at DEBUG, below the level
+    assert [r.levelname for r in failed] == ["ERROR"]
+    assert "database or disk is full" in failed[0].fields["error"]
+    assert captured_events.one("save_recovered").fields["failures"] == 2
+    chore = captured_events.one("housekeeping_failed")
+    assert chore.fields["chore"] == "liveness" and chore.exc_info  # with its traceback
+    assert captured_events.one("housekeeping_recovered").fields["chore"] == "liveness"
+    assert captured_events.one("lock_file_restored").levelname == "WARNING"

@@ -13,10 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+from filelock import FileLock, Timeout
 
 from a3c_http import store
 from a3c_http.localcluster import ROOT, free_port
-from a3c_http.store import RunDirInUse, RunStore, Snapshot, atomic_write
+from a3c_http.store import NonFiniteValue, RunDirInUse, RunStore, Snapshot, atomic_write
 
 
 def numbered(n: int, **kw) -> Snapshot:
@@ -141,6 +142,87 @@ def test_a_failed_save_leaves_the_previous_one_whole(owned: RunStore) -> None:
     assert numbers_in(owned.dir) == {1}
     owned.save(numbered(2))  # and the store goes on
     assert numbers_in(owned.dir) == {2}
+
+
+def test_a_full_database_fails_the_save_whole_and_the_next_one_writes(owned: RunStore) -> None:
+    """SQLite's own "database or disk is full" (max_page_count: the database may not grow): it
+    rolls the transaction back by itself, and the store must say so, not that no transaction is
+    active, and take the next save once there is room."""
+    owned.save(numbered(1))
+    db = owned._connect()
+    pages = db.execute("PRAGMA page_count").fetchone()[0]
+    db.execute(f"PRAGMA max_page_count = {pages}")
+    big = numbered(2)
+    big.new_episodes += [(n, "w1", 1.0, 1, 1.0) for n in range(3, 400)]
+    with pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
+        owned.save(big)
+    assert numbers_in(owned.dir) == {1}
+    db.execute("PRAGMA max_page_count = 1000000")
+    owned.save(big)
+    assert len(owned.read_episodes()) == 399 and owned.load().state["n"] == 2
+
+
+class CommitRolledBack:
+    """A connection whose COMMIT fails as one on a full disk may: SQLite rolled the transaction
+    back before it answered."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __getattr__(self, name: str):  # noqa: ANN204 (whatever the connection has)
+        return getattr(self._db, name)
+
+    def execute(self, sql: str, *args):  # noqa: ANN002, ANN201
+        if sql == "COMMIT":
+            self._db.execute("ROLLBACK")
+            raise sqlite3.OperationalError("database or disk is full")
+        return self._db.execute(sql, *args)
+
+
+def test_a_commit_rolled_back_by_sqlite_reports_its_own_error(owned: RunStore) -> None:
+    owned.save(numbered(1))
+    real = owned._connect()
+    owned._db = CommitRolledBack(real)
+    with pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
+        owned.save(numbered(2))
+    assert not real.in_transaction
+    owned._db = real
+    owned.save(numbered(2))
+    assert numbers_in(owned.dir) == {2}
+
+
+def test_nothing_nan_or_infinite_is_written(owned: RunStore) -> None:
+    owned.save(numbered(1))
+    poisoned = numbered(2)
+    poisoned.state = {"n": 2, "stats": {"best_score": float("inf")}}
+    with pytest.raises(NonFiniteValue, match=r"the state holds stats\.best_score = inf"):
+        owned.save(poisoned)
+    row = numbered(2)
+    row.new_episodes = [(2, "w1", float("nan"), 1, 1.0)]
+    with pytest.raises(NonFiniteValue, match="episodes row 2"):
+        owned.save(row)
+    queue = numbered(2, queue=[(0, float("-inf"))])
+    with pytest.raises(NonFiniteValue, match="queue row 0"):
+        owned.save(queue)
+    assert numbers_in(owned.dir) == {1}
+    assert "Infinity" not in (owned.dir / "config.json").read_text()
+
+
+def test_a_removed_lock_file_lets_no_second_master_in_and_is_put_back(tmp_path: Path) -> None:
+    first = RunStore.acquire(tmp_path)
+    (tmp_path / store.LOCK).unlink()
+    (tmp_path / store.OWNER).unlink()
+    with pytest.raises(RunDirInUse, match="in use by another master"):
+        RunStore.acquire(tmp_path)  # the folder's own lock (a second open() conflicts too)
+    assert first.keep_lock() is True
+    assert not first.keep_lock()  # nothing to put back any more
+    with pytest.raises(Timeout):  # the lock file is held again, by the owner
+        FileLock(str(tmp_path / store.LOCK), timeout=0).acquire()
+    with pytest.raises(RunDirInUse, match=rf"\(process {os.getpid()}\)"):
+        RunStore.acquire(tmp_path)
+    first.save(numbered(1))  # and the owner still writes
+    first.close()
+    RunStore.acquire(tmp_path).close()
 
 
 def test_one_master_owns_a_folder(tmp_path: Path) -> None:

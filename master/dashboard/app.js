@@ -118,6 +118,13 @@
       elapsed_s: duration(status.elapsed_s),
     };
     for (const [field, text] of Object.entries(figures)) $(`[data-field="${field}"]`).textContent = text;
+    // The run folder's trouble: a run the master could not resume, or saves that fail.
+    const saving = status.save_error;
+    const folder = status.resume_error ? status.resume_error.error
+      : saving ? `Saving the run folder fails since ${new Date(saving.since * 1000).toLocaleTimeString()} `
+        + `(${saving.failures} tries; retried every few seconds): ${saving.error}` : "";
+    $("#folder").textContent = folder;
+    $("#folder").hidden = !folder;
 
     const workers = $("#workers").tBodies[0];
     workers.replaceChildren();
