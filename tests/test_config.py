@@ -22,6 +22,10 @@ SETTINGS_VARS = (
     "A3C_MAX_BODY_BYTES",
     "A3C_MASTER_RETRY_S",
     "A3C_TORCH_THREADS",
+    "A3C_ALLOWED_HOSTS",
+    "A3C_MAX_HEADER_BYTES",
+    "A3C_HEADER_TIMEOUT_S",
+    "A3C_BODY_TIMEOUT_S",
 )
 
 
@@ -294,6 +298,10 @@ def test_worker_settings_from_env_vars(clean_env: pytest.MonkeyPatch) -> None:
         (Settings, "A3C_MAX_BODY_BYTES", "lots"),
         (Settings, "A3C_PERSIST_INTERVAL_S", "abc"),
         (Settings, "A3C_QUEUE_MAX", "-3"),
+        (WorkerSettings, "A3C_MAX_HEADER_BYTES", "100"),
+        (Settings, "A3C_HEADER_TIMEOUT_S", "0"),
+        (WorkerSettings, "A3C_BODY_TIMEOUT_S", "inf"),
+        (Settings, "A3C_ALLOWED_HOSTS", "http://a3c.example:33333"),
     ],
 )
 def test_a_bad_setting_is_one_line_that_names_the_variable_and_its_value(
@@ -305,6 +313,44 @@ def test_a_bad_setting_is_one_line_that_names_the_variable_and_its_value(
     message = str(info.value)
     assert f"{name}={raw!r}" in message
     assert "\n" not in message, message
+
+
+def test_the_edge_settings_default_and_read_the_allowed_hosts_as_names(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    s = WorkerSettings.from_env()
+    assert s.allowed_hosts == ()
+    assert (s.max_header_bytes, s.header_timeout_s, s.body_timeout_s) == (65536, 10.0, 60.0)
+    clean_env.setenv("A3C_ALLOWED_HOSTS", " a3c.example, Dash.Example.,,[::1],10.0.0.7 ")
+    assert Settings.from_env().allowed_hosts == ("a3c.example", "dash.example", "::1", "10.0.0.7")
+
+
+@pytest.mark.parametrize(
+    "token", ["two words", "tökén", "tab\there", "line\nbreak", "del\x7f", " padded"]
+)
+def test_a_token_is_printable_ascii_without_spaces(
+    clean_env: pytest.MonkeyPatch, token: str
+) -> None:
+    clean_env.setenv("A3C_TOKEN", token)
+    with pytest.raises(ValueError) as info:
+        WorkerSettings.from_env()
+    message = str(info.value)
+    assert message.startswith("A3C_TOKEN: ") and "printable ASCII without spaces" in message
+    assert token.strip() not in message and "\n" not in message  # a secret stays out of logs
+    clean_env.setenv("A3C_TOKEN", "Ab0-_.~!#$%&'*+/=?^`|:;<>@[]{}()\"")
+    assert Settings.from_env().token == "Ab0-_.~!#$%&'*+/=?^`|:;<>@[]{}()\""
+
+
+def test_a_bad_token_stops_the_worker_with_one_line(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("A3C_TOKEN", "pässword")
+    import worker.app
+
+    with pytest.raises(SystemExit) as info:
+        worker.app.__getattr__("app")
+    assert str(info.value) == (
+        "a3c-http worker: A3C_TOKEN: Value error, must be printable ASCII without spaces "
+        "(it travels in a header)"
+    )
 
 
 def test_every_bad_setting_is_named_at_once(clean_env: pytest.MonkeyPatch) -> None:
