@@ -159,7 +159,7 @@ def stand_in_run(cluster: LocalCluster, standin: StandInWorker) -> Iterator[Loca
     reply = cluster.train(**STAND_IN_RUN, workers=[standin.url])
     assert reply.status_code == 202, reply.text
     yield cluster
-    cluster.http.post(f"{cluster.master.url}/stop")
+    cluster.http.post(f"{cluster.master.url}/stop", json={})
 
 
 def test_the_real_servers_refuse_a_wrong_token_and_a_body_over_the_limit(
