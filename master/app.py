@@ -89,10 +89,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     hot = {"/gradients", "/episode", "/heartbeat", "/global_model_weights", "/local_model_weights"}
     install_common(
         app,
-        settings.token,
-        settings.max_body_bytes,
+        settings,
         quiet_paths=hot if settings.access_log == "quiet" else None,
         public_paths=routes_view.PUBLIC_PATHS,
+        tensor_paths=routes_weights.TENSOR_PATHS,
     )
     for module in (routes_seed, routes_weights, routes_run, routes_view):
         app.include_router(module.router)
