@@ -27,6 +27,8 @@ from a3c_http.standin import StandInWorker
 from a3c_http.store import RunStore
 from tests.support import AUTH, OCTET, STAND_IN_RUN, TOKEN, registry, snapshot
 
+JSON = {"Content-Type": "application/json"}
+
 pytestmark = pytest.mark.integration
 
 
@@ -186,7 +188,8 @@ def test_concurrent_clients_lose_no_update(quiet: ServiceProcess, quiet_run: htt
         with client() as own:
             for i in range(25):
                 n = (t + i) % 3  # 0: no body (add one); else {"data": n}
-                reply = own.post("/global_episode", json={"data": n} if n else None)
+                kwargs: dict = {"json": {"data": n}} if n else {"headers": JSON}
+                reply = own.post("/global_episode", **kwargs)
                 assert reply.status_code == 200, reply.text
                 with lock:
                     increments.append(reply.json()["data"])
