@@ -181,7 +181,7 @@ class MasterClient:
         return self._json("POST", "/train", json=body)["data"]
 
     def stop(self) -> dict[str, Any]:
-        return self._json("POST", "/stop")
+        return self._json("POST", "/stop", json={})
 
     # -- worker lifecycle -----------------------------------------------------------------------
 

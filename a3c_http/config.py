@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
@@ -24,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import PydanticCustomError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from a3c_http.envs import unknown_env
 from a3c_http.hints import with_field_hints
@@ -322,7 +323,13 @@ def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     return gym.spec(name)
 
 
+DEFAULT_MAX_HEADER_BYTES = 64 * 1024
+
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+# A host name or an IP address as a Host or Origin header carries it, without scheme or port.
+_HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9_.-]*[a-z0-9])?|\[?[0-9a-f:.]+\]?")
+# What an HTTP header value carries everywhere: printable ASCII, no spaces.
+_TOKEN = re.compile(r"[!-~]*")
 
 
 class _FromEnv(BaseSettings):
@@ -335,6 +342,13 @@ class _FromEnv(BaseSettings):
 
     token: str | None = None
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1024)
+    # The HTTP edge (a3c_http/edge.py, a3c_http/headerbounds.py): names besides loopback ones that
+    # a tokenless service answers to and whose pages may call it; the bounds on a request's head
+    # (line and headers: size, and time from connecting) and on the time its body may take.
+    allowed_hosts: Annotated[tuple[str, ...], NoDecode] = ()
+    max_header_bytes: int = Field(DEFAULT_MAX_HEADER_BYTES, ge=1024)
+    header_timeout_s: PositiveSeconds = 10.0
+    body_timeout_s: PositiveSeconds = 60.0
     # Logs (a3c_http/logs.py): the level and format of our own loggers (uvicorn's keep its
     # --log-level), and how often a progress line is logged while a run goes on (0: never).
     log_level: LogLevel = "info"
@@ -356,6 +370,33 @@ class _FromEnv(BaseSettings):
             environment_proxies()  # a proxy we cannot use stops the service now, not a run later
         return v
 
+    @field_validator("token")
+    @classmethod
+    def _header_safe(cls, v: str | None) -> str | None:
+        # Anything else never authenticates: httpx cannot encode it into a header, and servers
+        # and proxies differ on what they make of it.
+        if v is not None and not _TOKEN.fullmatch(v):
+            raise ValueError("must be printable ASCII without spaces (it travels in a header)")
+        return v
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _host_names(cls, v: Any) -> Any:
+        names = v.split(",") if isinstance(v, str) else v
+        if not isinstance(names, (list, tuple)):
+            return v
+        hosts = []
+        for name in names:
+            host = str(name).strip().lower().removesuffix(".")
+            if host and not _HOST_NAME.fullmatch(host):
+                raise ValueError(
+                    f"{str(name).strip()!r} is not a host name: give names such as "
+                    "a3c.example.com, comma-separated, without scheme or port"
+                )
+            if host:
+                hosts.append(host.strip("[]"))
+        return tuple(hosts)
+
     @classmethod
     def from_env(cls) -> Self:
         try:
@@ -364,13 +405,17 @@ class _FromEnv(BaseSettings):
             raise ValueError(_one_line(exc)) from None
 
 
+# Settings whose value an error message must not repeat (it would land in a log).
+_SECRET = frozenset({"A3C_TOKEN"})
+
+
 def _one_line(exc: ValidationError) -> str:
     """`A3C_QUEUE_MAX='0': Input should be greater than or equal to 1; A3C_...`"""
     problems = []
     for error in exc.errors():
         name = f"A3C_{str(error['loc'][0]).upper()}" if error["loc"] else "settings"
         raw = os.environ.get(name)
-        shown = f"{name}={raw!r}" if raw is not None else name
+        shown = f"{name}={raw!r}" if raw is not None and name not in _SECRET else name
         problems.append(f"{shown}: {error['msg']}")
     return "; ".join(problems)
 

@@ -75,7 +75,8 @@ class ServiceProcess:
     `env` is added to this process's environment (which `start` reads each time, so a restart can
     change it). `wrapper`, when given, is prepended to the command, e.g. `["ip", "netns", "exec",
     "ns1"]` to run the service in a network namespace. It must exec the command (not fork it), so
-    that the pid this class signals stays the uvicorn process's.
+    that the pid this class signals stays the uvicorn process's. `uvicorn_args` are appended to
+    uvicorn's, e.g. `["--http", "h11"]`.
     """
 
     def __init__(
@@ -87,10 +88,12 @@ class ServiceProcess:
         env: dict[str, str] | None = None,
         token: str | None = None,
         wrapper: list[str] | None = None,
+        uvicorn_args: list[str] | None = None,
     ) -> None:
         self.app = app
         self.host = host
         self.wrapper = list(wrapper or [])
+        self.uvicorn_args = list(uvicorn_args or [])
         self.port = port
         self.log_path = Path(log_path)
         self.token = token
@@ -125,6 +128,7 @@ class ServiceProcess:
             str(self.port),
             "--log-level",
             "warning",
+            *self.uvicorn_args,
         ]
         self.proc = subprocess.Popen(
             cmd,
@@ -316,7 +320,7 @@ class LocalCluster:
 
     def stop_run(self, timeout_s: float = 60.0) -> tuple[dict, list[dict]]:
         """POST /stop (a no-op when nothing runs) and wait until the workers have left the run."""
-        reply = self.http.post(f"{self.master.url}/stop")
+        reply = self.http.post(f"{self.master.url}/stop", json={})
         reply.raise_for_status()
         return self.wait_workers_settled(timeout_s=timeout_s)
 

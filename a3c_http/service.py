@@ -1,93 +1,29 @@
-"""What the master and the workers share as HTTP services: the auth middleware, the body-size
-limit, readable validation errors, the errors their OpenAPI schemas declare and the health route.
-The services import this module, never each other.
+"""What the master and the workers share as HTTP services: the gate every request passes
+(a3c_http/edge.py), the bounds on a request's head (a3c_http/headerbounds.py) and body, readable
+validation errors, the errors their OpenAPI schemas declare and the health route. The services
+import this module, never each other.
 """
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
+import asyncio
 import logging
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, HTTPException, Request, Security
+from fastapi import APIRouter, FastAPI, Request, Security
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from a3c_http import apidocs
-
-
-def is_loopback(host: str | None) -> bool:
-    if not host:
-        return False
-    try:
-        return ipaddress.ip_address(host.split("%")[0]).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
-def authorize(
-    token: str | None, authorization: str, client_host: str | None
-) -> HTTPException | None:
-    """API.md's rule: with a token, `Authorization: Bearer <token>` (compared in constant time);
-    without one, loopback clients only. Returns the error to answer with, or None."""
-    if token:
-        scheme, _, given = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), token.encode()
-        ):
-            return HTTPException(
-                401,
-                "missing or wrong token: send 'Authorization: Bearer <A3C_TOKEN>'",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        return None
-    if not is_loopback(client_host):
-        return HTTPException(
-            403,
-            "A3C_TOKEN is not set, so only loopback clients are served: set the same "
-            "A3C_TOKEN on the master and every worker, and send "
-            "'Authorization: Bearer <token>'",
-        )
-    return None
-
-
-class Auth:
-    """ASGI middleware enforcing `authorize` on every path and method but `GET /healthz` and the
-    `public` paths (the master's dashboard page and its scripts, which hold no data: the page
-    asks for the token and sends it with each request it makes), before routing or reading the
-    body: an unauthorised request learns nothing but 401/403."""
-
-    def __init__(self, app: ASGIApp, token: str | None, public: frozenset[str]) -> None:
-        self.app = app
-        self.token = token
-        self.public = public | {"/healthz"}
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or (
-            scope["path"] in self.public and scope["method"] in ("GET", "HEAD")
-        ):
-            await self.app(scope, receive, send)
-            return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        client = scope.get("client")
-        problem = authorize(
-            self.token, headers.get("authorization", ""), client[0] if client else None
-        )
-        if problem is None:
-            await self.app(scope, receive, send)
-            return
-        response = JSONResponse(
-            {"detail": problem.detail}, status_code=problem.status_code, headers=problem.headers
-        )
-        await response(scope, receive, send)
-
+from a3c_http import apidocs, headerbounds
+from a3c_http.config import Settings, WorkerSettings
+from a3c_http.edge import SAFE_METHODS, Gate
 
 health_router = APIRouter()
 
@@ -104,13 +40,16 @@ def healthz_head() -> dict[str, str]:
 
 class BodyLimit:
     """ASGI middleware: 413 for bodies over `max_bytes`, before they are read whole, whether they
-    announce a Content-Length or arrive chunked. A chunked body is cut off as soon as it passes the
-    limit: the 413 is sent at once, and whatever the app does with the cut body (FastAPI would
-    answer 400 to a JSON body it could not read) is dropped."""
+    announce a Content-Length or arrive chunked; 408 for a body not received within `timeout_s`
+    of the request's start (a client that sends a head and then trickles its body, or stops,
+    would otherwise hold its request and its memory for ever). A chunked body is cut off as soon
+    as it passes the limit: the 413 is sent at once, and whatever the app does with the cut body
+    (FastAPI would answer 400 to a JSON body it could not read) is dropped."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 60.0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -118,27 +57,38 @@ class BodyLimit:
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._reject(send)
+            await self._reject(send, 413)
             return
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
         seen = 0
-        started = rejected = False
+        started = rejected = whole = False
 
         async def limited_receive() -> Message:
-            nonlocal seen, rejected
-            message = await receive()
+            nonlocal seen, rejected, whole
+            if whole:  # the body is in: what comes now is the disconnect, whenever it comes
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                if not started and not rejected:
+                    rejected = True
+                    await self._reject(send, 408)
+                raise _Refused from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
+                whole = not message.get("more_body", False)
                 if seen > self.max_bytes:
                     if not started and not rejected:
                         rejected = True
-                        await self._reject(send)
-                    raise _TooLarge
+                        await self._reject(send, 413)
+                    raise _Refused
             return message
 
         async def guarded_send(message: Message) -> None:
             nonlocal started
             if rejected:
-                return  # the 413 went out already
+                return  # the 413 or 408 went out already
             if message["type"] == "http.response.start":
                 started = True
             await send(message)
@@ -149,15 +99,21 @@ class BodyLimit:
             if not rejected:
                 raise
 
-    async def _reject(self, send: Send) -> None:
-        response = JSONResponse(
-            {"detail": f"request body larger than {self.max_bytes} bytes (A3C_MAX_BODY_BYTES)"},
-            status_code=413,
-        )
+    async def _reject(self, send: Send, status: int) -> None:
+        if status == 413:
+            detail = f"request body larger than {self.max_bytes} bytes (A3C_MAX_BODY_BYTES)"
+            headers = None
+        else:
+            detail = (
+                f"the request body did not arrive within {self.timeout_s:g} s "
+                "(A3C_BODY_TIMEOUT_S): send it at once, or raise the setting for a slow link"
+            )
+            headers = {"Connection": "close"}  # the rest of it may still be on its way
+        response = JSONResponse({"detail": detail}, status_code=status, headers=headers)
         await response({"type": "http"}, _no_receive, send)
 
 
-class _TooLarge(Exception):
+class _Refused(Exception):
     pass
 
 
@@ -167,6 +123,14 @@ async def _no_receive() -> Message:
 
 def describe_error(error: dict) -> str:
     """One pydantic error as `where: what`, as every 422 of both services names it."""
+    if error.get("type") == "json_invalid":  # FastAPI's: its loc is ("body", character offset)
+        why = (error.get("ctx") or {}).get("error", "JSON decode error")
+        where = [p for p in error.get("loc", ()) if isinstance(p, int)]
+        at = f" at position {where[0]}" if where else ""
+        return (
+            f"the body is not valid JSON ({why}{at}): send a JSON object with "
+            "Content-Type: application/json"
+        )
     loc = [str(p) for p in error.get("loc", ()) if p not in ("body", "query", "header")]
     where = ".".join(loc) or "body"
     return f"{where}: {error.get('msg', 'invalid')}"
@@ -224,19 +188,34 @@ def error(description: str, **extra: Any) -> dict[str, Any]:
     return {"model": ErrorBody, "description": description, **extra}
 
 
-# Declared where they happen: AUTH_ERRORS on every router but /healthz's (`Auth`); INVALID on
-# routes with parameters or a body (our 422 body instead of FastAPI's); BINARY_BODY on those that
-# take a body (`BodyLimit`); JSON_BODY on those that take JSON (FastAPI's 400 for a body it cannot
-# parse); `conflict(when)` on those that answer 409.
+# Declared where they happen: AUTH_ERRORS on every router but /healthz's (`Gate`), and
+# PAGE_ERRORS on their routes that change state; INVALID on routes with parameters or a body (our
+# 422 body instead of FastAPI's); BINARY_BODY on those that take a body (`BodyLimit`); JSON_BODY
+# on those that take JSON (FastAPI's 400 for a body it cannot parse); `conflict(when)` on those
+# that answer 409.
 AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
     401: error(
         "missing or wrong token: send `Authorization: Bearer <A3C_TOKEN>`",
         headers={"WWW-Authenticate": {"schema": {"type": "string"}}},
     ),
-    403: error("A3C_TOKEN is not set and the client is not loopback"),
+    403: error(
+        "without A3C_TOKEN: the client is not loopback, or `Host` does not name this service "
+        "(A3C_ALLOWED_HOSTS); with or without it: the request comes from another site's page "
+        "(`Sec-Fetch-Site`, `Origin`)"
+    ),
+}
+PAGE_ERRORS: dict[int | str, dict[str, Any]] = {
+    415: error(
+        "no Content-Type, or one a web page may send without asking first (text/plain, a form): "
+        "send `Content-Type: application/json` (application/octet-stream for tensors)"
+    ),
 }
 INVALID: dict[int | str, dict[str, Any]] = {422: error("the request is invalid; `detail` says how")}
-BINARY_BODY = {413: error("the body is larger than A3C_MAX_BODY_BYTES"), **INVALID}
+BINARY_BODY = {
+    408: error("the body did not arrive within A3C_BODY_TIMEOUT_S"),
+    413: error("the body is larger than A3C_MAX_BODY_BYTES"),
+    **INVALID,
+}
 JSON_BODY = {400: error("the body cannot be parsed"), **BINARY_BODY}
 
 
@@ -244,7 +223,7 @@ def conflict(when: str) -> dict[int | str, dict[str, Any]]:
     return {409: error(when)}
 
 
-# Declares the token in the OpenAPI schema, so that /docs offers "Authorize" and sends it; `Auth`
+# Declares the token in the OpenAPI schema, so that /docs offers "Authorize" and sends it; `Gate`
 # enforces it (this dependency never refuses anything itself).
 bearer = HTTPBearer(
     auto_error=False,
@@ -253,9 +232,20 @@ bearer = HTTPBearer(
 )
 
 
+class _GatedRoute(APIRoute):
+    """A route of `protected_router`: one that changes state also declares `Gate`'s 415."""
+
+    def __init__(self, path: str, endpoint: Any, **kwargs: Any) -> None:
+        if {m.upper() for m in kwargs.get("methods") or ()} - SAFE_METHODS:
+            kwargs["responses"] = {**PAGE_ERRORS, **(kwargs.get("responses") or {})}
+        super().__init__(path, endpoint, **kwargs)
+
+
 def protected_router(**kwargs: Any) -> APIRouter:
-    """A router whose routes declare the token and the errors of `Auth`."""
-    return APIRouter(dependencies=[Security(bearer)], responses=AUTH_ERRORS, **kwargs)
+    """A router whose routes declare the token and the errors of `Gate`."""
+    return APIRouter(
+        dependencies=[Security(bearer)], responses=AUTH_ERRORS, route_class=_GatedRoute, **kwargs
+    )
 
 
 class QuietAccessLog(logging.Filter):
@@ -291,25 +281,35 @@ def quiet_access_log(paths: set[str], conflicts: set[str] | None = None) -> None
 
 def install_common(
     app: FastAPI,
-    token: str | None,
-    max_body_bytes: int,
+    settings: Settings | WorkerSettings,
     quiet_paths: set[str] | None = None,
     public_paths: frozenset[str] = frozenset(),
     quiet_conflicts: set[str] | None = None,
+    tensor_paths: frozenset[str] = frozenset(),
 ) -> None:
-    """Health route, API docs (a3c_http/apidocs.py), auth, body limit, the 422 format and the
-    405's `Allow` shared by both services (the routes declare the errors they answer:
-    `protected_router`, `JSON_BODY`, ...); `quiet_paths`: routes whose successful requests
-    uvicorn's access log leaves out, and `quiet_conflicts` those whose 409s it leaves out too;
-    `public_paths`: static pages served without the token (GET and HEAD only), besides Swagger
-    UI's files."""
+    """Health route, API docs (a3c_http/apidocs.py), the gate (token, Host, pages of other
+    sites, content types), the bounds on heads and bodies, the 422 format and the 405's `Allow`
+    shared by both services (the routes declare the errors they answer: `protected_router`,
+    `JSON_BODY`, ...); `quiet_paths`: routes whose successful requests uvicorn's access log
+    leaves out, and `quiet_conflicts` those whose 409s it leaves out too; `public_paths`: static
+    pages served to anyone (GET and HEAD only), besides Swagger UI's files; `tensor_paths`:
+    routes that take safetensors bodies."""
     if quiet_paths:
         quiet_access_log(quiet_paths, quiet_conflicts)
+    headerbounds.install(settings.max_header_bytes, settings.header_timeout_s)
     app.include_router(health_router)
     apidocs.install(app)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
-    # Added last, so it runs first: a request without the right token is refused before its body
-    # is read or its size is judged.
-    app.add_middleware(Auth, token=token, public=public_paths | apidocs.PUBLIC_PATHS)
+    app.add_middleware(
+        BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s
+    )
+    # Added last, so it runs first: a request that does not pass is refused before its body is
+    # read or its size is judged.
+    app.add_middleware(
+        Gate,
+        token=settings.token,
+        public=public_paths | apidocs.PUBLIC_PATHS,
+        allowed_hosts=frozenset(settings.allowed_hosts),
+        tensor_paths=tensor_paths,
+    )

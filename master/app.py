@@ -76,11 +76,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     quiet = settings.access_log == "quiet"
     install_common(
         app,
-        settings.token,
-        settings.max_body_bytes,
+        settings,
         quiet_paths=hot if quiet else None,
         quiet_conflicts={"/gradients", "/local_model_weights"} if quiet else None,
         public_paths=routes_view.PUBLIC_PATHS,
+        tensor_paths=routes_weights.TENSOR_PATHS,
     )
     for module in (routes_seed, routes_weights, routes_run, routes_view):
         app.include_router(module.router)

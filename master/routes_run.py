@@ -10,11 +10,12 @@ import gymnasium as gym
 from fastapi import HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
+from a3c_http.edge import is_loopback
 from a3c_http.envs import MissingDependency
 from a3c_http.exploration import ExplorationError
 from a3c_http.model import UnsupportedSpace
 from a3c_http.protocol import METRICS_CONTENT_TYPE as METRICS_TYPE
-from a3c_http.service import JSON_BODY, ErrorBody, conflict, is_loopback, protected_router
+from a3c_http.service import JSON_BODY, ErrorBody, conflict, protected_router
 from master.deps import State
 from master.launcher import WorkerListError, normalize_url, parse_workers, read_workers_file
 from master.launcher import start_workers as launch

@@ -15,7 +15,7 @@ from master.deps import State
 from master.history import MAX_LIMIT, history_page
 
 ASSETS = Path(__file__).with_name("dashboard")
-# The page and its files, by path: served without the token (a3c_http/service.py `Auth`), since
+# The page and its files, by path: served to anyone (a3c_http/edge.py `Gate`), since
 # they hold no data; the page asks for the token and sends it in a header, never in a URL.
 PAGES = {
     "/": ("index.html", "text/html; charset=utf-8"),

@@ -29,6 +29,8 @@ from master.rounds import settle
 from master.schemas import ReportedLoss, ReportedNorm, Seq, WorkerId
 
 router = protected_router(tags=["weights"])
+# The routes that take a safetensors body (the rest take JSON, or nothing).
+TENSOR_PATHS = frozenset({"/local_model_weights", "/gradients"})
 # A gradient body up to this size is applied on the event loop itself: for such a model the
 # update (decode, one optimizer step) takes less time than the hop to a threadpool thread and back,
 # and pushes waiting in threads would only contend for the GIL and the parameter server's lock.

@@ -52,7 +52,7 @@ def start_run(
 ) -> tuple[str, TrainConfig]:
     """End the master's run, if any, and start one of a model with `hidden_sizes`."""
     # A plain POST /stop: there is no worker process to wait for (LocalCluster.stop_run would).
-    cluster.http.post(f"{cluster.master.url}/stop").raise_for_status()
+    cluster.http.post(f"{cluster.master.url}/stop", json={}).raise_for_status()
     fields = {"seed": 0, "max_steps": None, "target_return": UNREACHABLE,
               "heartbeat_timeout_s": 86_400, "max_staleness": MAX_STALENESS,
               "hidden_sizes": hidden_sizes}

@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
+from a3c_http.edge import is_loopback  # noqa: E402
 from a3c_http.localcluster import LocalCluster  # noqa: E402
-from a3c_http.service import is_loopback  # noqa: E402
 from master.launcher import WorkerListError, read_workers_file  # noqa: E402
 from scripts.plot_rewards import plot  # noqa: E402
 
@@ -169,7 +169,7 @@ def main() -> int:
             # The run folder holds a run left running (an earlier quickstart was killed): the
             # master resumed it; end it (it is archived) and start the new one.
             print(f"note: {reply.json()['detail']}; stopping that run and starting a new one")
-            cluster.http.post(f"{cluster.master.url}/stop")
+            cluster.http.post(f"{cluster.master.url}/stop", json={})
             reply = cluster.train(**overrides)
         if reply.status_code != 202:
             print(refusal(reply), file=sys.stderr)
@@ -190,7 +190,7 @@ def main() -> int:
         while status["state"] == "running":
             if time.monotonic() - started > args.time_cap:
                 print(f"\ntime cap of {args.time_cap:.0f} s reached: stopping the run")
-                cluster.http.post(f"{cluster.master.url}/stop")
+                cluster.http.post(f"{cluster.master.url}/stop", json={})
                 break
             time.sleep(args.every)  # the pace of the progress line, not a synchronisation
             status = cluster.status()
@@ -216,7 +216,7 @@ def main() -> int:
         if cluster.master.running():
             # Leave the run folder finished, not "running" for the next master to resume.
             with contextlib.suppress(httpx.HTTPError):
-                cluster.http.post(f"{cluster.master.url}/stop", timeout=10)
+                cluster.http.post(f"{cluster.master.url}/stop", json={}, timeout=10)
         cluster.close()
     try:
         print(f"reward plot: {plot(args.run_dir)}")

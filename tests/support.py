@@ -45,12 +45,19 @@ STAND_IN_RUN = {"seed": 1, "heartbeat_timeout_s": 3600, "max_steps": None}
 
 
 @contextmanager
-def master_running(tmp_path: Path, workers: int = 2, **config: Any) -> Iterator[TestClient]:
+def master_running(
+    tmp_path: Path, workers: int = 2, allowed_hosts: tuple[str, ...] = (), **config: Any
+) -> Iterator[TestClient]:
     """A master in-process (TestClient, a loopback client, no token) running a run of `config`
     whose workers `w1`, `w2`, ... have registered: no launcher, the test plays the workers. The
     run is finished on the way out, which answers any request still waiting for a sync round
     (so a test that fails while one waits ends instead of hanging)."""
-    settings = Settings(run_dir=tmp_path / "run", workers_file=tmp_path / "workers.txt", token=None)
+    settings = Settings(
+        run_dir=tmp_path / "run",
+        workers_file=tmp_path / "workers.txt",
+        token=None,
+        allowed_hosts=allowed_hosts,
+    )
     with TestClient(create_app(settings), client=("127.0.0.1", 50000)) as c:
         urls = [f"http://127.0.0.1:{9001 + i}" for i in range(workers)]
         _, worker_ids = c.app.state.cluster.start_run(

@@ -27,6 +27,8 @@ from a3c_http.standin import StandInWorker
 from a3c_http.store import RunStore
 from tests.support import AUTH, OCTET, STAND_IN_RUN, TOKEN, registry, snapshot
 
+JSON = {"Content-Type": "application/json"}
+
 pytestmark = pytest.mark.integration
 
 
@@ -65,7 +67,7 @@ def quiet_run(quiet: ServiceProcess, standin: StandInWorker) -> Iterator[httpx.C
     if not quiet.running():
         quiet.start().wait_healthy(120)
     with httpx.Client(base_url=quiet.url, headers=AUTH, timeout=60, trust_env=False) as c:
-        c.post("/stop")
+        c.post("/stop", json={})
         body = {**STAND_IN_RUN, "workers": [standin.url], "max_staleness": 100_000}
         reply = c.post("/train", json=body)
         assert reply.status_code == 202, reply.text
@@ -119,7 +121,7 @@ def test_sigterm_and_stop_persist_everything(
     for i in range(3):
         reply = c.post("/episode", json={"worker_id": "w1", "reward": 50.0 + i, "length": 4})
         assert reply.status_code == 200, reply.text
-    data = c.post("/stop").json()["data"]
+    data = c.post("/stop", json={}).json()["data"]
     assert data["stopped"] is True and data["state"] == "finished" and data["run_id"] == run_id
     stopped = snapshot(c)
     quiet.kill()
@@ -127,7 +129,7 @@ def test_sigterm_and_stop_persist_everything(
     assert snapshot(c) == stopped, "POST /stop did not persist"
     final = c.get("/status").json()
     assert final["finish_reason"] == "stopped by POST /stop"
-    assert c.post("/stop").json()["data"]["stopped"] is False
+    assert c.post("/stop", json={}).json()["data"]["stopped"] is False
 
 
 # -- many clients at once ------------------------------------------------------------------------
@@ -192,7 +194,8 @@ def test_concurrent_clients_lose_no_update(quiet: ServiceProcess, quiet_run: htt
         with client() as own:
             for i in range(25):
                 n = (t + i) % 3  # 0: no body (add one); else {"data": n}
-                reply = own.post("/global_episode", json={"data": n} if n else None)
+                kwargs: dict = {"json": {"data": n}} if n else {"headers": JSON}
+                reply = own.post("/global_episode", **kwargs)
                 assert reply.status_code == 200, reply.text
                 with lock:
                     increments.append(reply.json()["data"])
@@ -233,7 +236,7 @@ def test_concurrent_clients_lose_no_update(quiet: ServiceProcess, quiet_run: htt
 
     # The history holds every report once, in the order the master took them: folding it again
     # gives exactly the moving average and the mean of the last 100. POST /stop saves at once.
-    assert c.post("/stop").status_code == 200
+    assert c.post("/stop", json={}).status_code == 200
     rows = RunStore(run_dir(quiet)).read_episodes()
     assert sorted((r["worker_id"], r["reward"]) for r in rows) == sorted(
         (f"load{t}", reward) for (t, _), reward in rewards.items())

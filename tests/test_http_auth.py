@@ -13,12 +13,14 @@ from fastapi.testclient import TestClient
 
 from a3c_http import apidocs
 from master.routes_view import PUBLIC_PATHS
+from tests.http_layer_support import GOOD_BODIES
 from tests.http_layer_support import _clean_env as _clean_env
 from tests.http_layer_support import master as master
 from tests.http_layer_support import worker as worker
 from tests.support import TOKEN, registry, snapshot
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+JSON = {"Content-Type": "application/json"}
 # Paths beyond the schema's that must be refused the same way: docs, unknown, tricky spellings.
 EXTRA_PATHS = ("/openapi.json", "/docs", "/redoc", "/", "/no/such/route", "/healthz/../status",
                "/STATUS")
@@ -32,23 +34,6 @@ WRONG_CREDENTIALS = {
     "raw token": TOKEN,
     "empty bearer": "Bearer",
 }
-# A well-formed body per mutating route: a service that validated before it authenticated would
-# act on these instead of answering 401.
-GOOD_BODIES: dict[str, Any] = {
-    "/episode": {"worker_id": "intruder", "reward": 1e6, "length": 5},
-    "/best_score": {"data": 1e6, "worker_id": "intruder"},
-    "/global_episode": {"data": 1000},
-    "/global_moving_average": {"data": 1e6},
-    "/queue": {"data": 1e6},
-    "/worker_started": {"worker_id": "intruder", "url": "http://127.0.0.1:9"},
-    "/worker_done": {"worker_id": "intruder"},
-    "/heartbeat": {"worker_id": "intruder"},
-    "/train": {"workers": ["127.0.0.1:9"]},
-    "/start_worker": {"master_url": "http://127.0.0.1:9", "worker_id": "intruder",
-                      "config": {"num_envs": 1}},
-}
-
-
 def open_paths(c: TestClient) -> set[str]:
     """The paths open to GET and HEAD: /healthz, Swagger UI's files, and the master's dashboard
     page and files."""
@@ -63,8 +48,10 @@ def routes(c: TestClient) -> list[str]:
 
 def refusals(c: TestClient) -> tuple[int, list[str]]:
     """Send, without the right token: every method to every path (with a well-formed body where
-    one fits), every wrong credential to every path, and the token in the query string. Returns
-    (requests sent, every answer that was not a proper 401)."""
+    one fits), every wrong credential to every path, the token in the query string, and every
+    path as another site's page would (text/plain, its Origin: the token is judged first, so
+    those learn nothing but 401 either). Returns (requests sent, every answer that was not a
+    proper 401)."""
     problems: list[str] = []
     sent = 0
 
@@ -96,6 +83,10 @@ def refusals(c: TestClient) -> tuple[int, list[str]]:
             check(method, path, label, headers={"Authorization": value}, json=body)
     check("GET", f"/status?token={TOKEN}&access_token={TOKEN}", "token in the query",
           headers=none)
+    page = {**none, "Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site",
+            "Content-Type": "text/plain", "Host": "evil.example"}
+    for path in routes(c):
+        check("POST", path, "another site's page", headers=page, content=b"{}")
     return sent, problems
 
 
@@ -111,8 +102,8 @@ def test_every_route_and_method_of_the_master_needs_the_token(master: TestClient
     # With the token no route is refused for it (some for their own reasons), none fails.
     for path in master.app.openapi()["paths"]:
         for method in master.app.openapi()["paths"][path]:
-            reply = master.request(method.upper(), path)
-            assert reply.status_code not in (401, 403) and reply.status_code < 500, (
+            reply = master.request(method.upper(), path, headers=JSON)
+            assert reply.status_code not in (401, 403, 415) and reply.status_code < 500, (
                 method, path, reply.status_code, reply.text[:200])
     assert master.get("/no/such/route").status_code == 404
 

@@ -1,11 +1,12 @@
 """Bad input to both services, in-process (TestClient): bodies over the limit, with and without
-a Content-Length, get 413; malformed bodies, headers, queries and configs get a 4xx that names
-the problem; none of them changes anything.
+a Content-Length, get 413, and one that does not arrive in time 408; malformed bodies, headers,
+queries and configs get a 4xx that names the problem; none of them changes anything.
 
 One real-process check of the body limit is in test_integration.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from a3c_http.config import WorkerSettings
 from a3c_http.standin import StandInWorker
 from master.app import create_app as create_master
 from tests.http_layer_support import LIMIT, LOOPBACK, settings
@@ -24,6 +26,7 @@ from tests.http_layer_support import _clean_env as _clean_env
 from tests.http_layer_support import master as master
 from tests.http_layer_support import worker as worker
 from tests.support import AUTH, OCTET, bad_tensor_bodies, snapshot, without_box2d
+from worker.app import create_app as create_worker
 
 JSON = {"Content-Type": "application/json"}
 
@@ -79,6 +82,47 @@ def test_bodies_over_the_limit_are_413_with_or_without_a_length(master: TestClie
     assert reply.status_code == 200, reply.text
 
 
+def test_a_body_that_does_not_arrive_in_time_is_408() -> None:
+    # The worker's app called as uvicorn calls it, with a body whose second half never comes.
+    app = create_worker(settings=WorkerSettings(token=None, body_timeout_s=0.2))
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": "/start_worker", "raw_path": b"/start_worker",
+             "query_string": b"", "root_path": "", "client": LOOPBACK,
+             "server": ("127.0.0.1", 8001),
+             "headers": [(b"host", b"127.0.0.1:8001"), (b"content-type", b"application/json"),
+                         (b"content-length", b"200")]}
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async def call() -> None:
+        parts = [{"type": "http.request", "body": b'{"master_url": ', "more_body": True}]
+
+        async def receive() -> dict:
+            if parts:
+                return parts.pop()
+            await asyncio.Event().wait()  # the client stalls
+            raise AssertionError("unreachable")
+
+        await app(scope, receive, send)
+
+    asyncio.run(asyncio.wait_for(call(), 10))
+    assert sent[0]["status"] == 408, sent
+    assert (b"connection", b"close") in sent[0]["headers"]
+    assert "A3C_BODY_TIMEOUT_S" in json.loads(sent[1]["body"])["detail"]
+
+
+def test_a_body_that_is_not_json_says_so_and_where(worker: TestClient) -> None:
+    reply = worker.post("/start_worker", content=b'{"worker_id": "w1" "config": {}}',
+                        headers=JSON)
+    assert reply.status_code == 422, reply.text
+    assert reply.json()["detail"] == (
+        "the body is not valid JSON (Expecting ',' delimiter at position 19): send a JSON "
+        "object with Content-Type: application/json"
+    )
+
+
 def test_the_worker_has_the_same_limit(worker: TestClient) -> None:
     body = {"master_url": "http://127.0.0.1:9", "worker_id": "big", "config": {"num_envs": 1}}
     assert_413(worker.post("/start_worker", json={**body, "pad": "x" * (2 * LIMIT)}), "length")
@@ -109,7 +153,7 @@ def j(obj: Any) -> bytes:
     return json.dumps(obj).encode()
 
 
-BAD_JSON = ("json", "decode", "body", "expecting")
+BAD_JSON = ("the body is not valid JSON",)
 EP = {"worker_id": "w1", "reward": 10.0, "length": 10}
 COMMON = [("bad JSON", b'{"data": ', BAD_JSON), ("JSON array", b"[1]", ("object", "dict", "valid")),
           ("text", b"hello", BAD_JSON), ("not UTF-8", b"\xff\xfe", BAD_JSON + ("utf",))]

@@ -121,7 +121,7 @@ def test_a_worker_whose_environment_fails_is_failed_on_both_sides(cluster: Local
         assert ws["state"] == "failed" and "simulator crashed" in ws["error"], ws
 
 
-# One per service: which values are refused, and how they are named, is test_config.py's.
+# One per service: which values are refused, and how they are named, is test_settings.py's.
 BAD_SETTINGS = [
     ("master.app:app", {"A3C_PERSIST_INTERVAL_S": "abc"}, "A3C_PERSIST_INTERVAL_S='abc'"),
     ("worker.app:app", {"A3C_MAX_BODY_BYTES": "12"}, "A3C_MAX_BODY_BYTES='12'"),
@@ -159,7 +159,7 @@ def stand_in_run(cluster: LocalCluster, standin: StandInWorker) -> Iterator[Loca
     reply = cluster.train(**STAND_IN_RUN, workers=[standin.url])
     assert reply.status_code == 202, reply.text
     yield cluster
-    cluster.http.post(f"{cluster.master.url}/stop")
+    cluster.http.post(f"{cluster.master.url}/stop", json={})
 
 
 def test_the_real_servers_refuse_a_wrong_token_and_a_body_over_the_limit(

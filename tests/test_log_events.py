@@ -164,7 +164,7 @@ def test_a_worker_logs_its_end_and_the_traceback_of_a_surprise(
     with TestClient(worker_app.create_app(), client=LOOPBACK) as c:
         assert c.post("/start_worker", json=body).status_code == 202
         wait_for(lambda: c.get("/status").json()["episodes"] == 4, 15, "the fake trainer")
-        c.post("/stop")
+        c.post("/stop", json={})
         finished = wait_for(lambda: captured_events.all("worker_finished"), 15, "worker_finished")
         assert finished[0].fields == {"reason": "told to stop", "episodes": 4, "env_steps": 96}
         assert c.post("/start_worker", json={**body, "config": {"lr": 0.5}}).status_code == 202

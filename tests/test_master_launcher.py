@@ -47,7 +47,7 @@ def test_train_calls_each_worker_with_the_token_the_run_and_its_own_url(
         assert c.get("/status").json()["run_id"] == data["run_id"]
 
         # "master_url" in the body is what the workers are given.
-        assert c.post("/stop").status_code == 200
+        assert c.post("/stop", json={}).status_code == 200
         start_run(c, [standin.url], master_url="http://localhost:4321")
         assert standin.starts()[-1]["body"]["master_url"].rstrip("/") == "http://localhost:4321"
     # A3C_MASTER_URL, when set, is.
@@ -75,7 +75,7 @@ def test_a_worker_that_cannot_be_started_is_reported_and_the_run_goes_on(
         states = {w["url"]: w["state"] for w in s["workers"]}
         assert states == {standin.url: "starting", refusing.url: "failed", unreachable: "failed"}
         # A master whose only worker refuses its token has nobody to run the run.
-        assert c.post("/stop").status_code == 200
+        assert c.post("/stop", json={}).status_code == 200
         reply = c.post("/train", json={"workers": [refusing.url], "seed": 1})
         assert reply.status_code == 503, reply.text
         assert "401" in reply.json()["detail"] and "A3C_TOKEN" in reply.json()["detail"]

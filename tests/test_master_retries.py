@@ -84,7 +84,7 @@ def test_a_retry_after_the_finish_still_learns_its_update_was_taken(running: Tes
     body = wire.encode(gradients_like(tensors))
     headers = {**OCTET, "X-Worker-Id": "w1", "X-Model-Version": str(version), "X-A3C-Seq": "1"}
     assert running.post("/gradients", content=body, headers=headers).status_code == 200
-    assert running.post("/stop").status_code == 200
+    assert running.post("/stop", json={}).status_code == 200
     again = running.post("/gradients", content=body, headers=headers)
     assert again.status_code == 200 and again.headers["X-A3C-Duplicate"] == "1"
     later = running.post("/gradients", content=body, headers={**headers, "X-A3C-Seq": "2"})

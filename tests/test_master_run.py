@@ -250,20 +250,20 @@ def test_train_bad_workers_entry_is_422(client: TestClient, launched: list, work
 
 
 def test_stop_finishes_the_run(running: TestClient) -> None:
-    r = running.post("/stop")
+    r = running.post("/stop", json={})
     assert r.status_code == 200
     assert r.json()["data"]["state"] == "finished"
     s = status(running)
     assert s["state"] == "finished"
     assert "stop" in s["finish_reason"]
-    again = running.post("/stop")
+    again = running.post("/stop", json={})
     assert again.status_code == 200
     assert again.json()["data"]["stopped"] is False
     assert status(running)["finish_reason"] == s["finish_reason"]
 
 
 def test_stop_is_idempotent_when_nothing_runs(client: TestClient) -> None:
-    r = client.post("/stop")
+    r = client.post("/stop", json={})
     assert r.status_code == 200
     assert r.json()["data"] == {"run_id": None, "state": "idle", "stopped": False}
     assert status(client)["state"] == "idle"
@@ -274,7 +274,7 @@ def test_a_new_run_after_stop_starts_fresh(running: TestClient) -> None:
     episode(running, 5.0)
     tensors, version, _ = weights(running)
     assert push_gradients(running, wire.encode(gradients_like(tensors)), version).status_code == 200
-    running.post("/stop")
+    running.post("/stop", json={})
     second = start_run(running)["run_id"]
     assert second != first
     s = status(running)

@@ -41,7 +41,7 @@ def test_best_score_rejects_bad_bodies(client: TestClient, body: dict) -> None:
 
 def test_global_episode_counts(client: TestClient) -> None:
     assert client.get("/global_episode").json() == {"data": 0}
-    assert client.post("/global_episode").json() == {"data": 1}
+    assert client.post("/global_episode", json={}).json() == {"data": 1}
     assert client.post("/global_episode", json={"data": 5}).json() == {"data": 6}
     assert client.post("/global_episode", json={}).json() == {"data": 7}
     assert client.get("/global_episode").json() == {"data": 7}
@@ -86,7 +86,7 @@ def test_queue_is_fifo_and_empty_is_200(client: TestClient) -> None:
 def test_create_queue_empties_it(client: TestClient) -> None:
     for value in (1.0, 2.0):
         client.post("/queue", json={"data": value})
-    r = client.post("/create_queue")
+    r = client.post("/create_queue", json={})
     assert r.status_code == 200
     assert r.json()["data"]["length"] == 0
     assert status(client)["queue_length"] == 0

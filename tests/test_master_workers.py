@@ -119,7 +119,7 @@ def test_heartbeat_says_stop_after_post_stop(running: TestClient) -> None:
     assert r.json() == {"data": {"stop": False}}
     w1 = next(w for w in status(running)["workers"] if w["worker_id"] == "w1")
     assert w1["state"] == "running"
-    assert running.post("/stop").status_code == 200
+    assert running.post("/stop", json={}).status_code == 200
     assert running.post("/heartbeat", json={"worker_id": "w1"}).json() == {"data": {"stop": True}}
 
 

@@ -140,7 +140,7 @@ def test_status_idle(client: TestClient) -> None:
 
 
 def test_stop_while_idle_is_202_and_stays_idle(client: TestClient) -> None:
-    r = client.post("/stop")
+    r = client.post("/stop", json={})
     assert r.status_code == 202
     assert client.get("/status").json()["state"] == "idle"
 
@@ -242,7 +242,7 @@ def test_second_start_while_running_is_409_and_stop_ends_it(
     assert len(fake_trainer.instances) == 1
     assert client.get("/status").json()["worker_id"] == "w1"
 
-    stop = client.post("/stop")
+    stop = client.post("/stop", json={})
     assert stop.status_code == 202
     assert stop.json()["data"]["state"] in ("stopping", "done")
     assert trainer.stop_event.is_set()
@@ -255,7 +255,7 @@ def test_second_start_while_running_is_409_and_stop_ends_it(
     third = client.post("/start_worker", json=start_body(port, worker_id="w3"))
     assert third.status_code == 202
     wait_until(lambda: len(fake_trainer.instances) == 2)
-    client.post("/stop")
+    client.post("/stop", json={})
     assert wait_for(client, lambda s: s["state"] == "done")["worker_id"] == "w3"
 
 
@@ -274,7 +274,7 @@ def test_the_start_requests_exploration_is_trained_with_and_shown(
         trainer = wait_until(lambda n=started: fake_trainer.instances[n:])[0]
         assert trainer.config.entropy_coef == used["entropy_coef"]
         assert trainer.log_std_offset == used["log_std_offset"]
-        client.post("/stop")
+        client.post("/stop", json={})
         wait_for(client, lambda s: s["state"] == "done")
 
 
@@ -301,7 +301,7 @@ def test_right_token_is_served_from_anywhere(fake_trainer: type[FakeTrainer]) ->
         assert c.get("/status").json()["state"] == "idle"
         r = c.post("/start_worker", json=start_body(free_port()))
         assert r.status_code == 202
-        assert c.post("/stop").status_code == 202
+        assert c.post("/stop", json={}).status_code == 202
         wait_for(c, lambda s: s["state"] == "done")
 
 
@@ -351,7 +351,7 @@ def test_the_torch_threads_setting_reaches_the_training_thread(
         (trainer,) = wait_until(lambda: fake_trainer.instances)
         assert trainer.running.wait(10)
         assert seen == [3]
-        c.post("/stop")
+        c.post("/stop", json={})
 
 
 # -- stopping while the master is away -----------------------------------------------------------
@@ -368,7 +368,7 @@ def test_stop_while_the_master_is_away_is_prompt(monkeypatch: pytest.MonkeyPatch
     with worker() as c:
         _start_against_an_absent_master(c)
         started = time.monotonic()
-        assert c.post("/stop").status_code == 202
+        assert c.post("/stop", json={}).status_code == 202
         status = wait_for(c, lambda s: s["state"] not in ("running", "stopping"), timeout_s=10)
         assert time.monotonic() - started < 10
         assert status["state"] == "done", status  # it was told to stop: not a failure

@@ -231,7 +231,7 @@ def create_app(token: str | None = None, settings: WorkerSettings | None = None)
         title="a3c-http worker", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None
     )
     app.state.worker = service
-    install_common(app, settings.token, settings.max_body_bytes)
+    install_common(app, settings)
     router = protected_router()
 
     @router.get("/status")

@@ -20,6 +20,11 @@
   async function api(path, init = {}) {
     const headers = { Accept: "application/json" };
     if (token) headers.Authorization = `Bearer ${token}`;
+    // The master takes a POST only as JSON (what a page of another site cannot send unasked).
+    if (init.method === "POST") {
+      headers["Content-Type"] = "application/json";
+      init = { body: "{}", ...init };
+    }
     let response;
     try {
       response = await fetch(path, { ...init, headers, cache: "no-store", credentials: "omit" });
