@@ -83,8 +83,9 @@ class CannotResume(Exception):
         self.file = store.path(DB)
         self.run_id = run_id
         self.next_version = next_version
-        # Where POST /train moves the run's files: by its id, or by the time when it is unknown.
-        self.aside = run_id or time.strftime("unresumable-%Y%m%d-%H%M%S")
+        # Where POST /train moves the run's files: by its id, or when it is unknown by the time
+        # run.db was last written (the same name whichever master finds it, as /status said).
+        self.aside = run_id or time.strftime("unresumable-%Y%m%d-%H%M%S", _written(self.file))
         self.archive = store.archive_path(self.aside)
         what = f"{self.file} holds run {run_id}, which" if run_id else str(self.file)
         moved = f"run {run_id} is" if run_id else "its files are"
@@ -205,6 +206,14 @@ def _read(store: RunStore, now: float) -> _Saved | None:
     if bad is not None:
         raise cannot(f"{bad} (table blobs, 'optimizer') holds NaN or infinite values")
     return _Saved(snap, config, model, optimizer, skipped, run_id, next_version)
+
+
+def _written(path: os.PathLike) -> time.struct_time:
+    """When `path` was last written (local time), or now when it cannot be read."""
+    try:
+        return time.localtime(os.stat(path).st_mtime)
+    except OSError:
+        return time.localtime()
 
 
 def _number(value: Any) -> float | None:
