@@ -12,8 +12,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from a3c_http.config import TrainConfig
 from a3c_http.protocol import GRAD_NORM_HEADER, LOSS_HEADER, MAX_COUNT, SEQ_HEADER
 from a3c_http.service import conflict
+from master.limits import MAX_ABS_RETURN, MAX_LENGTH
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
+# An episode's return, or a statistic of returns (master/limits.py MAX_ABS_RETURN): one report of
+# 1e308 once made the best score, and a hundred would have solved the run.
+Return = Annotated[float, Field(ge=-MAX_ABS_RETURN, le=MAX_ABS_RETURN, allow_inf_nan=False)]
 WorkerId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/-]+$")]
 RunId = Annotated[str | None, Field(None, max_length=64)]
 # The 409 of the worker messages: they carry a `run_id`, and only registered workers send them.
@@ -60,7 +64,7 @@ class Strict(BaseModel):
 
 
 class ScoreIn(Strict):
-    data: Finite
+    data: Return
     worker_id: WorkerId | None = None
 
 
@@ -69,7 +73,7 @@ class CountIn(Strict):
 
 
 class ValueIn(Strict):
-    data: Finite
+    data: Return
 
 
 class WorkerStartedIn(Strict):
@@ -100,7 +104,7 @@ class WorkerStats(BaseModel):
         "and of those going on; the master's `env_steps` (what `max_steps` counts) adds up these.",
     )
     steps_per_s: Finite | None = Field(None, ge=0)
-    last_reward: Finite | None = None
+    last_reward: Return | None = None
     metrics: dict[Annotated[str, Field(max_length=64)], Finite] | None = Field(
         None, max_length=32, description="train/policy_loss, train/entropy, time/fps, ..."
     )
@@ -112,7 +116,7 @@ class HeartbeatIn(WorkerStats):
 
 
 # An episode's return and length, as one item of a rollout report.
-EpisodeOut = tuple[Finite, Annotated[int, Field(ge=1, le=1_000_000_000)]]
+EpisodeOut = tuple[Return, Annotated[int, Field(ge=1, le=MAX_LENGTH)]]
 
 
 class RolloutReport(BaseModel):
@@ -127,8 +131,8 @@ class RolloutReport(BaseModel):
 
 class EpisodeIn(Strict):
     worker_id: WorkerId
-    reward: Finite
-    length: int = Field(ge=1, le=1_000_000_000)
+    reward: Return
+    length: int = Field(ge=1, le=MAX_LENGTH)
     run_id: RunId = None
 
 
