@@ -118,6 +118,7 @@ def test_evaluate_plays_a_saved_run_and_ends_with_its_json_line(
         evaluate_main([str(tmp_path / "elsewhere")])
 
 
+@pytest.mark.integration  # a process of its own: SDL's first start is what is judged
 def test_evaluate_records_a_video_of_each_episode_quietly(tmp_path: Path) -> None:
     """In a process of its own, as a user runs it on a host without a display or a session
     (no XDG_RUNTIME_DIR): pygame starts SDL there, which would complain on stderr."""
