@@ -22,8 +22,8 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from a3c_http import apidocs, headerbounds
-from a3c_http.config import Settings, WorkerSettings
 from a3c_http.edge import SAFE_METHODS, Gate
+from a3c_http.settings import Settings, WorkerSettings
 
 health_router = APIRouter()
 

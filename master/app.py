@@ -14,9 +14,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from a3c_http import logs
-from a3c_http.config import Settings
 from a3c_http.protocol import STOP_HEADER
 from a3c_http.service import install_common
+from a3c_http.settings import Settings
 from a3c_http.store import RunDirInUse
 from a3c_http.wire import WireError
 from master import housekeeping, routes_run, routes_seed, routes_view, routes_weights, tensorboard

@@ -31,11 +31,12 @@ from pydantic import ValidationError
 
 from a3c_http import wire
 from a3c_http.a3c import learning_rate
-from a3c_http.config import Settings, TrainConfig
+from a3c_http.config import TrainConfig
 from a3c_http.exploration import check_actions
 from a3c_http.model import model_for
 from a3c_http.protocol import ROLLOUT_METADATA
 from a3c_http.service import describe_error
+from a3c_http.settings import Settings
 from a3c_http.store import RunStore
 from master.errors import Invalid, StateConflict
 from master.evaluator import Evaluator

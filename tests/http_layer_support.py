@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from a3c_http.config import Settings, WorkerSettings
+from a3c_http.settings import Settings, WorkerSettings
 from a3c_http.standin import StandInWorker
 from master.app import create_app as create_master
 from tests.support import AUTH, TOKEN, master_running

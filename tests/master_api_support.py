@@ -20,7 +20,7 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 
-from a3c_http.config import Settings
+from a3c_http.settings import Settings
 from master import routes_run
 from master.app import create_app
 

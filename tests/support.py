@@ -20,7 +20,8 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import save as st_save
 
-from a3c_http.config import Settings, TrainConfig
+from a3c_http.config import TrainConfig
+from a3c_http.settings import Settings
 from master.app import create_app
 
 TOKEN = "test-token-0123456789abcdef"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from a3c_http.config import Settings
+from a3c_http.settings import Settings
 from master.app import create_app
 from master.routes_view import PUBLIC_PATHS
 from tests.support import TOKEN, master_running

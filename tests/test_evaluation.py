@@ -17,10 +17,11 @@ from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 
 from a3c_http import evaluation, wire
-from a3c_http.config import Settings, TrainConfig
+from a3c_http.config import TrainConfig
 from a3c_http.evaluation import EvalResult, evaluate
 from a3c_http.localcluster import wait_for
 from a3c_http.model import model_for
+from a3c_http.settings import Settings
 from a3c_http.standin import StandInWorker
 from a3c_http.store import RunStore
 from master import evaluator as evaluator_module

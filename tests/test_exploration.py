@@ -18,10 +18,11 @@ from torch.distributions import Normal
 import worker.trainer as trainer_module
 from a3c_http import wire
 from a3c_http.client import MasterClient
-from a3c_http.config import Settings, TrainConfig
+from a3c_http.config import TrainConfig
 from a3c_http.exploration import Exploration, ExplorationError, derive, widened
 from a3c_http.model import build_model, model_for
 from a3c_http.rollout import RolloutCollector
+from a3c_http.settings import Settings
 from a3c_http.standin import StandInWorker
 from master.app import create_app
 from worker.trainer import Progress, Trainer

@@ -142,7 +142,7 @@ def test_the_access_log_leaves_out_only_successes_of_the_hot_routes() -> None:
 
 
 def test_the_master_quiets_uvicorns_access_log_unless_told_otherwise(tmp_path) -> None:
-    from a3c_http.config import Settings
+    from a3c_http.settings import Settings
     from master.app import create_app
 
     logger = logging.getLogger("uvicorn.access")

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from a3c_http.config import WorkerSettings
+from a3c_http.settings import WorkerSettings
 from a3c_http.standin import StandInWorker
 from master.app import create_app as create_master
 from tests.http_layer_support import LIMIT, LOOPBACK, settings

@@ -16,9 +16,10 @@ from fastapi.testclient import TestClient
 import worker.app as worker_app
 from a3c_http import logs, wire
 from a3c_http.client import MasterClient
-from a3c_http.config import Settings, TrainConfig
+from a3c_http.config import TrainConfig
 from a3c_http.localcluster import free_port, wait_for
 from a3c_http.model import build_model
+from a3c_http.settings import Settings
 from master.app import create_app as create_master
 from tests.log_capture import CapturedEvents
 from tests.support import master_running, push_rollout, registry

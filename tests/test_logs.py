@@ -18,7 +18,7 @@ import master.app
 import worker.app
 from a3c_http import logs
 from a3c_http.client import MasterClient
-from a3c_http.config import Settings, WorkerSettings
+from a3c_http.settings import Settings, WorkerSettings
 from master.events import ProgressLog
 from tests.log_capture import CapturedEvents
 

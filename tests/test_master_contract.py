@@ -16,8 +16,8 @@ from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from a3c_http.config import Settings
 from a3c_http.normalize import statistics_entries
+from a3c_http.settings import Settings
 from a3c_http.standin import StandInWorker
 from master.app import create_app
 from tests.support import OCTET

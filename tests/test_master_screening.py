@@ -12,10 +12,11 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from a3c_http.config import Settings, TrainConfig
+from a3c_http.config import TrainConfig
 from a3c_http.flatnet import FlatNetwork, NonFiniteStep
 from a3c_http.model import model_for
 from a3c_http.normalize import batch_problem
+from a3c_http.settings import Settings
 from master.app import create_app
 from tests.support import OCTET, master_running, push_rollout, snapshot
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from a3c_http.config import Settings, TrainConfig
+from a3c_http.config import TrainConfig
+from a3c_http.settings import Settings
 from a3c_http.store import RunStore, Snapshot
 from master.state import ClusterState
 from scripts.evaluate import main as evaluate_main

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from a3c_http.config import Settings, WorkerSettings
+from a3c_http.settings import Settings, WorkerSettings
 from tests.badpeer import without_proxies
 
 SETTINGS_VARS = (

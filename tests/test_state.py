@@ -14,8 +14,9 @@ import torch
 
 from a3c_http import store as store_module
 from a3c_http import wire
-from a3c_http.config import Settings, TrainConfig
+from a3c_http.config import TrainConfig
 from a3c_http.localcluster import wait_for
+from a3c_http.settings import Settings
 from a3c_http.store import RunStore
 from master import housekeeping
 from master.state import ClusterState, StateConflict, saved_config

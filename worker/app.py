@@ -16,10 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from a3c_http import logs
 from a3c_http.client import A3CError, MasterClient, MasterUnavailable
-from a3c_http.config import TrainConfig, WorkerSettings
+from a3c_http.config import TrainConfig
 from a3c_http.exploration import Exploration
 from a3c_http.protocol import METRICS_CONTENT_TYPE as METRICS_TYPE
 from a3c_http.service import JSON_BODY, conflict, install_common, protected_router
+from a3c_http.settings import WorkerSettings
 from worker.metrics import exposition
 from worker.trainer import Progress, Trainer
 
