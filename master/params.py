@@ -15,15 +15,13 @@ twice: a worker numbers its updates (`X-A3C-Seq`), and the number of the last on
 worker is checked and recorded in the same critical section as the change itself (per worker, a
 window of numbers: pushes in flight may arrive out of order, master/seqwindow.py).
 
-Every gradient is checked when it is decoded, before anything of its push is counted (422, a
-worker may not decide these): the norm of what arrived, computed here, is at most `max_grad_norm`
-(workers clip before they send; the norm a worker reports is a hint that can only make its update
-an outlier), and its batch statistics fit (a3c_http/normalize.py `batch_problem`). Then it is
-screened: not a retry, from the running run, fresh enough, and not an outlier (master/outliers.py).
-Gradients mode applies it at once; sync mode adds it to the current round (master/rounds.py) and
-applies the round's mean when the round closes. A step that would leave a weight, a statistic or
-the optimizer's state non-finite is undone and refused (a3c_http/flatnet.py). Whole weights
-(`POST /local_model_weights`) must have sound statistics and compute finite outputs.
+Every gradient and whole weights are checked when they are decoded, before anything of their push
+is counted (master/screening.py: what a worker may not decide). A gradient is then screened: not a
+retry, from the running run, fresh enough, and not an outlier (master/outliers.py). Gradients mode
+applies it at once; sync mode adds it to the current round and applies the round's mean when the
+round closes (master/rounds.py `SyncRounds`, the parameter server's methods for it). A step that
+would leave a weight, a statistic or the optimizer's state non-finite is undone and refused
+(a3c_http/flatnet.py).
 """
 
 from __future__ import annotations
@@ -31,27 +29,25 @@ from __future__ import annotations
 import io
 import itertools
 import threading
-import time
 from typing import Any
 
 import torch
-from torch.func import functional_call
 
 from a3c_http import wire
 from a3c_http.a3c import set_learning_rate
 from a3c_http.config import TrainConfig
 from a3c_http.flatnet import FlatNetwork, NonFiniteStep
 from a3c_http.model import ActorCritic
-from a3c_http.normalize import statistics_problem
 from a3c_http.store import NonFiniteValue
 from master.errors import Invalid, StateConflict
 from master.limits import RunLimits
 from master.outliers import OutlierFilter
-from master.rounds import Outcome, Round, Update
+from master.rounds import Outcome, SyncRounds, Update
+from master.screening import gradient_problem, weights_problem
 from master.seqwindow import SeqWindow
 
 
-class ParameterServer:
+class ParameterServer(SyncRounds):
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.net: FlatNetwork | None = None
@@ -65,14 +61,9 @@ class ParameterServer:
         self._encoded: tuple[int, bytes] | None = None  # (version, its weights body)
         self._update_seq: dict[str, SeqWindow] = {}  # worker -> X-A3C-Seq of updates applied
         self.outliers = OutlierFilter()
-        self.round: Round | None = None  # sync mode: the round gathering gradients
-        self._round_numbers = itertools.count(1)  # never reused, so a late timeout closes no other
-        self.sync_rounds = 0  # rounds applied in this run
-        self.sync_gradients = 0  # gradients those rounds averaged
         self.staleness_total = 0  # versions between the weights of applied gradients and theirs
-        # sync mode: workers a round closed without at its deadline; no round waits for them
-        # until they send again (a registered but silent worker would delay every round).
-        self.absent: set[str] = set()
+        self._round_numbers = itertools.count(1)  # never reused, so a late timeout closes no other
+        self._reset_rounds()
 
     def begin(self, config: TrainConfig, model: ActorCritic, next_version: bool) -> None:
         """Fresh weights and counters for a new run; `next_version`: an earlier run used this
@@ -88,9 +79,8 @@ class ParameterServer:
             self.temporary_revision += 1
             self._update_seq = {}
             self.outliers.reset()
-            self.sync_rounds = self.sync_gradients = 0
+            self._reset_rounds()
             self.staleness_total = 0
-            self.absent = set()
 
     def _set_model(self, config: TrainConfig, model: ActorCritic, optimizer_state: Any) -> None:
         self.net = FlatNetwork(model, config, optimizer_state)
@@ -168,22 +158,11 @@ class ParameterServer:
         loss: float | None = None,
         norm: float | None = None,
     ) -> Update:
-        """A worker's decoded gradient vector as an update, checked: its gradient norm at most
-        `max_grad_norm`, its batch statistics fit. Raises Invalid (counted as a refused update)
-        otherwise. The update's norm, for the outlier check, is the larger of the one reported
-        (before clipping) and the one computed here."""
-        net = self._require_net()
-        computed = net.gradient_norm(vector)
-        # clip_grad_norm_ leaves at most max_grad_norm, give or take float32's rounding.
-        bound = config.max_grad_norm * (1 + 1e-3) + 1e-6
-        if computed <= bound:
-            why = net.batch_problem(vector, limits.rollout_steps)
-        else:
-            why = (
-                f"the gradients' norm is {computed:.4g}, above max_grad_norm="
-                f"{config.max_grad_norm:g}: a worker clips its gradients to max_grad_norm before "
-                "it sends them"
-            )
+        """A worker's decoded gradient vector as an update, checked (master/screening.py);
+        Invalid, counted as a refused update, when it does not pass. The update's norm, for the
+        outlier check, is the larger of the one reported (before clipping) and the one computed
+        here."""
+        computed, why = gradient_problem(self._require_net(), vector, config, limits)
         if why is not None:
             with self.lock:
                 self._reject("invalid")
@@ -208,88 +187,8 @@ class ParameterServer:
             if not duplicate:
                 self._screen(update, config, refusal, sync=False)
                 self._step([update])
-                self.outliers.accept(update.worker_id, update.norm, update.loss)
+                self._accepted(update)
         return Outcome.ready(self.weights(), duplicate)
-
-    def join_round(
-        self,
-        update: Update,
-        config: TrainConfig,
-        refusal: StateConflict | None,
-        expected: set[str],
-    ) -> Outcome:
-        """Add gradients to the current sync round (one per worker, for the current version);
-        the round closes at once when every worker of `expected` has sent, else at its deadline
-        or when `check_round` finds it complete. A retry of gradients of this round waits for
-        the same outcome; of an earlier round, it gets the current weights."""
-        with self.lock:
-            if self._seen(update.worker_id, update.seq):
-                return Outcome.ready(self.weights(), duplicate=True)
-            current = self.round
-            sent = current.updates.get(update.worker_id) if current is not None else None
-            if sent is not None:
-                if update.seq is not None and update.seq == sent.seq:
-                    return current.waiting(duplicate=True)
-                self._reject("round")
-                raise StateConflict(
-                    f"worker {update.worker_id} already sent gradients for version "
-                    f"{current.version} in this round (sync_mode=sync takes one per worker and "
-                    "round): wait for the round's reply"
-                )
-            self._screen(update, config, refusal, sync=True)
-            self.outliers.accept(update.worker_id, update.norm, update.loss)
-            self.absent.discard(update.worker_id)
-            if current is None:
-                deadline = time.monotonic() + config.sync_timeout_s
-                current = self.round = Round(next(self._round_numbers), self.version, deadline)
-            current.updates[update.worker_id] = update
-            current.expected = expected
-            outcome = current.waiting(duplicate=False)
-            if current.complete(expected - self.absent):
-                self._close_round()
-            return outcome
-
-    def check_round(self, expected: set[str], running: bool) -> None:
-        """Close the open round when the workers it still waits for are gone (lost, done or
-        failed), or the run is no longer running: nobody else will send for it. Also when its
-        deadline passed, should every request waiting for it have gone (disconnected)."""
-        with self.lock:
-            current = self.round
-            if current is None:
-                return
-            current.expected = expected
-            if not running or current.complete(expected - self.absent):
-                self._close_round()
-            elif time.monotonic() >= current.deadline:
-                self._close_round(at_deadline=True)
-
-    def close_round(self, number: int) -> None:
-        """The deadline of round `number` passed: apply what it gathered, unless it is closed."""
-        with self.lock:
-            if self.round is not None and self.round.number == number:
-                self._close_round(at_deadline=True)
-
-    def _close_round(self, at_deadline: bool = False) -> None:
-        """One optimizer step on the mean of the round's gradients, and every request of the
-        round gets the new weights. `at_deadline`: the workers it still waited for are absent
-        from now on, until they send."""
-        current, self.round = self.round, None
-        if at_deadline:
-            self.absent |= current.expected - current.updates.keys()
-        try:
-            self._step(list(current.updates.values()))
-            self.sync_rounds += 1
-            self.sync_gradients += len(current.updates)
-            current.outcome.set_result(self.weights())
-        except Exception as exc:  # the waiting requests fail with it, not the closing thread
-            current.outcome.set_exception(exc)
-
-    def _abandon_round(self, why: StateConflict) -> None:
-        """The round's gradients can no longer be applied: its requests are refused."""
-        current, self.round = self.round, None
-        if current is not None:
-            self._reject("round", len(current.updates))
-            current.outcome.set_exception(why)
 
     def _screen(
         self, update: Update, config: TrainConfig, refusal: StateConflict | None, sync: bool
@@ -304,6 +203,10 @@ class ParameterServer:
         if why is not None:
             self._reject("outlier")
             raise StateConflict(f"{why}; nothing applied: pull the weights and go on")
+
+    def _accepted(self, update: Update) -> None:
+        """A screened update was taken: it joins its worker's outlier window."""
+        self.outliers.accept(update.worker_id, update.norm, update.loss)
 
     def _step(self, updates: list[Update]) -> None:
         """One optimizer step on the mean of the updates' gradients; the version rises once. A
@@ -346,12 +249,12 @@ class ParameterServer:
     ) -> tuple[int, bool]:
         """A worker's weights (a decoded vector): its temporary slot, or (temporary=False) the new
         global weights. Returns the model version and whether this was a retry of weights
-        already taken. Raises Invalid for global weights that cannot be used (`weights_problem`).
+        already taken. Raises Invalid for global weights that cannot be used (master/screening.py).
         A slot keeps the weights as this master encodes them: the size of the model, whatever
         metadata the body carried."""
         net = self._require_net()
         if not temporary:
-            why = self.weights_problem(vector)
+            why = weights_problem(net, vector)
             if why is not None:
                 with self.lock:
                     self._reject("invalid")
@@ -377,25 +280,6 @@ class ParameterServer:
                 self.updates_applied += 1
                 self._taken(worker_id, seq)
             return self.version, duplicate
-
-    def weights_problem(self, vector: torch.Tensor) -> str | None:
-        """What makes a weights vector unusable as the global weights, or None: negative counts
-        or variances in its statistics, or non-finite outputs for plain observations (zeros and
-        +-1: weights so large that the network overflows, e.g. 3e38 everywhere)."""
-        net = self._require_net()
-        tensors = net.layout.views(vector)
-        model = net.model
-        probe = torch.zeros(3, model.obs_dim)
-        probe[1], probe[2] = 1.0, -1.0
-        why = statistics_problem(model, tensors)
-        if why is not None:
-            return why
-        with torch.no_grad():
-            dist, value = functional_call(model, tensors, (probe,))
-            outputs = dist.logits if model.discrete else dist.mean
-        if not bool(torch.isfinite(outputs).all() and torch.isfinite(value).all()):
-            return "the network's outputs for plain observations are not finite"
-        return None
 
     def counters(self) -> dict[str, Any]:
         with self.lock:
