@@ -262,6 +262,7 @@ def test_solved_on_eval_finishes_the_run_on_the_latest_evaluation(
 # -- through the app, with the real evaluation process ---------------------------------------------
 
 
+@pytest.mark.integration  # the real evaluation process
 def test_the_master_evaluates_while_it_trains_and_keeps_the_evaluations(
     tmp_path: Path, standin: StandInWorker
 ) -> None:

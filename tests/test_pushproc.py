@@ -21,6 +21,9 @@ from a3c_http.localcluster import free_port, wait_for
 from tests.badpeer import BadPeer
 from tests.client_support import LAYOUT, SPEC, TENSORS
 
+# Every test starts the push process, a real child process.
+pytestmark = pytest.mark.integration
+
 PUSH = {"log_level": "warning", "log_format": "text", "worker_id": "w1"}
 Reply = tuple[int, dict[str, str], bytes]
 

@@ -268,6 +268,7 @@ while True:
 """
 
 
+@pytest.mark.integration  # a real process, killed
 def test_kill_9_in_the_middle_of_saves_leaves_one_whole_snapshot(tmp_path: Path) -> None:
     """SIGKILL a process that saves snapshots as fast as it can, at seeded random moments, again
     and again: every time, what is on disk loads as one whole snapshot, and the killed owner's
