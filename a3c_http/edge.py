@@ -30,6 +30,8 @@ SIMPLE_TYPES = frozenset({"text/plain", "application/x-www-form-urlencoded", "mu
 # Sec-Fetch-Site of a request from this service's own page, or typed by the user.
 OWN_SITE = frozenset({"same-origin", "none"})
 DEFAULT_PORTS = {"http": 80, "https": 443}
+# The most (method, path) pairs `Gate` remembers as state-changing.
+_MAX_STATE_CHANGING = 1024
 
 
 def is_loopback(host: str | None) -> bool:
@@ -196,23 +198,24 @@ class Gate:
         self.public = public | {"/healthz"}
         self.allowed_hosts = allowed_hosts
         self.tensor_paths = tensor_paths
-        self._methods: dict[str, frozenset[str]] | None = None  # of each route without parameters
+        # (method, path) of requests found to change state: asked once each, not at every push
+        # (FastAPI keeps included routers whole, so finding the route means matching them all).
+        # Only what a route takes enters it, so it holds at most the routes' methods and paths.
+        self._state_changing: set[tuple[str, str]] = set()
 
     def _changes_state(self, scope: Scope) -> bool:
         method = scope["method"]
         if method in SAFE_METHODS:
             return False
-        routes = getattr(getattr(scope.get("app"), "router", None), "routes", ())
-        if self._methods is None:
-            self._methods = {
-                route.path: frozenset(route.methods)
-                for route in routes
-                if isinstance(getattr(route, "methods", None), set) and "{" not in route.path
-            }
-        if method in self._methods.get(scope["path"], ()):
+        key = (method, scope["path"])
+        if key in self._state_changing:
             return True
-        # Another path or method: whether any route (one with parameters too) takes it.
-        return any(route.matches(scope)[0] is Match.FULL for route in routes)
+        routes = getattr(getattr(scope.get("app"), "router", None), "routes", ())
+        if any(route.matches(scope)[0] is Match.FULL for route in routes):
+            if len(self._state_changing) < _MAX_STATE_CHANGING:  # paths with parameters
+                self._state_changing.add(key)
+            return True
+        return False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or (
