@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Security
@@ -136,14 +137,19 @@ def describe_error(error: dict) -> str:
     return f"{where}: {error.get('msg', 'invalid')}"
 
 
-async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    errors = exc.errors()
+def validation_body(errors: Sequence[Any]) -> dict[str, Any]:
+    """The body of a 422 for pydantic's `errors`: `detail` names each problem, `errors` lists
+    them (every 422 of a request that does not fit the schema has this body)."""
     message = "; ".join(describe_error(e) for e in errors) or "invalid request"
     safe = [
         {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
         for e in errors
     ]
-    return JSONResponse({"detail": message, "errors": safe}, status_code=422)
+    return {"detail": message, "errors": safe}
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return JSONResponse(validation_body(exc.errors()), status_code=422)
 
 
 _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")

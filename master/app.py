@@ -21,6 +21,7 @@ from a3c_http.store import RunDirInUse
 from a3c_http.wire import WireError
 from master import housekeeping, routes_run, routes_seed, routes_view, routes_weights, tensorboard
 from master.errors import Invalid
+from master.hotpath import GradientRoute
 from master.metrics import MasterMetrics
 from master.state import ClusterState, StateConflict
 
@@ -74,6 +75,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # before it): counted in updates_rejected_by, summed up by the progress line.
     hot = {"/gradients", "/episode", "/heartbeat", "/global_model_weights", "/local_model_weights"}
     quiet = settings.access_log == "quiet"
+    # Inside the gate and the body limit that install_common adds (the last added runs first).
+    app.add_middleware(GradientRoute, state=state, metrics=app.state.metrics)
     install_common(
         app,
         settings,

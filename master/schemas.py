@@ -10,7 +10,15 @@ from fastapi import Header
 from pydantic import BaseModel, ConfigDict, Field
 
 from a3c_http.config import TrainConfig
-from a3c_http.protocol import GRAD_NORM_HEADER, LOSS_HEADER, MAX_COUNT, SEQ_HEADER
+from a3c_http.protocol import (
+    GRAD_NORM_HEADER,
+    LOSS_HEADER,
+    MAX_COUNT,
+    RUN_ID_HEADER,
+    SEQ_HEADER,
+    VERSION_HEADER,
+    WORKER_ID_HEADER,
+)
 from a3c_http.service import conflict
 from master.limits import MAX_ABS_RETURN, MAX_LENGTH
 
@@ -28,35 +36,54 @@ OTHER_RUN = conflict(
 # X-A3C-Seq: a worker's own rising number for its episode reports, gradients and weights; a retry
 # keeps the number of its first attempt, so the master never counts it twice.
 # Optional (the routes default it to None), but never null: the schema says integer.
+MAX_SEQ = 2**62
 Seq = Annotated[
     int,
     Header(
         alias=SEQ_HEADER,
         ge=1,
-        le=2**62,
+        le=MAX_SEQ,
         description="The worker's rising request number; retries keep it.",
     ),
 ]
 
-# What a worker reports of the gradients it pushes, for the outlier check (optional: without them
-# the master judges the norm of the gradients it received, and no loss).
-ReportedLoss = Annotated[
-    float,
-    Header(
-        alias=LOSS_HEADER,
-        allow_inf_nan=False,
-        description="The total loss of the rollout the gradients come from.",
-    ),
-]
-ReportedNorm = Annotated[
-    float,
-    Header(
-        alias=GRAD_NORM_HEADER,
-        ge=0,
-        allow_inf_nan=False,
-        description="The global L2 norm of the gradients before clipping.",
-    ),
-]
+class PushHeaders(BaseModel):
+    """The headers of a gradient push (`POST /gradients`), one model for the route's schema
+    (master/routes_weights.py) and for the hot path that serves it (master/hotpath.py), so both
+    judge a push alike."""
+
+    model_config = ConfigDict(extra="ignore")  # the request's other headers
+    worker_id: Annotated[WorkerId, Field(alias=WORKER_ID_HEADER)]
+    model_version: Annotated[
+        int, Field(alias=VERSION_HEADER, ge=0, description="The version they were computed on.")
+    ]
+    run_id: Annotated[str, Field(alias=RUN_ID_HEADER, max_length=64)] = None
+    seq: Annotated[
+        int,
+        Field(
+            alias=SEQ_HEADER,
+            ge=1,
+            le=MAX_SEQ,
+            description="The worker's rising request number; retries keep it.",
+        ),
+    ] = None
+    loss: Annotated[
+        float,
+        Field(
+            alias=LOSS_HEADER,
+            allow_inf_nan=False,
+            description="The total loss of the rollout the gradients come from.",
+        ),
+    ] = None
+    grad_norm: Annotated[
+        float,
+        Field(
+            alias=GRAD_NORM_HEADER,
+            ge=0,
+            allow_inf_nan=False,
+            description="The global L2 norm of the gradients before clipping.",
+        ),
+    ] = None
 
 
 class Strict(BaseModel):

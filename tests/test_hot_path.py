@@ -14,6 +14,7 @@ from a3c_http.config import TrainConfig
 from a3c_http.flatnet import FlatNetwork
 from a3c_http.model import model_for
 from a3c_http.service import QuietAccessLog
+from master.hotpath import GradientRoute
 from master.seqwindow import WIDTH, SeqWindow
 from worker.pipeline import Pipeline
 
@@ -161,3 +162,38 @@ def test_the_master_quiets_uvicorns_access_log_unless_told_otherwise(tmp_path) -
             logger.removeFilter(f)
     create_app(Settings(run_dir=tmp_path / "c", access_log="all")).state.cluster.close()
     assert quiet() == []
+
+
+# -- the gradient route -----------------------------------------------------------------------------
+
+
+def test_the_hot_path_and_the_declared_route_answer_a_push_alike(tmp_path) -> None:
+    """POST /gradients is answered by master/hotpath.py before FastAPI routes it; the route
+    declared for the schema answers the same pushes the same way (here without that layer)."""
+    from tests.support import OCTET, master_running, push_rollout
+
+    def answers(c) -> list:
+        layout = c.app.state.cluster.params.net.layout
+        headers = {**OCTET, "X-Worker-Id": "w1", "X-Model-Version": "0"}
+        bad = {**headers, "X-Model-Version": "-1", "X-A3C-Grad-Norm": "inf"}
+        replies = [
+            push_rollout(c, 1, [[10.0, 10]]),  # taken
+            push_rollout(c, 1, [[10.0, 10]]),  # a retry: the same weights, X-A3C-Duplicate
+            c.post("/gradients", content=layout.encode(torch.zeros(layout.numel)), headers=bad),
+            c.post("/gradients", content=b"junk", headers={**headers, "X-A3C-Seq": "9"}),
+            push_rollout(c, 10, worker="stranger"),
+        ]
+        return [
+            (r.status_code, r.json() if r.status_code != 200 else len(r.content),
+             {k: v for k, v in r.headers.items() if k.startswith("x-") or k == "etag"})
+            for r in replies
+        ]
+
+    with master_running(tmp_path / "hot") as c:
+        hot = answers(c)
+    with master_running(tmp_path / "route") as c:
+        c.app.user_middleware = [m for m in c.app.user_middleware if m.cls is not GradientRoute]
+        c.app.middleware_stack = c.app.build_middleware_stack()
+        route = answers(c)
+    assert [status for status, _, _ in hot] == [200, 200, 422, 422, 409]
+    assert hot == route

@@ -1,0 +1,155 @@
+"""`POST /gradients`, the workers' hot path, served straight from ASGI.
+
+A push through FastAPI's router, its dependency injection and its request and response objects
+cost the master about as much as the update itself: on this project's 2-core machine, 16
+simulated workers got about 2,000 pushes/s of the default model through the route and about
+3,400 through this layer (scripts/bench.py, section master). So `GradientRoute`, an ASGI
+middleware inside the gate and the body limit (a3c_http/service.py `install_common`: a push
+still passes the token, page, content-type, size and time checks first), answers
+`POST /gradients` itself. The route stays declared in master/routes_weights.py, which gives it
+its OpenAPI schema and serves it through FastAPI should a request ever get past this layer; both
+call `push`, and judge the headers with one model (master/schemas.py `PushHeaders`), so they
+answer alike: the same 422 body for bad headers, the same 409 and 422 for what the master
+refuses, the same weights and figures on success.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from a3c_http.protocol import (
+    BEST_SCORE_HEADER,
+    CONTENT_TYPE,
+    DUPLICATE_HEADER,
+    GLOBAL_EPISODE_HEADER,
+    IMPROVED_HEADER,
+    MOVING_AVERAGE_HEADER,
+    STOP_HEADER,
+    VERSION_HEADER,
+)
+from a3c_http.service import validation_body
+from a3c_http.wire import WireError
+from master.errors import Invalid, StateConflict
+from master.metrics import MasterMetrics
+from master.rounds import settle
+from master.schemas import PushHeaders
+from master.state import ClusterState
+
+PATH = "/gradients"
+# A gradient body up to this size is applied on the event loop itself: for such a model the
+# update (decode, one optimizer step) takes less time than the hop to a threadpool thread and back,
+# and pushes waiting in threads would only contend for the GIL and the parameter server's lock.
+# Larger ones go to the threadpool, so that the loop keeps serving other requests meanwhile.
+INLINE_BYTES = 1 << 20
+# PushHeaders's fields by the lower-case header names ASGI gives.
+_ALIASES = {field.alias.lower(): field.alias for field in PushHeaders.model_fields.values()}
+
+Reply = tuple[int, list[tuple[str, str]], bytes]
+
+
+async def push(
+    state: ClusterState, metrics: MasterMetrics, headers: PushHeaders, body: bytes
+) -> Reply:
+    """One gradient push: its status, headers and body (the new weights, or the error's JSON)."""
+    started = time.perf_counter()
+    args = (
+        headers.worker_id,
+        headers.model_version,
+        body,
+        headers.run_id,
+        headers.seq,
+        headers.loss,
+        headers.grad_norm,
+    )
+    try:
+        if len(body) <= INLINE_BYTES:
+            outcome, figures = state.apply_gradients(*args)
+        else:
+            outcome, figures = await run_in_threadpool(state.apply_gradients, *args)
+        weights, version, duplicate = await settle(outcome, state.params.close_round)
+    except StateConflict as exc:
+        return _error(409, {"detail": str(exc)}, [(STOP_HEADER, "1")] if exc.stop else [])
+    except (WireError, Invalid) as exc:
+        return _error(422, {"detail": str(exc)})
+    reply_headers = [
+        ("content-type", CONTENT_TYPE),
+        (VERSION_HEADER, str(version)),
+        ("etag", f'"{version}"'),
+        *figure_headers(figures),
+    ]
+    if duplicate:
+        reply_headers.append((DUPLICATE_HEADER, "1"))
+    metrics.push_seconds.observe(time.perf_counter() - started)
+    return 200, reply_headers, weights
+
+
+def figure_headers(figures: dict[str, Any]) -> Iterable[tuple[str, str]]:
+    """The run's figures on a gradient push's reply, as POST /episode answers them."""
+    yield GLOBAL_EPISODE_HEADER, str(figures["global_episode"])
+    yield IMPROVED_HEADER, "1" if figures["improved"] else "0"
+    yield STOP_HEADER, "1" if figures["stop"] else "0"
+    for name, value in (
+        (BEST_SCORE_HEADER, figures["best_score"]),
+        (MOVING_AVERAGE_HEADER, figures["moving_average"]),
+    ):
+        if value is not None:
+            yield name, repr(float(value))
+
+
+def _error(status: int, body: dict[str, Any], headers: list[tuple[str, str]] = ()) -> Reply:
+    return status, [("content-type", "application/json"), *headers], json.dumps(body).encode()
+
+
+class GradientRoute:
+    """ASGI middleware: `POST /gradients` answered here (see the module's docstring); every other
+    request goes on to the app."""
+
+    def __init__(self, app: ASGIApp, state: ClusterState, metrics: MasterMetrics) -> None:
+        self.app = app
+        self.state = state
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != PATH or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        given = {}
+        for name, value in scope["headers"]:
+            alias = _ALIASES.get(name.decode("latin-1"))
+            if alias is not None:
+                given[alias] = value.decode("latin-1")
+        body = await _body(receive)
+        if body is None:  # the client left before its body was in: nothing to answer
+            return
+        try:
+            headers = PushHeaders.model_validate(given)
+        except ValidationError as exc:
+            errors = [{**e, "loc": ("header", *e["loc"])} for e in exc.errors()]
+            reply = _error(422, validation_body(errors))
+        else:
+            reply = await push(self.state, self.metrics, headers, body)
+        status, headers_out, content = reply
+        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers_out]
+        raw.append((b"content-length", str(len(content)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": raw})
+        await send({"type": "http.response.body", "body": content})
+
+
+async def _body(receive: Receive) -> bytes | None:
+    """The request's whole body (its size and time are bounded by the body limit outside), or
+    None when the client left first."""
+    chunks: list[bytes] = []
+    while True:
+        message: Message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
