@@ -164,7 +164,7 @@ def test_the_master_quiets_uvicorns_access_log_unless_told_otherwise(tmp_path) -
     assert quiet() == []
 
 
-# -- the gradient route -----------------------------------------------------------------------------
+# -- the gradient route ---------------------------------------------------------------------------
 
 
 def test_the_hot_path_and_the_declared_route_answer_a_push_alike(tmp_path) -> None:
