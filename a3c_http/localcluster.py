@@ -164,6 +164,16 @@ class ServiceProcess:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def cpu_seconds(self) -> float | None:
+        """The CPU time (user and system) the process has used so far, from /proc (Linux);
+        None where it cannot be read."""
+        try:
+            fields = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()
+        except (OSError, TypeError):
+            return None
+        # After the command's name: state is field 3, utime and stime fields 14 and 15.
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def signal(self, sig: int) -> None:
         if self.running():
             with contextlib.suppress(ProcessLookupError):

@@ -13,7 +13,7 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from a3c_http import logs
+from a3c_http import logs, memory
 from a3c_http.protocol import STOP_HEADER
 from a3c_http.service import install_common
 from a3c_http.settings import Settings
@@ -35,6 +35,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # The master serves many small requests; one intra-op thread avoids oversubscribing the cores
     # that the workers on the same host need.
     torch.set_num_threads(1)
+    memory.keep_freed_memory(settings.max_body_bytes)
     state = ClusterState(settings)
 
     @asynccontextmanager

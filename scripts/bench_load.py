@@ -79,6 +79,7 @@ class Level:
 
     workers: int
     client_cpu: float = 0.0  # this process's CPU time over the level's wall time
+    wall_s: float = 0.0  # the level's wall time, warm-up included
     window_s: float = 0.0
     window_ok: int = 0
     latencies_ms: list[float] = field(default_factory=list)
@@ -249,5 +250,6 @@ def push_level(
             signal.signal(sig, handler)
     if received:
         signal.raise_signal(received[0])
-    level.client_cpu = (time.process_time() - cpu) / (time.perf_counter() - wall)
+    level.wall_s = time.perf_counter() - wall
+    level.client_cpu = (time.process_time() - cpu) / level.wall_s
     return level

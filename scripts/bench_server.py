@@ -61,6 +61,10 @@ def start_run(
     return reply.json()["data"]["run_id"], TrainConfig(**fields)
 
 
+def _delta(after: float | None, before: float | None) -> float | None:
+    return None if after is None or before is None else after - before
+
+
 def n_params(config: TrainConfig) -> int:
     return sum(p.numel() for p in model_for(config).parameters())
 
@@ -81,16 +85,24 @@ def master(levels: list[int], warmup_s: float, window_s: float, max_count: int) 
                 f"{len(bodies[0].data):,} bytes a push")
             rows = []
             for n in levels:
-                before = cluster.status()
+                before, cpu = cluster.status(), cluster.master.cpu_seconds()
                 level = push_level(host, port, n, bodies, run_id, before["model_version"],
                                    warmup_s, window_s, max_count, tag=f"sim-{name}-{n}")
-                after = cluster.status()
+                after, cpu = cluster.status(), _delta(cluster.master.cpu_seconds(), cpu)
                 applied = after["updates_applied"] - before["updates_applied"]
+                rejected = after["updates_rejected"] - before["updates_rejected"]
                 row = {**level.summary(), "applied": applied, "lost": level.ok - applied,
-                       "rejected": after["updates_rejected"] - before["updates_rejected"]}
+                       "rejected": rejected,
+                       # The master's CPU over the whole level, warm-up included, per push it
+                       # answered (applied or refused), and in cores over the level's time.
+                       "master_ms_per_push": (
+                           round(cpu * 1000 / (applied + rejected), 3)
+                           if cpu is not None and applied + rejected else None),
+                       "master_cpu": round(cpu / level.wall_s, 3) if cpu is not None else None}
                 rows.append(row)
                 say(f"    {n:>3} workers: {row['pushes_per_s'] or 0:,.0f} pushes/s, p50 "
-                    f"{row['p50_ms']} ms, p99 {row['p99_ms']} ms, errors {row['errors'] or 0}")
+                    f"{row['p50_ms']} ms, p99 {row['p99_ms']} ms, master "
+                    f"{row['master_ms_per_push']} ms CPU a push, errors {row['errors'] or 0}")
             out["models"][name] = {"hidden_sizes": hidden, "params": count, "levels": rows}
     return out
 

@@ -14,7 +14,7 @@ import torch
 from fastapi import FastAPI, HTTPException, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from a3c_http import logs
+from a3c_http import logs, memory
 from a3c_http.client import A3CError, MasterClient, MasterUnavailable
 from a3c_http.config import TrainConfig
 from a3c_http.exploration import Exploration
@@ -218,6 +218,7 @@ def create_app(token: str | None = None, settings: WorkerSettings | None = None)
     logs.configure(settings.log_level, settings.log_format)
     if token is not None:
         settings = settings.model_copy(update={"token": token})
+    memory.keep_freed_memory(settings.max_body_bytes)  # the master's weights, a reply at a time
     service = WorkerService(settings)
 
     @asynccontextmanager
