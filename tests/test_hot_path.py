@@ -199,18 +199,14 @@ def test_the_hot_path_and_the_declared_route_answer_a_push_alike(tmp_path) -> No
     assert hot == route
 
 
-def test_freed_large_buffers_are_kept_for_the_next_push() -> None:
-    """a3c_http/memory.py: after it, buffers of a large model's size come back without page
-    faults (without it, each fresh 4 MB buffer touched about a thousand new pages)."""
-    import resource
+def test_glibc_takes_the_settings_that_keep_freed_buffers() -> None:
+    """a3c_http/memory.py (what the settings save is a figure of bench.py's master section, not
+    a test's): glibc takes both, and a threshold above its own maximum is brought down to it."""
+    import ctypes.util
 
     from a3c_http.memory import keep_freed_memory
 
-    if not keep_freed_memory(8 * 1024 * 1024):
-        pytest.skip("no glibc mallopt here")
-    for _ in range(3):  # the heap grows once
-        bytearray(4 * 1024 * 1024)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(20):
-        bytearray(4 * 1024 * 1024)
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before < 200
+    if ctypes.util.find_library("c") is None:
+        pytest.skip("no C library to ask")
+    assert keep_freed_memory(8 * 1024 * 1024)
+    assert keep_freed_memory(1 << 40)  # refused by glibc as it is: clamped to 32 MiB
