@@ -169,8 +169,9 @@ def throughput(budget: int, cap_s: float) -> dict:
 
 
 def solve_run(cluster: LocalCluster, cap_s: float, label: str, **body: object) -> dict:
-    """One run of the default config (CartPole-v1's own target) until solved or `cap_s`."""
-    cluster.train(seed=0, **body).raise_for_status()
+    """One run of the default config (CartPole-v1's own target; seed 0 unless `body` gives
+    one) until solved or `cap_s`."""
+    cluster.train(**{"seed": 0, **body}).raise_for_status()
     last_said = [time.monotonic()]
 
     def finished() -> dict | None:

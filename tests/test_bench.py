@@ -1,5 +1,6 @@
 """scripts/bench.py: the steady-state rate, the load generator's bodies and the bar on made-up
-figures, and one quick run of the `wire` section end to end (it starts a master)."""
+figures, and one quick run of the `wire` section end to end (it starts a master);
+scripts/bench_scale.py: a window's figures on made-up readings, and one quick run end to end."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from a3c_http.config import TrainConfig
 from a3c_http.model import model_for
 from scripts.bench import bar
 from scripts.bench_load import ready_bodies
+from scripts.bench_scale import add_efficiency, default_workers, window_figures
 from scripts.bench_steps import steady_rate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,3 +87,56 @@ def test_the_wire_section_writes_its_figures_for_both_models(tmp_path: Path) -> 
         assert model["encode_ms"] > 0 and model["decode_ms"] > 0
     wire_goal = next(g for g in figures["bar"] if g["goal"].startswith("wire"))
     assert wire_goal["met"] is not None
+
+
+def _reading(t: float, steps: int, applied: int, by: dict, staleness: int, master: float,
+             workers: dict) -> dict:
+    status = {"env_steps": steps, "updates_applied": applied, "updates_rejected": sum(by.values()),
+              "updates_rejected_by": by, "staleness_total": staleness}
+    return {"t": t, "status": status, "master": {10: master}, "workers": workers}
+
+
+def test_a_scale_window_counts_only_its_own_span_and_the_efficiency_is_against_the_fewest() -> None:
+    # Before the window: 100 updates at staleness 5 each, 4 stale refusals. In it, 2 s: 200
+    # updates at staleness 2, 6 more stale and 2 invalid; worker 21 (a push process) is gone.
+    first = _reading(10.0, 5_000, 100, {"stale": 4, "invalid": 0}, 500, 3.0,
+                     {20: 1.0, 21: 0.5})
+    last = _reading(12.0, 25_000, 300, {"stale": 10, "invalid": 2}, 900, 3.416, {20: 2.5})
+    r = window_figures(2, first, last)
+    assert (r["env_steps_per_s"], r["env_steps_per_s_per_worker"]) == (10_000.0, 5_000.0)
+    assert (r["updates_per_s"], r["pushes_handled"]) == (100.0, 208)
+    assert r["refused"] == {"stale": 6, "invalid": 2}
+    assert r["refusals_per_s"] == {"stale": 3.0, "invalid": 1.0}
+    assert r["staleness_mean"] == 2.0  # not the run's cumulative 900 / 300
+    assert r["master_cpu_cores"] == pytest.approx(0.208)
+    assert r["master_ms_per_push"] == pytest.approx(2.0)  # 0.416 CPU s over 208 pushes
+    assert r["workers_cpu_cores"] == pytest.approx(0.75)  # worker 20 alone
+    levels = [{"workers": 4, "env_steps_per_s": 6_000.0},
+              {"workers": 2, "env_steps_per_s": 4_000.0}]
+    add_efficiency(levels)
+    assert [(r["efficiency"], r["efficiency_base"]) for r in levels] == [(0.75, 2), (1.0, 2)]
+    # The master counts as a core: 16 cores leave 15 for workers.
+    assert [default_workers(c) for c in (16, 2, 1)] == [[1, 2, 4, 8], [1], [1]]
+
+
+@pytest.mark.integration
+def test_a_quick_scale_run_writes_a_row_per_number_of_workers(tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    done = subprocess.run(
+        [sys.executable, "scripts/bench_scale.py", "--quick", "--workers", "1,2", "--time-cap",
+         "1", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "default model (9,155 parameters" in done.stdout and "efficiency" in done.stdout
+    levels = json.loads(out.read_text())["models"]["default"]["levels"]
+    assert [r["workers"] for r in levels] == [1, 2]
+    for r in levels:
+        assert r["env_steps"] > 0 and r["updates_per_s"] > 0 and r["window_s"] >= 1.0
+        assert r["staleness_mean"] >= 0 and r["master_cpu_cores"] > 0
+        assert r["master_ms_per_push"] > 0 and r["workers_cpu_cores"] > 0
+        assert r["efficiency_base"] == 1 and r["efficiency"] > 0
+        # One seed, capped at 1 s: CartPole-v1 is not solved, and counts at the cap.
+        assert [(s["seed"], s["solved"], s["seconds"]) for s in r["solve"]["runs"]] == [
+            (0, False, 1.0)]
+    assert levels[0]["efficiency"] == 1.0

@@ -1,0 +1,377 @@
+"""Benchmark: how the cluster scales with its number of workers on one host.
+
+    .venv/bin/python scripts/bench_scale.py [--workers 1,2,4,8] [--seeds 3] [--budget 150000]
+        [--time-cap 600] [--model default,1M] [--pin] [--quick] [--json runs/bench_scale.json]
+
+A master and as many workers as the largest N of --workers, each its own uvicorn process on a
+free loopback port (a3c_http.localcluster), started once; for each model and each N, one after
+another (never two at once), runs that name N of the workers (the others sit idle):
+
+- a steady-state window of a run of the default config (with the model's hidden_sizes) that does
+  not end by itself: once every worker has reported and 10 % of --budget env steps are done (the
+  warm-up), the master's GET /status and the processes' CPU times (/proc/<pid>/stat, utime +
+  stime) are read, and read again once --budget more env steps are done (and at least
+  MIN_WINDOW_S later). From the differences: env steps/s, updates applied/s, refusals/s by
+  reason (`updates_rejected_by`), the window's own mean staleness (`staleness_total` over
+  `updates_applied`), the master's CPU in cores and in ms per push handled (applied + refused),
+  and the workers' CPU in cores (each worker with its push process). Scaling efficiency:
+  rate(N) / (N / N0 x rate(N0)) of env steps/s, N0 the fewest workers measured (1 by default);
+- the time and env steps to solve CartPole-v1 (target 475) for seeds 0 .. --seeds - 1, each run
+  capped at --time-cap seconds: a run that did not solve counts at the cap and is marked.
+
+The default --workers are the powers of two up to the host's cores less one, the master's core
+(1, 2, 4, 8 on 16 cores; 1 on 2): each worker process then has a core, its push process and this
+script's polling (2 GET /status a second) sharing them. `--pin` runs each process on one core
+(taskset): the master on the first, worker i on the (i + 1)-th, around again past the last.
+Prints a table per model and writes every figure to the JSON file after each window and each N's
+solve runs, so a cut run keeps what it measured. `--quick` gives tiny budgets, only to check that
+the script works. Ctrl-C or SIGTERM ends every process it started (by pid) and exits with what
+was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from a3c_http.config import TrainConfig  # noqa: E402
+from a3c_http.localcluster import LocalCluster, ServiceProcess, free_port, wait_for  # noqa: E402
+from scripts.bench import _commit, _interrupt, fmt, table  # noqa: E402
+from scripts.bench_learn import TASKS  # noqa: E402
+from scripts.bench_server import MODELS, n_params  # noqa: E402
+from scripts.bench_steps import PROGRESS_S, STEADY_FROM, UNREACHABLE, say, solve_run  # noqa: E402
+
+TARGET = TASKS["CartPole-v1"][0]
+TICK_S = 1 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+POLL_S = 0.5  # each poll is a GET /status the master serves too: 2 a second cost it little
+
+
+@dataclass(frozen=True)
+class Plan:
+    budget: int  # env steps of each steady-state window
+    min_window_s: float  # ... and at least this long
+    window_cap_s: float  # the warm-up, and then the window, give up after this many seconds
+    time_cap_s: float  # seconds before a run to the target gives up
+    seeds: int
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Plan:
+        if args.quick:
+            return cls(args.budget or 3_000, 1.0, 30.0, args.time_cap or 3.0, args.seeds or 1)
+        return cls(args.budget or 150_000, 5.0, 300.0, args.time_cap or 600.0, args.seeds or 3)
+
+
+def host_cores() -> list[int]:
+    """The cores this process may run on (a container's share, not the machine's)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def default_workers(cores: int) -> list[int]:
+    """Powers of two up to `cores` - 1: the master is counted as a core of its own."""
+    out = [1]
+    while out[-1] * 2 <= cores - 1:
+        out.append(out[-1] * 2)
+    return out
+
+
+# -- CPU time from /proc --------------------------------------------------------------------------
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    # The command name (field 2) may hold spaces and parentheses: the fields follow the last ")".
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def with_descendants(pids: list[int]) -> list[int]:
+    """`pids` and every process below them (a worker's push process), from /proc."""
+    children: dict[int, list[int]] = {}
+    for path in Path("/proc").glob("[0-9]*"):
+        fields = _stat_fields(int(path.name))
+        if fields:
+            children.setdefault(int(fields[1]), []).append(int(path.name))
+    out, todo = [], list(pids)
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def cpu_of(pids: list[int]) -> dict[int, float]:
+    """utime + stime (every thread) of each of `pids` that still runs, in seconds."""
+    out = {}
+    for pid in pids:
+        fields = _stat_fields(pid)
+        if fields:
+            out[pid] = (int(fields[11]) + int(fields[12])) * TICK_S
+    return out
+
+
+def cpu_spent(first: dict[int, float], last: dict[int, float]) -> float | None:
+    """CPU seconds between two readings, of the processes in both (None: /proc told nothing)."""
+    both = [pid for pid in first if pid in last]
+    return sum(last[pid] - first[pid] for pid in both) if both else None
+
+
+# -- the figures of a window (pure, on two readings) -------------------------------------------
+
+
+def window_figures(n: int, first: dict, last: dict) -> dict:
+    """A window's figures from its two readings: {"t": monotonic s, "status": GET /status,
+    "master": cpu_of(master), "workers": cpu_of(workers and their children)}."""
+    seconds = last["t"] - first["t"]
+    a, b = first["status"], last["status"]
+
+    def grown(key: str) -> int:
+        return b[key] - a[key]
+
+    applied, refused = grown("updates_applied"), grown("updates_rejected")
+    by_reason = {k: v - a["updates_rejected_by"].get(k, 0)
+                 for k, v in b["updates_rejected_by"].items()}
+    by_reason = {k: v for k, v in by_reason.items() if v}
+    master = cpu_spent(first["master"], last["master"])
+    workers = cpu_spent(first["workers"], last["workers"])
+    rate = grown("env_steps") / seconds
+    return {
+        "workers": n, "window_s": round(seconds, 3), "env_steps": grown("env_steps"),
+        "env_steps_per_s": round(rate, 1), "env_steps_per_s_per_worker": round(rate / n, 1),
+        "updates": applied, "updates_per_s": round(applied / seconds, 1),
+        "pushes_handled": applied + refused,
+        "refused": by_reason,
+        "refusals_per_s": {k: round(v / seconds, 2) for k, v in by_reason.items()},
+        "staleness_mean": round(grown("staleness_total") / applied, 3) if applied else None,
+        "master_cpu_s": None if master is None else round(master, 3),
+        "master_cpu_cores": None if master is None else round(master / seconds, 3),
+        "master_ms_per_push": (round(1000 * master / (applied + refused), 4)
+                               if master is not None and applied + refused else None),
+        "workers_cpu_cores": None if workers is None else round(workers / seconds, 3),
+    }
+
+
+def add_efficiency(levels: list[dict]) -> None:
+    """Each level's env steps/s over (N / N0) times that of N0, the fewest workers measured."""
+    base = min(levels, key=lambda r: r["workers"])
+    for r in levels:
+        ideal = r["workers"] / base["workers"] * base["env_steps_per_s"]
+        r["efficiency"] = round(r["env_steps_per_s"] / ideal, 4) if ideal else None
+        r["efficiency_base"] = base["workers"]
+
+
+# -- the measurements -----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def cluster_of(n: int, pin_cores: list[int] | None) -> Iterator[LocalCluster]:
+    """A master and `n` workers on free loopback ports, each pinned to a core of `pin_cores`
+    (taskset execs uvicorn: the pid stays the one the cluster ends), ended on the way out."""
+    with tempfile.TemporaryDirectory(prefix="a3c-bench-") as tmp:
+        cluster = LocalCluster(Path(tmp) / "run", Path(tmp) / "logs",
+                               [("127.0.0.1", free_port()) for _ in range(n)])
+        if pin_cores:
+            for i, process in enumerate(cluster.processes):
+                process.wrapper = ["taskset", "-c", str(pin_cores[i % len(pin_cores)])]
+        try:
+            say(f"  starting a master and {n} worker{'s' * (n > 1)}")
+            cluster.start(timeout_s=120)
+            yield cluster
+        finally:
+            cluster.close()
+
+
+def steady_window(
+    cluster: LocalCluster, workers: list[ServiceProcess], hidden: list[int], plan: Plan
+) -> dict:
+    """One run of `workers` that never ends by itself; its figures over --budget env steps
+    after the warm-up (window_figures), and whether the window reached its cap instead."""
+    n = len(workers)
+    cluster.train(seed=0, max_steps=None, target_return=UNREACHABLE, hidden_sizes=hidden,
+                  workers=[w.url for w in workers]).raise_for_status()
+    warm = int(STEADY_FROM * plan.budget)
+
+    def warmed() -> bool:
+        s = cluster.status()
+        if s["state"] != "running":
+            raise RuntimeError(f"the run ended in its warm-up: {s.get('finish_reason')}")
+        return sum(w["env_steps"] > 0 for w in s["workers"]) >= n and s["env_steps"] >= warm
+
+    wait_for(warmed, plan.window_cap_s, f"{n} workers to report and {warm:,} env steps", POLL_S)
+    # After the warm-up: each worker's push process runs by now.
+    master_pids = [cluster.master.pid]
+    worker_pids = with_descendants([w.pid for w in workers])
+
+    def reading() -> dict:
+        status = cluster.status()
+        return {"t": time.monotonic(), "status": status, "master": cpu_of(master_pids),
+                "workers": cpu_of(worker_pids)}
+
+    first = reading()
+    said = [first["t"]]
+
+    def done() -> dict | None:
+        r = reading()
+        if r["status"]["state"] != "running":
+            raise RuntimeError(f"the run ended in its window: {r['status'].get('finish_reason')}")
+        steps = r["status"]["env_steps"] - first["status"]["env_steps"]
+        if r["t"] - said[0] >= PROGRESS_S:
+            said[0] = r["t"]
+            say(f"    {steps:,} env steps, {steps / (r['t'] - first['t']):,.0f}/s")
+        return r if steps >= plan.budget and r["t"] - first["t"] >= plan.min_window_s else None
+
+    try:
+        last = wait_for(done, plan.window_cap_s, f"{plan.budget:,} env steps", POLL_S)
+        capped = False
+    except TimeoutError:
+        last, capped = reading(), True
+    cluster.stop_run()
+    return {**window_figures(n, first, last), "capped": capped}
+
+
+def solve(
+    cluster: LocalCluster, workers: list[ServiceProcess], hidden: list[int], plan: Plan
+) -> dict:
+    """Time and env steps to CartPole-v1's target, seed by seed; unsolved runs at the cap."""
+    runs = []
+    for seed in range(plan.seeds):
+        r = solve_run(cluster, plan.time_cap_s, f"solve, seed {seed}", seed=seed,
+                      hidden_sizes=hidden, workers=[w.url for w in workers])
+        seconds = r["seconds"] if r["solved"] else plan.time_cap_s
+        runs.append({"seed": seed, "solved": r["solved"], "seconds": round(seconds, 3),
+                     "env_steps": r["env_steps"], "mean_return_100": r["mean_return_100"]})
+        say(f"    seed {seed}: " + (f"solved in {seconds:.1f} s" if r["solved"] else
+                                    f"NOT solved (counted at the cap, {seconds:g} s)")
+            + f", {r['env_steps']:,} env steps")
+    return {"target": TARGET, "cap_s": plan.time_cap_s, "runs": runs,
+            "solved": sum(r["solved"] for r in runs),
+            "median_s": statistics.median(r["seconds"] for r in runs),
+            "median_env_steps": statistics.median(r["env_steps"] for r in runs)}
+
+
+def show(name: str, model: dict) -> None:
+    rows = []
+    for r in model["levels"]:
+        s = r.get("solve") or {"solved": None, "runs": [], "median_s": None,
+                               "median_env_steps": None}  # cut in its solve runs
+        rows.append([
+            str(r["workers"]) + ("*" if r["capped"] else ""), fmt(r["env_steps_per_s"]),
+            fmt(r["env_steps_per_s_per_worker"]), fmt(r.get("efficiency"), ".2f"),
+            fmt(r["updates_per_s"]),
+            ", ".join(f"{k} {v:g}" for k, v in r["refusals_per_s"].items()) or "0",
+            fmt(r["staleness_mean"], ".2f"), fmt(r["master_cpu_cores"], ".2f"),
+            fmt(r["master_ms_per_push"], ".3f"), fmt(r["workers_cpu_cores"], ".2f"),
+            f"{s['solved']}/{len(s['runs'])}" if s["runs"] else "-", fmt(s["median_s"], ".1f"),
+            fmt(s["median_env_steps"]),
+        ])
+    table(f"{name} model ({model['params']:,} parameters, hidden {model['hidden_sizes']})",
+          ["workers", "env steps/s", "per worker", "efficiency", "updates/s", "refusals/s",
+           "staleness", "master cores", "ms/push", "workers cores", "solved", "median s",
+           "median env steps"], rows)
+    say("  efficiency: env steps/s at N over N times that at the fewest workers; ms/push: the "
+        "master's CPU per push handled (applied + refused); solve: runs that did not solve "
+        "count at the cap" + ("; * the window reached its cap before its budget"
+                              if any(r["capped"] for r in model["levels"]) else ""))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cores = host_cores()
+    parser.add_argument("--workers", default=",".join(map(str, default_workers(len(cores)))),
+                        help="comma-separated numbers of workers, measured in this order "
+                        "(default: powers of two up to this host's cores less the master's)")
+    parser.add_argument("--model", default="default",
+                        help=f"comma-separated, of {', '.join(MODELS)} (default: default)")
+    parser.add_argument("--seeds", type=int, default=None, help="solve runs per N (3; --quick 1)")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="env steps of each steady-state window (150,000; --quick 3,000)")
+    parser.add_argument("--time-cap", type=float, default=None,
+                        help="seconds before a solve run gives up (600; --quick 3)")
+    parser.add_argument("--pin", action="store_true",
+                        help="run each process on a core of its own (taskset)")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny budgets, only to check that the script works")
+    parser.add_argument("--json", type=Path, default=ROOT / "runs" / "bench_scale.json",
+                        help="where the figures go (default runs/bench_scale.json)")
+    args = parser.parse_args()
+    try:
+        workers = [int(w) for w in args.workers.split(",") if w.strip()]
+    except ValueError:
+        parser.error(f"--workers {args.workers!r}: give numbers, e.g. 1,2,4")
+    models = [m.strip() for m in args.model.split(",") if m.strip()]
+    if not workers or min(workers) < 1:
+        parser.error(f"--workers {args.workers!r}: give one or more numbers of at least 1")
+    if not models or any(m not in MODELS for m in models):
+        parser.error(f"--model {args.model!r}: give one or more of {', '.join(MODELS)}")
+    pin_cores = None
+    if args.pin:
+        if shutil.which("taskset"):
+            pin_cores = cores
+        else:
+            say("--pin: taskset is not installed (util-linux): the processes are not pinned")
+    plan = Plan.of(args)
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    figures: dict = {"meta": {
+        "argv": sys.argv[1:], "plan": asdict(plan), "workers": workers, "models": models,
+        "cores": len(cores), "cpu_count": os.cpu_count(), "pinned": pin_cores is not None,
+        "master_counted": "as one core: the default workers are powers of two up to cores - 1",
+        "staleness": "the window's: difference of staleness_total over that of updates_applied",
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "python": platform.python_version(),
+        "torch": torch.__version__, "host": platform.node(), "commit": _commit()},
+        "models": {}}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    code = 0
+    try:
+        with cluster_of(max(workers), pin_cores) as cluster:
+            for name in models:
+                hidden = MODELS[name]
+                model = figures["models"][name] = {
+                    "hidden_sizes": hidden, "params": n_params(TrainConfig(hidden_sizes=hidden)),
+                    "levels": []}
+                for n in workers:
+                    say(f"\n== {name} model, {n} worker{'s' * (n > 1)}")
+                    level = steady_window(cluster, cluster.workers[:n], hidden, plan)
+                    say(f"  steady: {level['env_steps_per_s']:,.0f} env steps/s, "
+                        f"{level['updates_per_s']:,.0f} updates/s, master "
+                        f"{fmt(level['master_cpu_cores'], '.2f')} cores, "
+                        f"{fmt(level['master_ms_per_push'], '.3f')} ms a push")
+                    model["levels"].append(level)
+                    add_efficiency(model["levels"])
+                    args.json.write_text(json.dumps(figures, indent=1))
+                    level["solve"] = solve(cluster, cluster.workers[:n], hidden, plan)
+                    args.json.write_text(json.dumps(figures, indent=1))
+                show(name, model)
+    except KeyboardInterrupt:
+        figures["meta"]["interrupted"] = True
+        say("\ninterrupted: every process this run started has been ended")
+        for name, model in figures["models"].items():
+            if model["levels"]:
+                show(name, model)
+        code = 130
+    args.json.write_text(json.dumps(figures, indent=1))
+    say(f"\nfigures written to {args.json}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
