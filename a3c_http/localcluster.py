@@ -47,6 +47,25 @@ def port_in_use(host: str, port: int) -> bool:
         return False
 
 
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command's name (which may hold spaces and
+    parentheses: the fields follow the last ")"), from the state on; None where it cannot be
+    read (another system, or the process is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU time (user and system, every thread) process `pid` has used so far, from /proc
+    (Linux); None where it cannot be read."""
+    fields = stat_fields(pid)
+    if fields is None:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def wait_for(
     condition: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.1
 ) -> T:
@@ -165,14 +184,8 @@ class ServiceProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def cpu_seconds(self) -> float | None:
-        """The CPU time (user and system) the process has used so far, from /proc (Linux);
-        None where it cannot be read."""
-        try:
-            fields = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()
-        except (OSError, TypeError):
-            return None
-        # After the command's name: state is field 3, utime and stime fields 14 and 15.
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """The CPU time the process has used so far (`cpu_seconds`)."""
+        return cpu_seconds(self.pid) if self.pid is not None else None
 
     def signal(self, sig: int) -> None:
         if self.running():

@@ -52,14 +52,20 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from a3c_http.config import TrainConfig  # noqa: E402
-from a3c_http.localcluster import LocalCluster, ServiceProcess, free_port, wait_for  # noqa: E402
+from a3c_http.localcluster import (  # noqa: E402
+    LocalCluster,
+    ServiceProcess,
+    cpu_seconds,
+    free_port,
+    stat_fields,
+    wait_for,
+)
 from scripts.bench import _commit, _interrupt, fmt, table  # noqa: E402
 from scripts.bench_learn import TASKS  # noqa: E402
 from scripts.bench_server import MODELS, n_params  # noqa: E402
 from scripts.bench_steps import PROGRESS_S, STEADY_FROM, UNREACHABLE, say, solve_run  # noqa: E402
 
 TARGET = TASKS["CartPole-v1"][0]
-TICK_S = 1 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 POLL_S = 0.5  # each poll is a GET /status the master serves too: 2 a second cost it little
 
 
@@ -96,19 +102,11 @@ def default_workers(cores: int) -> list[int]:
 # -- CPU time from /proc --------------------------------------------------------------------------
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    # The command name (field 2) may hold spaces and parentheses: the fields follow the last ")".
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
 def with_descendants(pids: list[int]) -> list[int]:
     """`pids` and every process below them (a worker's push process), from /proc."""
     children: dict[int, list[int]] = {}
     for path in Path("/proc").glob("[0-9]*"):
-        fields = _stat_fields(int(path.name))
+        fields = stat_fields(int(path.name))
         if fields:
             children.setdefault(int(fields[1]), []).append(int(path.name))
     out, todo = [], list(pids)
@@ -121,12 +119,8 @@ def with_descendants(pids: list[int]) -> list[int]:
 
 def cpu_of(pids: list[int]) -> dict[int, float]:
     """utime + stime (every thread) of each of `pids` that still runs, in seconds."""
-    out = {}
-    for pid in pids:
-        fields = _stat_fields(pid)
-        if fields:
-            out[pid] = (int(fields[11]) + int(fields[12])) * TICK_S
-    return out
+    seconds = {pid: cpu_seconds(pid) for pid in pids}
+    return {pid: s for pid, s in seconds.items() if s is not None}
 
 
 def cpu_spent(first: dict[int, float], last: dict[int, float]) -> float | None:
