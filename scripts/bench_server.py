@@ -90,13 +90,14 @@ def master(levels: list[int], warmup_s: float, window_s: float, max_count: int) 
             run_id, config = start_run(cluster, worker, hidden, dtype)
             bodies = ready_bodies(wire.Layout.of(model_for(config), dtype))
             count = n_params(config)
+            tag = name.replace(" ", "-")  # worker ids take no spaces
             say(f"  {name} model, hidden {hidden}, {dtype}: {count:,} parameters, "
                 f"{len(bodies[0].data):,} bytes a push")
             rows = []
             for n in levels:
                 before, cpu = cluster.status(), cluster.master.cpu_seconds()
                 level = push_level(host, port, n, bodies, run_id, before["model_version"],
-                                   warmup_s, window_s, max_count, tag=f"sim-{name}-{n}")
+                                   warmup_s, window_s, max_count, tag=f"sim-{tag}-{n}")
                 after, cpu = cluster.status(), _delta(cluster.master.cpu_seconds(), cpu)
                 applied = after["updates_applied"] - before["updates_applied"]
                 rejected = after["updates_rejected"] - before["updates_rejected"]
