@@ -13,19 +13,19 @@ header's `__metadata__` (safetensors' own string map) may carry what travels wit
 gradient push's finished episodes and statistics (API.md).
 
 bfloat16 (`Layout.of(model, "bfloat16")`): the master and every worker of such a run encode the
-parameters' tensors as BF16 (float32 rounded to the nearest even, torch's `.to(torch.bfloat16)`)
-and decode them into their float32 vector; every vector in memory stays float32. The buffers (the
+parameters' tensors as BF16 (float32 rounded to the nearest even, torch's `.to(torch.bfloat16)`) and
+decode them into their float32 vector; every vector in memory stays float32. The buffers (the
 running statistics of a3c_http/normalize.py) stay F32 in the same file: their count reaches
-millions, and bfloat16 holds integers exactly only up to 256 (a rollout's count of 1,000 would
-arrive as 1,000 or 1,008, and a weights body's global count of 3,000,000 to within 8,192), its
-means are off by up to 0.4% of their size, which for observations far from zero is many of their
-standard deviations, and the same batch rounds the same way at every push, so that error would
-not average out. They are a few dozen values: float32 costs nothing. The F32 buffers come first
-in the data, as safetensors' own writer orders them, so that each tensor starts aligned to its
-size. A body must be in its run's dtype, either way (422 naming the dtype expected): a float32
-body to a bfloat16 run comes from a worker that does not follow the run's config, and taking it
-would hide that it sends twice the bytes the run chose; a bfloat16 body to a float32 run would
-round what the run chose to keep whole.
+millions, and bfloat16 holds integers exactly only up to 256 (a rollout's count of 1,001 would
+arrive as 1,000, and a run's count of 3,000,000 as 2,998,272; the master's check of a batch's count
+against t_max x num_envs could refuse a rounded one), its means are off by up to 0.4% of their size,
+which for observations far from zero is many of their standard deviations, and the same batch rounds
+the same way at every push, so that error would not average out. They are a few dozen values:
+float32 costs nothing. The F32 buffers come first in the data, as safetensors' own writer orders
+them, so that each tensor starts aligned to its size. A body must be in its run's dtype, either way
+(422 naming the dtype expected): a float32 body to a bfloat16 run comes from a worker that does not
+follow the run's config, and taking it would hide that it sends twice the bytes the run chose; a
+bfloat16 body to a float32 run would round what the run chose to keep whole.
 """
 
 from __future__ import annotations
