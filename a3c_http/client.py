@@ -324,13 +324,20 @@ class MasterClient:
         }
 
     def push_weights(
-        self, worker_id: str, tensors: Mapping[str, torch.Tensor], temporary: bool
+        self,
+        worker_id: str,
+        tensors: Mapping[str, torch.Tensor],
+        temporary: bool,
+        layout: wire.Layout | None = None,
     ) -> dict[str, Any]:
+        """Send weights (best_weights mode): encoded by `layout`, in its wire dtype, or without
+        one as float32 tensors one by one."""
+        body = wire.encode(tensors) if layout is None else layout.encode(layout.flatten(tensors))
         return self._json(
             "POST",
             "/local_model_weights",
             params={"worker_id": worker_id, "temporary": str(temporary).lower()},
-            content=wire.encode(tensors),
+            content=body,
             headers={
                 "Content-Type": CONTENT_TYPE,
                 **self._seq_header(),

@@ -128,6 +128,14 @@ class TrainConfig(BaseModel):
         "more than max_staleness. 0: wait for each reply before the next rollout. sync mode "
         "always waits.",
     )
+    wire_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="What the parameters' weights and gradients travel as between the master "
+        "and the workers. bfloat16: half the bytes of each push and reply, every value rounded "
+        "to bfloat16's 8-bit significand (a relative error of at most 2**-8); the running "
+        "statistics still travel as float32, and the master keeps, steps and saves float32. "
+        "A tensor body in another dtype than the run's is refused with 422.",
+    )
     max_episodes: int | None = Field(None, ge=1, description="Finish after this many episodes.")
     max_steps: int | None = Field(
         2_000_000, ge=1, description="Finish after this many environment steps (all workers)."

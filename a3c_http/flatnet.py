@@ -2,7 +2,9 @@
 it: the master's global network, and the in-process learner's.
 
 The model's tensors become views of `flat`, laid out as `wire.Layout` says (parameters first), so:
-- the weights' safetensors body is the layout's header and one copy of `flat` (a3c_http/wire.py);
+- the weights' safetensors body is the layout's header and one copy of `flat` (a3c_http/wire.py):
+  `layout` makes the float32 body the run folder keeps, `wire` (the same layout in the run's
+  `wire_dtype`) the bodies the master and the workers exchange (in bfloat16, one conversion);
 - a gradient body decodes to one vector, whose parameter region is the gradient of `params`;
 - the optimizer steps `params` (a view of that region) as one tensor: RMSprop on the default model
   takes 46 us so, against 215 us over its 12 tensors one by one (measured on this machine).
@@ -41,6 +43,8 @@ class FlatNetwork:
     ) -> None:
         self.model = model
         self.layout = layout = Layout.of(model)
+        # What travels between the master and the workers: `layout` in the run's wire_dtype.
+        self.wire = Layout.of(model, config.wire_dtype)
         self.flat = bind(model, layout)
         self.params = nn.Parameter(self.flat[: layout.n_params])
         self.optimizer = make_optimizer([self.params], config)

@@ -1,5 +1,6 @@
-"""Tensors on the wire: one safetensors file per body, one float32 tensor per parameter, named as
-in the model's `state_dict()`.
+"""Tensors on the wire: one safetensors file per body, one tensor per parameter, named as in the
+model's `state_dict()`: float32, or in a run of `wire_dtype` bfloat16 the parameters' tensors
+(weights and gradients) as bfloat16, half the bytes.
 
 safetensors is a plain header plus raw bytes, so decoding runs no code (unlike pickle or
 `torch.load`). `decode` checks everything a peer could get wrong before anything touches a model.
@@ -10,6 +11,21 @@ copy, and decoding a body laid out the same way (ours always are) is one header 
 copy; a body in any other valid layout (another safetensors writer) is read the general way. The
 header's `__metadata__` (safetensors' own string map) may carry what travels with the tensors: a
 gradient push's finished episodes and statistics (API.md).
+
+bfloat16 (`Layout.of(model, "bfloat16")`): the master and every worker of such a run encode the
+parameters' tensors as BF16 (float32 rounded to the nearest even, torch's `.to(torch.bfloat16)`) and
+decode them into their float32 vector; every vector in memory stays float32. The buffers (the
+running statistics of a3c_http/normalize.py) stay F32 in the same file: their count reaches
+millions, and bfloat16 holds integers exactly only up to 256 (a rollout's count of 1,001 would
+arrive as 1,000, and a run's count of 3,000,000 as 2,998,272; the master's check of a batch's count
+against t_max x num_envs could refuse a rounded one), its means are off by up to 0.4% of their size,
+which for observations far from zero is many of their standard deviations, and the same batch rounds
+the same way at every push, so that error would not average out. They are a few dozen values:
+float32 costs nothing. The F32 buffers come first in the data, as safetensors' own writer orders
+them, so that each tensor starts aligned to its size. A body must be in its run's dtype, either way
+(422 naming the dtype expected): a float32 body to a bfloat16 run comes from a worker that does not
+follow the run's config, and taking it would hide that it sends twice the bytes the run chose; a
+bfloat16 body to a float32 run would round what the run chose to keep whole.
 """
 
 from __future__ import annotations
@@ -55,9 +71,15 @@ def encode(tensors: Mapping[str, torch.Tensor]) -> bytes:
     )
 
 
-def decode(data: bytes, spec: Spec) -> dict[str, torch.Tensor]:
+def decode(
+    data: bytes,
+    spec: Spec,
+    dtypes: Mapping[str, torch.dtype] | None = None,
+    dtype_note: str = "",
+) -> dict[str, torch.Tensor]:
     """Parse a safetensors body and check it against `spec`: the same names, the same shapes,
-    float32, every value finite. Raises `WireError` naming the first problem."""
+    each tensor of its dtype in `dtypes` (default: float32), every value finite. Raises
+    `WireError` naming the first problem (`dtype_note` follows a wrong dtype's message)."""
     if not data:
         raise WireError("empty body: expected a safetensors file")
     try:
@@ -75,8 +97,12 @@ def decode(data: bytes, spec: Spec) -> dict[str, torch.Tensor]:
         raise WireError("tensor names do not match the model: " + "; ".join(parts))
     for name, shape in spec.items():
         tensor = tensors[name]
-        if tensor.dtype != torch.float32:
-            raise WireError(f"tensor {name!r} has dtype {tensor.dtype}, expected float32")
+        expected = dtypes[name] if dtypes is not None else torch.float32
+        if tensor.dtype != expected:
+            raise WireError(
+                f"tensor {name!r} has dtype {_name(tensor.dtype)}, expected {_name(expected)}"
+                + dtype_note
+            )
         if tuple(tensor.shape) != tuple(shape):
             raise WireError(
                 f"tensor {name!r} has shape {list(tensor.shape)}, expected {list(shape)}"
@@ -86,16 +112,36 @@ def decode(data: bytes, spec: Spec) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 # safetensors' own bound on a header (100 MB); ours are about 100 bytes per tensor.
 _MAX_HEADER = 100_000_000
+# The dtypes a run may send its parameters' tensors in (TrainConfig.wire_dtype): safetensors'
+# name, torch's, the bytes of a value, and its relative rounding error from float32 (round to
+# nearest even: half a unit in the last place of bfloat16's 8-bit significand, 2**-8).
+WIRE_DTYPES: dict[str, tuple[str, torch.dtype, int, float]] = {
+    "float32": ("F32", torch.float32, 4, 0.0),
+    "bfloat16": ("BF16", torch.bfloat16, 2, 2.0**-8),
+}
 
 
 class Layout:
     """The entries of a model (`names`, with their `shapes`) at fixed offsets of one float32
     vector of `numel` values: the parameters first (the optimizer's region, `n_params` values),
-    then the buffers (the running statistics of a3c_http/normalize.py, if any)."""
+    then the buffers (the running statistics of a3c_http/normalize.py, if any). `dtype`: what
+    the parameters travel as (`WIRE_DTYPES`); the buffers are always float32 (`dtypes`: each
+    entry's dtype in a body)."""
 
-    def __init__(self, entries: Sequence[tuple[str, tuple[int, ...]]], n_params: int) -> None:
+    def __init__(
+        self,
+        entries: Sequence[tuple[str, tuple[int, ...]]],
+        n_params: int,
+        dtype: str = "float32",
+    ) -> None:
+        if dtype not in WIRE_DTYPES:
+            raise ValueError(f"wire dtype {dtype!r}: expected one of {sorted(WIRE_DTYPES)}")
         self.names = [name for name, _ in entries]
         self.shapes = {name: tuple(shape) for name, shape in entries}
         self.slices: dict[str, slice] = {}
@@ -106,21 +152,44 @@ class Layout:
             offset += size
         self.numel = offset
         self.n_params = n_params
-        self._entries = {
-            name: {
-                "dtype": "F32",
+        self.dtype = dtype
+        code, torch_dtype, width, self.relative_error = WIRE_DTYPES[dtype]
+        # Where each entry's bytes are: in float32 the whole vector in its order; else the F32
+        # buffers first (from byte 0), then the parameters (from byte `_params_at`).
+        at = self._params_at = 0 if dtype == "float32" else 4 * (offset - n_params)
+        self.nbytes = 4 * offset if dtype == "float32" else at + width * n_params
+        self._entries: dict[str, dict] = {}
+        self.dtypes: dict[str, torch.dtype] = {}
+        for name, s in self.slices.items():
+            if dtype == "float32":
+                kind, begin, end = "F32", 4 * s.start, 4 * s.stop
+            elif s.start >= n_params:  # a buffer
+                kind, begin, end = "F32", 4 * (s.start - n_params), 4 * (s.stop - n_params)
+            else:
+                kind, begin, end = code, at + width * s.start, at + width * s.stop
+            self._entries[name] = {
+                "dtype": kind,
                 "shape": list(self.shapes[name]),
-                "data_offsets": [4 * s.start, 4 * s.stop],
+                "data_offsets": [begin, end],
             }
-            for name, s in self.slices.items()
-        }
+            self.dtypes[name] = torch_dtype if kind == code else torch.float32
+        statistics = "" if dtype == "float32" else ", the running statistics as F32"
+        self._dtype_note = (
+            f" (this run's wire_dtype is {dtype}: the parameters travel as {code}{statistics})"
+        )
         self.header = self._header(None)
 
     @classmethod
-    def of(cls, model: torch.nn.Module) -> Layout:
+    def of(cls, model: torch.nn.Module, dtype: str = "float32") -> Layout:
         params = [(name, tuple(p.shape)) for name, p in model.named_parameters()]
         buffers = [(name, tuple(b.shape)) for name, b in model.named_buffers()]
-        return cls(params + buffers, sum(int(np.prod(s, dtype=np.int64)) for _, s in params))
+        n_params = sum(int(np.prod(s, dtype=np.int64)) for _, s in params)
+        return cls(params + buffers, n_params, dtype)
+
+    @property
+    def body_bytes(self) -> int:
+        """The size of a body of this layout without metadata."""
+        return len(self.header) + self.nbytes
 
     @property
     def spec(self) -> dict[str, tuple[int, ...]]:
@@ -145,9 +214,15 @@ class Layout:
         return {name: flat[s].view(self.shapes[name]) for name, s in self.slices.items()}
 
     def encode(self, flat: torch.Tensor, metadata: Mapping[str, str] | None = None) -> bytes:
-        """A safetensors file of `flat` (a vector of `numel` float32 values): one copy."""
+        """A safetensors file of `flat` (a vector of `numel` float32 values): one copy (in
+        bfloat16, one conversion of the parameters)."""
         header = self.header if not metadata else self._header(metadata)
-        return header + flat.detach().to(torch.float32).contiguous().numpy().tobytes()
+        if self.dtype == "float32":
+            return header + flat.detach().to(torch.float32).contiguous().numpy().tobytes()
+        flat = flat.detach().to(torch.float32)
+        params = flat[: self.n_params].to(torch.bfloat16).view(torch.int16)
+        buffers = flat[self.n_params :].contiguous()
+        return b"".join((header, buffers.numpy().tobytes(), params.numpy().tobytes()))
 
     def decode(self, data: bytes) -> tuple[torch.Tensor, dict[str, str]]:
         """The vector of a safetensors body (a copy, in layout order) and its metadata. Checks
@@ -168,12 +243,27 @@ class Layout:
             isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
         ):
             raise WireError("not a valid safetensors file: __metadata__ must map str to str")
-        if head == self._entries and len(data) - 8 - size == 4 * self.numel:
-            values = np.frombuffer(data, dtype="<f4", count=self.numel, offset=8 + size).copy()
+        if head == self._entries and len(data) - 8 - size == self.nbytes:
+            if self.dtype == "float32":
+                values = np.frombuffer(data, dtype="<f4", count=self.numel, offset=8 + size).copy()
+            else:
+                values = self._from_bfloat16(data, 8 + size)
         else:  # another writer's layout: read and check it the general way
-            values = self.flatten(decode(data, self.shapes)).numpy()
+            tensors = decode(data, self.shapes, self.dtypes, self._dtype_note)
+            values = self.flatten(tensors).numpy()
         flat = torch.from_numpy(values)
         if not np.isfinite(values).all():  # numpy's check: a tenth of torch's time here
             bad = next(n for n, s in self.slices.items() if not torch.isfinite(flat[s]).all())
             raise WireError(f"tensor {bad!r} holds NaN or infinite values")
         return flat, metadata
+
+    def _from_bfloat16(self, data: bytes, start: int) -> np.ndarray:
+        """The float32 vector of a bfloat16 body in this layout whose data begins at `start`:
+        the buffers copied, the parameters converted (a bfloat16 is the upper half of the
+        float32 of the same value)."""
+        n = self.n_params
+        values = np.empty(self.numel, dtype=np.float32)
+        values[n:] = np.frombuffer(data, dtype="<f4", count=self.numel - n, offset=start)
+        halves = np.frombuffer(data, dtype="<u2", count=n, offset=start + self._params_at)
+        np.left_shift(halves, 16, out=values[:n].view(np.uint32), dtype=np.uint32)
+        return values

@@ -135,7 +135,7 @@ class Evaluator:
                 return None
             if params.version - self._last_started(run_id) < config.eval_every_updates:
                 return None
-            weights, version = params.weights()
+            weights, version = params.stored_weights()
             taken = {
                 "model_version": version,
                 "elapsed_s": round(ledger.elapsed_s(), 3),

@@ -8,6 +8,12 @@ body is a fixed header and one copy of the vector. The bytes are made once per v
 lock (under it, only the copy of the vector is taken), and every reply and `GET` of that version
 is served from them.
 
+Bodies to and from the workers are in the run's `wire_dtype` (`net.wire`): in bfloat16 a gradient
+body is converted into a float32 vector when it is decoded, and the weights body is made by one
+conversion of the vector. Everything the master keeps is float32: the weights, the optimizer, the
+statistics, the workers' temporary slots, the run folder's weights (`blobs`) and what the
+evaluator plays (`stored_weights`).
+
 A version names one set of global weights, for ever: it rises by one at every change, goes on rising
 across the runs of a run folder, and a run remembers the version it began at, so gradients computed
 on an earlier run's weights are refused however close their version is. Updates are never applied
@@ -100,27 +106,37 @@ class ParameterServer(SyncRounds):
         return self.net
 
     def weights(self) -> tuple[bytes, int]:
-        """The global weights as safetensors bytes, made once per version, and their version.
-        Under the lock only the vector is copied; the body is made after it is released (unless
-        the caller holds the lock: a sync round's close and the save's snapshot, where making
-        it is one more copy of the vector, 10 us for the default model)."""
+        """The global weights as safetensors bytes in the run's wire dtype, made once per
+        version, and their version. Under the lock only the vector is copied; the body is made
+        after it is released (unless the caller holds the lock: a sync round's close, where
+        making it is one more copy of the vector, 10 us for the default model)."""
         with self.lock:
             cached = self._encoded
             if cached is not None and cached[0] == self.version:
                 return cached[1], cached[0]
             net, version = self._require_net(), self.version
             vector = net.snapshot()
-        body = net.layout.encode(vector)
+        body = net.wire.encode(vector)
         with self.lock:
             if self._encoded is None or self._encoded[0] < version:
                 self._encoded = (version, body)
         return body, version
 
+    def stored_weights(self) -> tuple[bytes, int]:
+        """The global weights as the master keeps them, float32 whatever the wire dtype (what
+        the run folder saves and the evaluator plays), and their version."""
+        with self.lock:
+            net = self._require_net()
+            if net.wire.dtype == "float32":
+                return self.weights()
+            version, vector = self.version, net.snapshot()
+        return net.layout.encode(vector), version
+
     def decode(self, body: bytes) -> tuple[torch.Tensor, dict[str, str]]:
         """A worker's tensors as one vector, checked against the model, and the body's metadata;
         a body that does not fit is counted as a refused update (WireError)."""
         try:
-            return self._require_net().layout.decode(body)
+            return self._require_net().wire.decode(body)
         except wire.WireError:
             with self.lock:
                 self._reject("invalid")
@@ -250,8 +266,8 @@ class ParameterServer(SyncRounds):
         """A worker's weights (a decoded vector): its temporary slot, or (temporary=False) the new
         global weights. Returns the model version and whether this was a retry of weights
         already taken. Raises Invalid for global weights that cannot be used (master/screening.py).
-        A slot keeps the weights as this master encodes them: the size of the model, whatever
-        metadata the body carried."""
+        A slot keeps the weights as this master encodes them for its run folder (float32): the
+        size of the model, whatever metadata or dtype the body carried."""
         net = self._require_net()
         if not temporary:
             why = weights_problem(net, vector)
@@ -329,7 +345,7 @@ class ParameterServer(SyncRounds):
                 )
             buf = io.BytesIO()
             torch.save(net.optimizer_state(), buf)
-            return self.weights()[0], buf.getvalue()
+            return self.stored_weights()[0], buf.getvalue()
 
     def restore(
         self,

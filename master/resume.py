@@ -45,9 +45,15 @@ VERSIONS_SKIPPED_AFTER_A_CRASH = 1_000_000
 UPDATES_PER_S_BOUND = 100_000
 
 # What a field added since a run was saved meant before it existed: a run folder of an earlier
-# version resumes with the network and optimizer it was saved with (a shared torso and Adam), and
-# no preset fills in what that version did not know.
-_BEFORE_THE_FIELD = {"preset": None, "shared_torso": True, "optimizer": "adam"}
+# version resumes with the network and optimizer it was saved with (a shared torso and Adam), its
+# tensors on the wire as they were (float32), and no preset fills in what that version did not
+# know.
+_BEFORE_THE_FIELD = {
+    "preset": None,
+    "shared_torso": True,
+    "optimizer": "adam",
+    "wire_dtype": "float32",
+}
 
 
 def saved_config(data: dict[str, Any]) -> TrainConfig:

@@ -28,7 +28,8 @@ RunId = Annotated[str | None, Header(alias=RUN_ID_HEADER, max_length=64)]
 
 _TENSOR_BODY = {
     "content": {CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}}},
-    "description": "one safetensors file, a float32 tensor per parameter of state_dict()",
+    "description": "one safetensors file, a tensor per entry of state_dict(): the parameters "
+    "in the run's wire_dtype (float32 or bfloat16), the running statistics in float32",
 }
 
 

@@ -132,14 +132,10 @@ class ClusterState:
         with torch.device("meta"):  # no memory, no init: only the sizes
             shapes = model_for(config)
         check_actions(config, shapes.discrete)
-        self._check_fits(
-            config, sum(4 * p.numel() for p in shapes.state_dict().values()), "at least "
-        )
+        self._check_fits(config, wire.Layout.of(shapes, config.wire_dtype).body_bytes)
         with torch.random.fork_rng():
             torch.manual_seed(config.seed)
             model = model_for(config)
-        layout = wire.Layout.of(model)
-        self._check_fits(config, len(layout.header) + 4 * layout.numel, "")
 
         def swap() -> tuple[str, list[str]]:
             # A run of this folder before (also one that could not be resumed, whose last
@@ -154,15 +150,17 @@ class ClusterState:
         self.ledger.events.flush()
         return started
 
-    def _check_fits(self, config: TrainConfig, size: int, qualifier: str) -> None:
+    def _check_fits(self, config: TrainConfig, size: int) -> None:
         """Weights and gradients larger than the body limit would be refused at every push."""
         limit = self.settings.max_body_bytes
         if size > limit:
+            whole = config.wire_dtype == "float32"
+            halve = ", wire_dtype bfloat16 (about half the bytes)" if whole else ""
             raise ModelTooLarge(
-                f"hidden_sizes {config.hidden_sizes}: the weights of this model are {qualifier}"
-                f"{size} bytes on the wire, more than A3C_MAX_BODY_BYTES={limit}, so every push "
-                "of its weights or gradients would be refused (413); use smaller hidden_sizes, "
-                "or raise A3C_MAX_BODY_BYTES on the master and every worker"
+                f"hidden_sizes {config.hidden_sizes}: the weights of this model are {size} bytes "
+                f"on the wire ({config.wire_dtype}), more than A3C_MAX_BODY_BYTES={limit}, so "
+                "every push of its weights or gradients would be refused (413); use smaller "
+                f"hidden_sizes{halve}, or raise A3C_MAX_BODY_BYTES on the master and every worker"
             )
 
     def finish(self, reason: str) -> bool:

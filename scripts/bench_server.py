@@ -1,6 +1,7 @@
 """The parameter server alone, for `scripts/bench.py`: how many gradient pushes a master takes
 (`master`) and how many bytes one exchange puts on the wire (`wire`), for the default model and
-one of about a million parameters.
+one of about a million parameters, with tensors on the wire as float32 and (`wire_dtype`) as
+bfloat16.
 
 The master is a real uvicorn process whose run has no real worker (as scripts/bench_http.py
 does it): a StandInWorker accepts `POST /start_worker` and never trains, and this process plays
@@ -10,6 +11,7 @@ the workers. The run never ends by itself: no step budget, a day-long heartbeat 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import statistics
 import tempfile
 import time
@@ -30,6 +32,11 @@ from scripts.bench_steps import UNREACHABLE, say
 
 # The models measured: CartPole-v1's default, and hidden layers of 700 (990,503 parameters).
 MODELS = {"default": [64, 64], "1M": [700, 700]}
+# What a row's name adds for each wire_dtype (float32 rows keep the model's name alone).
+DTYPES = {"float32": "", "bfloat16": " bf16"}
+# The master section: the wire_dtype matters for the large model (half its bytes a push).
+MASTER_RUNS = {"default": ([64, 64], "float32"), "1M": ([700, 700], "float32"),
+               "1M bf16": ([700, 700], "bfloat16")}
 # With n pushers at once each push is up to n - 1 versions stale by construction: none refused.
 MAX_STALENESS = 1_000_000
 
@@ -48,14 +55,16 @@ def standin_master() -> Iterator[tuple[LocalCluster, StandInWorker]]:
 
 
 def start_run(
-    cluster: LocalCluster, worker: StandInWorker, hidden_sizes: list[int]
+    cluster: LocalCluster, worker: StandInWorker, hidden_sizes: list[int],
+    wire_dtype: str = "float32",
 ) -> tuple[str, TrainConfig]:
-    """End the master's run, if any, and start one of a model with `hidden_sizes`."""
+    """End the master's run, if any, and start one of a model with `hidden_sizes` whose tensors
+    travel as `wire_dtype`."""
     # A plain POST /stop: there is no worker process to wait for (LocalCluster.stop_run would).
     cluster.http.post(f"{cluster.master.url}/stop", json={}).raise_for_status()
     fields = {"seed": 0, "max_steps": None, "target_return": UNREACHABLE,
               "heartbeat_timeout_s": 86_400, "max_staleness": MAX_STALENESS,
-              "hidden_sizes": hidden_sizes}
+              "hidden_sizes": hidden_sizes, "wire_dtype": wire_dtype}
     reply = cluster.train(**fields, workers=[worker.url])
     reply.raise_for_status()
     return reply.json()["data"]["run_id"], TrainConfig(**fields)
@@ -70,24 +79,25 @@ def n_params(config: TrainConfig) -> int:
 
 
 def master(levels: list[int], warmup_s: float, window_s: float, max_count: int) -> dict:
-    """Per model and number of simulated workers: pushes/s, latency and errors (bench_load.py),
-    and `lost`: 200 replies the master's `updates_applied` did not count (or, below 0, counted
-    without a 200)."""
+    """Per model (and wire_dtype) and number of simulated workers: pushes/s, latency and errors
+    (bench_load.py), and `lost`: 200 replies the master's `updates_applied` did not count (or,
+    below 0, counted without a 200)."""
     out: dict = {"max_staleness": MAX_STALENESS, "warmup_s": warmup_s, "window_s": window_s,
                  "max_count": max_count, "models": {}}
     with standin_master() as (cluster, worker):
         host, port = cluster.master.host, cluster.master.port
-        for name, hidden in MODELS.items():
-            run_id, config = start_run(cluster, worker, hidden)
-            bodies = ready_bodies(wire.Layout.of(model_for(config)))
+        for name, (hidden, dtype) in MASTER_RUNS.items():
+            run_id, config = start_run(cluster, worker, hidden, dtype)
+            bodies = ready_bodies(wire.Layout.of(model_for(config), dtype))
             count = n_params(config)
-            say(f"  {name} model, hidden {hidden}: {count:,} parameters, "
+            tag = name.replace(" ", "-")  # worker ids take no spaces
+            say(f"  {name} model, hidden {hidden}, {dtype}: {count:,} parameters, "
                 f"{len(bodies[0].data):,} bytes a push")
             rows = []
             for n in levels:
                 before, cpu = cluster.status(), cluster.master.cpu_seconds()
                 level = push_level(host, port, n, bodies, run_id, before["model_version"],
-                                   warmup_s, window_s, max_count, tag=f"sim-{name}-{n}")
+                                   warmup_s, window_s, max_count, tag=f"sim-{tag}-{n}")
                 after, cpu = cluster.status(), _delta(cluster.master.cpu_seconds(), cpu)
                 applied = after["updates_applied"] - before["updates_applied"]
                 rejected = after["updates_rejected"] - before["updates_rejected"]
@@ -103,7 +113,8 @@ def master(levels: list[int], warmup_s: float, window_s: float, max_count: int) 
                 say(f"    {n:>3} workers: {row['pushes_per_s'] or 0:,.0f} pushes/s, p50 "
                     f"{row['p50_ms']} ms, p99 {row['p99_ms']} ms, master "
                     f"{row['master_ms_per_push']} ms CPU a push, errors {row['errors'] or 0}")
-            out["models"][name] = {"hidden_sizes": hidden, "params": count, "levels": rows}
+            out["models"][name] = {"hidden_sizes": hidden, "wire_dtype": dtype, "params": count,
+                                   "levels": rows}
     return out
 
 
@@ -131,16 +142,20 @@ def median_ms(reps: int, fn: Callable[..., object], *args: object) -> float:
 
 
 def wire_figures(reps: int) -> dict:
-    """Per model: the raw float32 size of its state_dict, the bytes of one gradient exchange
-    as a worker makes it (MasterClient.push_gradients, with a rollout's episodes and statistics
-    in the body's metadata) counted on the wire by DelayProxy (delay 0), each way, HTTP headers
-    included, and the median times to encode a gradient body and decode one."""
+    """Per model and wire_dtype: the raw float32 size of its state_dict, the bytes of one
+    gradient exchange as a worker makes it (MasterClient.push_gradients, with a rollout's
+    episodes and statistics in the body's metadata) counted on the wire by DelayProxy (delay 0),
+    each way, HTTP headers included, and the median times to encode a gradient body and decode
+    one."""
     out: dict = {"reps": reps, "models": {}}
     with standin_master() as (cluster, worker), DelayProxy(cluster.master.port, 0) as proxy:
-        for name, hidden in MODELS.items():
-            run_id, config = start_run(cluster, worker, hidden)
+        for (model_name, hidden), (dtype, suffix) in itertools.product(
+            MODELS.items(), DTYPES.items()
+        ):
+            name = model_name + suffix
+            run_id, config = start_run(cluster, worker, hidden, dtype)
             model = model_for(config)
-            layout = wire.Layout.of(model)
+            layout = wire.Layout.of(model, dtype)
             raw = 4 * layout.numel
             grads, loss, norm = real_gradients(model, config)
             # What a CartPole worker's push carries besides the gradients: an episode or two and
@@ -166,8 +181,8 @@ def wire_figures(reps: int) -> dict:
             vector = layout.flatten(grads)
             body = layout.encode(vector)
             row = {
-                "hidden_sizes": hidden, "params": n_params(config), "raw_bytes": raw,
-                "body_bytes": len(body), "request_bytes": up, "reply_bytes": down,
+                "hidden_sizes": hidden, "wire_dtype": dtype, "params": n_params(config),
+                "raw_bytes": raw, "body_bytes": len(body), "request_bytes": up, "reply_bytes": down,
                 "request_ratio": round(up / raw, 4), "reply_ratio": round(down / raw, 4),
                 "encode_ms": median_ms(reps, layout.encode, vector),
                 "decode_ms": median_ms(reps, layout.decode, body),

@@ -84,8 +84,8 @@ def push_rollout(
 ) -> httpx.Response:
     """A worker's gradient push to an in-process master (`master_running`): small gradients of
     the model, the rollout's `episodes` and `stats` in the body's metadata (or `metadata` as it
-    is), computed on `version` (default the current one)."""
-    layout = c.app.state.cluster.params.net.layout
+    is), in the run's wire dtype, computed on `version` (default the current one)."""
+    layout = c.app.state.cluster.params.net.wire
     if metadata is None:
         metadata = {"a3c": json.dumps({"episodes": episodes or [], "stats": stats})}
     body = layout.encode(torch.full((layout.numel,), 1e-3), metadata)

@@ -70,7 +70,7 @@ def test_the_bar_judges_each_goal_and_leaves_the_unmeasured_open() -> None:
 
 
 @pytest.mark.integration
-def test_the_wire_section_writes_its_figures_for_both_models(tmp_path: Path) -> None:
+def test_the_wire_section_writes_its_figures_for_both_models_and_dtypes(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     done = subprocess.run(
         [sys.executable, "scripts/bench.py", "--sections", "wire", "--quick", "--json", str(out)],
@@ -78,13 +78,18 @@ def test_the_wire_section_writes_its_figures_for_both_models(tmp_path: Path) -> 
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     figures = json.loads(out.read_text())
-    assert set(figures["wire"]["models"]) == {"default", "1M"}
-    for model in figures["wire"]["models"].values():
+    models = figures["wire"]["models"]
+    assert set(models) == {"default", "1M", "default bf16", "1M bf16"}
+    for name, model in models.items():
         assert model["raw_bytes"] == 4 * model["params"]
-        # One exchange carries the whole body each way, and headers on top.
-        assert model["request_bytes"] > model["body_bytes"] > model["raw_bytes"]
-        assert model["reply_bytes"] > model["raw_bytes"]
+        # One exchange carries the whole body each way, and headers on top; in bfloat16 a
+        # body holds 2 bytes a parameter.
+        share = 1 if model["wire_dtype"] == "float32" else 0.5
+        assert model["request_bytes"] > model["body_bytes"] > share * model["raw_bytes"]
+        assert model["reply_bytes"] > share * model["raw_bytes"]
         assert model["encode_ms"] > 0 and model["decode_ms"] > 0
+        if share < 1:
+            assert model["body_bytes"] < 0.6 * models[name.removesuffix(" bf16")]["body_bytes"]
     wire_goal = next(g for g in figures["bar"] if g["goal"].startswith("wire"))
     assert wire_goal["met"] is not None
 

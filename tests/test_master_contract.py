@@ -30,7 +30,7 @@ CONFIG_DEFAULTS = {
     "max_episodes": None, "max_steps": 2000000, "target_return": 475.0,
     "heartbeat_interval_s": 2.0, "shared_torso": False, "optimizer": "rmsprop",
     "lr_schedule": "constant", "normalize_obs": False, "normalize_reward": False,
-    "max_in_flight": 16,
+    "max_in_flight": 16, "wire_dtype": "float32",
 }
 WORKER_STATES = {"starting", "running", "done", "lost", "failed"}
 

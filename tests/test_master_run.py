@@ -191,9 +191,10 @@ def test_train_refuses_a_seed_torch_cannot_take(client: TestClient, launched: li
     assert start_run(client, seed=2**64 - 1)["run_id"]  # the largest torch takes
 
 
-def _encoded_size(hidden_sizes: list[int]) -> int:
+def _encoded_size(hidden_sizes: list[int], wire_dtype: str = "float32") -> int:
     model = build_model("CartPole-v1", {}, hidden_sizes)
-    return len(wire.Layout.of(model).encode(torch.cat([p.reshape(-1) for p in model.parameters()])))
+    layout = wire.Layout.of(model, wire_dtype)
+    return len(layout.encode(torch.cat([p.reshape(-1) for p in model.parameters()])))
 
 
 def test_train_refuses_hidden_sizes_whose_weights_exceed_the_body_limit(
@@ -212,18 +213,21 @@ def test_train_refuses_hidden_sizes_whose_weights_exceed_the_body_limit(
         assert status(c)["state"] == "idle"
 
 
+@pytest.mark.parametrize("wire_dtype", ["float32", "bfloat16"])
 def test_the_body_limit_check_is_exact(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launched: list
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launched: list, wire_dtype: str
 ) -> None:
-    size = _encoded_size([64, 32])
+    """The bodies of the run's wire_dtype must fit: bfloat16's are about half the size."""
+    size = _encoded_size([64, 32], wire_dtype)
     monkeypatch.setenv("A3C_MAX_BODY_BYTES", str(size - 1))
+    run = {**TRAIN, "hidden_sizes": [64, 32], "wire_dtype": wire_dtype}
     with master(make_settings(tmp_path)) as c:
-        r = c.post("/train", json={**TRAIN, "hidden_sizes": [64, 32]})
+        r = c.post("/train", json=run)
         assert r.status_code == 422, r.text
-        assert f"{size} bytes" in r.json()["detail"]
+        assert f"{size} bytes on the wire ({wire_dtype})" in r.json()["detail"]
     monkeypatch.setenv("A3C_MAX_BODY_BYTES", str(size))
     with master(make_settings(tmp_path / "2")) as c:
-        start_run(c, hidden_sizes=[64, 32])
+        start_run(c, hidden_sizes=[64, 32], wire_dtype=wire_dtype)
         # Weights of exactly the limit go through, as will their gradients.
         tensors, version, body = weights(c)
         assert len(body) == size

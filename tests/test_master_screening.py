@@ -18,6 +18,8 @@ from a3c_http.model import model_for
 from a3c_http.normalize import batch_problem
 from a3c_http.settings import Settings
 from master.app import create_app
+from master.limits import RunLimits
+from master.screening import gradient_problem
 from tests.support import OCTET, master_running, push_rollout, snapshot
 
 NORMALIZED = TrainConfig(seed=1, max_steps=None, normalize_obs=True, normalize_reward=True)
@@ -64,6 +66,34 @@ def test_a_step_that_would_leave_anything_non_finite_is_undone() -> None:
         net.step([torch.full((net.layout.numel,), 3e38)])
     assert torch.equal(net.optimizer.state[net.params]["square_avg"], square_avg)
     assert int(net.optimizer.state[net.params]["step"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("wire_dtype", "above", "taken"),
+    [
+        # Values just above a bfloat16 tie round up: the norm grows by 0.385%.
+        ("bfloat16", 1.0, True),
+        ("float32", 1.0, False),  # the same rounded gradients, in a run that sends float32
+        ("bfloat16", 1.0015, False),  # 0.535%: beyond what rounding can add (0.1% and 2**-8)
+    ],
+)
+def test_the_norm_bound_allows_bfloat16s_rounding_and_no_more(
+    wire_dtype: str, above: float, taken: bool
+) -> None:
+    """A worker clips its gradients to max_grad_norm, then each value is rounded to bfloat16;
+    the master judges the norm of what it decoded."""
+    bf16 = TrainConfig(seed=1, max_steps=None, wire_dtype="bfloat16")
+    net = FlatNetwork(model_for(bf16), bf16)
+    clipped = torch.full((net.layout.numel,), 2.0**-10 * (1 + 1.01 * 2.0**-8))
+    max_grad_norm = float(torch.linalg.vector_norm(clipped)) / above
+    decoded, _ = net.wire.decode(net.wire.encode(clipped))
+    assert float(torch.linalg.vector_norm(decoded)) / max_grad_norm > 1.0038 * above
+    config = bf16.model_copy(update={"max_grad_norm": max_grad_norm, "wire_dtype": wire_dtype})
+    judge = FlatNetwork(model_for(config), config)
+    _, why = gradient_problem(judge, decoded, config, RunLimits.of(config))
+    assert (why is None) == taken, why
+    if not taken:
+        assert why.startswith("the gradients' norm is") and "above max_grad_norm" in why
 
 
 def test_a_push_of_impossible_statistics_is_422_and_counts_nothing(tmp_path: Path) -> None:

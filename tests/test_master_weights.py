@@ -4,6 +4,8 @@ and local weights kept temporary or made global."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
@@ -22,6 +24,7 @@ from tests.master_api_support import _clean_env as _clean_env
 from tests.master_api_support import client as client
 from tests.master_api_support import launched as launched
 from tests.master_api_support import running as running
+from tests.support import master_running, push_rollout, snapshot
 
 
 def test_weights_need_a_run(client: TestClient) -> None:
@@ -112,3 +115,46 @@ def test_local_weights_become_global(running: TestClient) -> None:
     for name, t in after.items():
         assert torch.equal(t, torch.full_like(t, 0.5)), name
     assert status(running)["model_version"] == version + 1
+
+
+def test_a_bfloat16_run_exchanges_bfloat16_and_keeps_float32(tmp_path: Path) -> None:
+    """wire_dtype bfloat16: gradients are taken and weights served as bfloat16 (the statistics
+    as float32), while the master's weights, optimizer and run folder stay float32; a float32
+    body is refused, naming the dtype expected, and changes nothing."""
+    with master_running(tmp_path, wire_dtype="bfloat16", normalize_obs=True) as c:
+        cluster = c.app.state.cluster
+        net = cluster.params.net
+        before = snapshot(c)
+        float32_body = net.layout.encode(torch.full((net.layout.numel,), 1e-3))
+        r = push_gradients(c, float32_body, cluster.params.version)
+        assert r.status_code == 422
+        assert "has dtype float32, expected bfloat16" in r.json()["detail"]
+        assert snapshot(c) == before
+
+        r = push_rollout(c, 1)
+        assert r.status_code == 200, r.text
+        assert c.get("/global_model_weights").content == r.content
+        served, kept = st_load(r.content), net.layout.views(net.flat)
+        assert served["obs_rms.count"].dtype == torch.float32
+        assert served["obs_rms.count"] == kept["obs_rms.count"]  # 1e-4 + 1e-3: not a bfloat16
+        for name in dict(net.model.named_parameters()):
+            assert served[name].dtype == torch.bfloat16, name
+            assert torch.equal(served[name], kept[name].to(torch.bfloat16)), name
+        # The master stepped float32 weights with a float32 optimizer: nothing of it is rounded.
+        params = net.flat[: net.layout.n_params]
+        assert net.flat.dtype == torch.float32
+        assert not torch.equal(params, params.to(torch.bfloat16).to(torch.float32))
+        assert net.optimizer.state[net.params]["square_avg"].dtype == torch.float32
+
+        # A worker's weights follow the run's dtype too; its slot is kept as float32.
+        r = c.post(
+            "/local_model_weights?worker_id=w1&temporary=true", content=r.content, headers=OCTET
+        )
+        assert r.status_code == 200, r.text
+        slot = wire.decode(cluster.params.temporary["w1"], net.layout.spec)
+        assert torch.equal(slot["policy_head.weight"], served["policy_head.weight"].float())
+
+        assert cluster.persist(force=True)
+        saved = st_load((tmp_path / "run" / "weights.safetensors").read_bytes())
+        assert all(t.dtype == torch.float32 for t in saved.values())
+        assert torch.equal(net.layout.flatten(saved), net.flat)

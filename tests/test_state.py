@@ -156,10 +156,18 @@ def test_a_save_taken_first_never_lands_over_a_later_one(
 
 def test_a_config_saved_before_the_learner_fields_resumes_as_it_was_saved() -> None:
     old = TrainConfig(env_id="Acrobot-v1", preset=None).model_dump()
-    for field in ("preset", "shared_torso", "optimizer", "normalize_obs", "normalize_reward"):
+    for field in (
+        "preset",
+        "shared_torso",
+        "optimizer",
+        "normalize_obs",
+        "normalize_reward",
+        "wire_dtype",
+    ):
         del old[field]  # what an earlier version's config.json did not hold
     config = saved_config({**old, "run_id": "r1"})
     assert config.shared_torso and config.optimizer == "adam" and config.preset is None
+    assert config.wire_dtype == "float32"
     assert not config.normalize_obs  # Acrobot-v1's preset does not creep in
     fresh = TrainConfig(env_id="Acrobot-v1").resolved()
     assert saved_config(fresh.model_dump()) == fresh  # today's saves read back unchanged

@@ -114,3 +114,64 @@ def test_pushes_report_loss_and_norm_and_a_refused_one_is_dropped_for_the_weight
         assert math.isfinite(float(request.headers["X-A3C-Loss"]))
         assert float(request.headers["X-A3C-Grad-Norm"]) >= 0
         assert request.extensions["timeout"]["read"] == 10.0 + 5.0
+
+
+def _header(body: bytes) -> dict:
+    size = int.from_bytes(body[:8], "little")
+    return json.loads(body[8 : 8 + size])
+
+
+def test_a_bfloat16_run_pushes_bfloat16_gradients_and_loads_the_bfloat16_weights() -> None:
+    config = CONFIG.model_copy(
+        update={"wire_dtype": "bfloat16", "max_in_flight": 0, "heartbeat_interval_s": 60.0}
+    )
+    torch.manual_seed(11)  # weights of another model than the worker's own
+    model = build_model(config.env_id, config.env_kwargs, config.hidden_sizes)
+    layout = wire.Layout.of(model, "bfloat16")
+    weights = layout.encode(layout.flatten(model.state_dict()))
+    pushes: list[bytes] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/gradients":
+            pushes.append(request.content)
+            headers = {"X-Model-Version": "1", "X-A3C-Stop": "1"}
+            return httpx.Response(200, content=weights, headers=headers)
+        if request.url.path == "/global_model_weights":
+            return httpx.Response(200, content=weights, headers={"X-Model-Version": "0"})
+        return httpx.Response(200, json={"data": {}})
+
+    trainer, _ = make_trainer(handler, config)
+    trainer.run()
+    assert len(pushes) == 1
+    assert {e["dtype"] for n, e in _header(pushes[0]).items() if n != "__metadata__"} == {"BF16"}
+    assert torch.isfinite(layout.decode(pushes[0])[0]).all()
+    assert torch.equal(trainer.flat, layout.decode(weights)[0])  # what it acted with
+
+
+def test_a_bfloat16_run_pushes_its_weights_in_bfloat16() -> None:
+    """best_weights mode: the weights a worker pushes (here its temporary slot, at a heartbeat)
+    follow the run's dtype."""
+    config = CONFIG.model_copy(update={"wire_dtype": "bfloat16", "sync_mode": "best_weights"})
+    model = build_model(config.env_id, config.env_kwargs, config.hidden_sizes)
+    layout = wire.Layout.of(model, "bfloat16")
+    weights = layout.encode(layout.flatten(model.state_dict()))
+    pushed: list[bytes] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/local_model_weights":
+            pushed.append(request.content)
+            return httpx.Response(200, json={"data": {"model_version": 0}})
+        if path == "/global_model_weights":
+            return httpx.Response(200, content=weights, headers={"X-Model-Version": "0"})
+        if path == "/heartbeat":
+            return httpx.Response(200, json={"data": {"stop": bool(pushed)}})
+        if path == "/episode":
+            return httpx.Response(200, json={"data": {"improved": False, "stop": False}})
+        return httpx.Response(200, json={"data": {}})
+
+    trainer, _ = make_trainer(handler, config)
+    trainer.run()
+    assert pushed
+    assert _header(pushed[0])["policy_head.weight"]["dtype"] == "BF16"
+    assert torch.isfinite(layout.decode(pushed[0])[0]).all()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import io
+import json
 import pickle
 
 import pytest
 import torch
+from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from a3c_http import wire
@@ -213,3 +215,89 @@ def test_the_layout_names_the_tensor_with_non_finite_values_and_bad_metadata() -
         LAYOUT.decode(LAYOUT.encode(LAYOUT.flatten(tensors)))
     with pytest.raises(wire.WireError, match="__metadata__"):
         LAYOUT.decode(st_save(good_tensors(), metadata={"a": "b"}).replace(b'"b"', b"[1]"))
+
+
+# -- bfloat16 on the wire (wire_dtype) -----------------------------------------------------------
+
+# Two parameters (6 + 2 values) and one buffer of statistics (a count, as normalize.py's).
+MIXED = [("layer.weight", (2, 3)), ("layer.bias", (2,)), ("rms.count", ())]
+BF16 = wire.Layout(MIXED, n_params=8, dtype="bfloat16")
+F32 = wire.Layout(MIXED, n_params=8)
+
+
+def mixed_vector() -> torch.Tensor:
+    # 1 + 2**-8 is halfway between the bfloat16s 1 and 1 + 2**-7: to nearest even, 1; 1 + 3 *
+    # 2**-8 halfway between 1 + 2**-7 and 1 + 2**-6: to 1 + 2**-6. The count is not a bfloat16.
+    return torch.tensor(
+        [1 + 2**-8, 1 + 3 * 2**-8, -0.1, 3.14159, 1e-20, 6e4, 0.0, -2.5, 1_234_567.0]
+    )
+
+
+def test_a_bfloat16_body_rounds_the_parameters_to_nearest_even_and_keeps_the_statistics() -> None:
+    vector = mixed_vector()
+    body = BF16.encode(vector, {"a3c": "{}"})
+    out, metadata = BF16.decode(body)
+    assert out.dtype == torch.float32 and metadata == {"a3c": "{}"}
+    params = out[:8]
+    assert params[0] == 1.0 and params[1] == 1 + 2**-6  # ties to even
+    assert torch.equal(params, vector[:8].to(torch.bfloat16).to(torch.float32))
+    assert torch.all((params - vector[:8]).abs() <= vector[:8].abs() * 2**-8)
+    assert out[8] == 1_234_567.0  # bfloat16 would make it 1,236,992
+    plain = BF16.encode(vector)
+    assert len(plain) == BF16.body_bytes == len(BF16.header) + 2 * 8 + 4 * 1
+    assert len(plain) < len(F32.encode(vector))
+
+
+def test_a_bfloat16_body_is_a_safetensors_file_of_the_same_names_and_shapes() -> None:
+    body = BF16.encode(mixed_vector())
+    size = int.from_bytes(body[:8], "little")
+    assert json.loads(body[8 : 8 + size]) == {
+        # The float32 statistics first, as safetensors' own writer orders them: each aligned.
+        "rms.count": {"dtype": "F32", "shape": [], "data_offsets": [0, 4]},
+        "layer.weight": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [4, 16]},
+        "layer.bias": {"dtype": "BF16", "shape": [2], "data_offsets": [16, 20]},
+    }
+    tensors = st_load(body)
+    assert tensors["layer.weight"].dtype == torch.bfloat16
+    assert tensors["rms.count"].dtype == torch.float32
+    assert {name: tuple(t.shape) for name, t in tensors.items()} == BF16.spec
+
+
+@pytest.mark.parametrize(
+    ("layout", "other", "expected"),
+    [(BF16, F32, "expected bfloat16"), (F32, BF16, "expected float32")],
+)
+def test_a_body_in_another_dtype_than_the_runs_is_refused_naming_the_one_expected(
+    layout: wire.Layout, other: wire.Layout, expected: str
+) -> None:
+    with pytest.raises(wire.WireError) as info:
+        layout.decode(other.encode(mixed_vector()))
+    assert "'layer.weight' has dtype" in str(info.value) and expected in str(info.value)
+    assert f"this run's wire_dtype is {layout.dtype}" in str(info.value)
+    # The statistics must be float32 in a bfloat16 body too.
+    tensors = BF16.views(mixed_vector())
+    with pytest.raises(wire.WireError, match="'rms.count' has dtype bfloat16, expected float32"):
+        BF16.decode(st_save({n: t.to(torch.bfloat16) for n, t in tensors.items()}))
+
+
+@pytest.mark.parametrize("layout", [F32, BF16])
+def test_a_body_of_the_layouts_own_header_takes_the_fast_path(
+    layout: wire.Layout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One header comparison: the general reader is never called for our own bodies, and
+    another writer's file of the same tensors reads back the same."""
+    vector = mixed_vector()
+    ours = layout.encode(vector, {"a3c": "{}"})
+    theirs = st_save(
+        {n: t.to(layout.dtypes[n]) for n, t in layout.views(vector).items()}, {"a3c": "{}"}
+    )
+    general = wire.decode
+    calls: list[int] = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return general(*args, **kwargs)
+
+    monkeypatch.setattr(wire, "decode", counted)
+    assert torch.equal(layout.decode(ours)[0], layout.decode(theirs)[0])
+    assert calls == [1]  # theirs only

@@ -117,7 +117,8 @@ class Trainer:
         self._http(self.client.worker_started, self.worker_id, self.worker_url)
         model = model_for(cfg)
         self.policy = policy = widened(model, self.log_std_offset)
-        self.layout = wire.Layout.of(model)
+        # The run's wire dtype: gradients go up in it, weights come back in it.
+        self.layout = wire.Layout.of(model, cfg.wire_dtype)
         self.flat = bind(model, self.layout)  # loading weights is one copy into it
         collector = RolloutCollector(cfg.env_id, cfg.env_kwargs, cfg.num_envs, seed, cfg.gamma)
         local = cfg.sync_mode == "best_weights"
@@ -316,7 +317,9 @@ class Trainer:
     def _learn_locally(self, model, optimizer, rollout: Rollout, improved: bool) -> None:
         if improved:
             # The weights that played the record episode become the global weights.
-            reply = self._http(self.client.push_weights, self.worker_id, model.state_dict(), False)
+            reply = self._http(
+                self.client.push_weights, self.worker_id, model.state_dict(), False, self.layout
+            )
             self.version = int(reply["data"]["model_version"])
             self.progress.updates += 1
         started = time.monotonic()
@@ -332,5 +335,6 @@ class Trainer:
         if stop:
             raise _Stop
         if self.config.sync_mode == "best_weights":
-            self._http(self.client.push_weights, self.worker_id, model.state_dict(), True)
+            weights = model.state_dict()
+            self._http(self.client.push_weights, self.worker_id, weights, True, self.layout)
             self._load(model, self._http(self.client.get_weights, self.layout, self.version))
