@@ -44,29 +44,37 @@ def test_the_ready_made_gradients_fit_the_model_and_report_their_true_norm() -> 
         assert 0.25 < body.norm < 1.0 and 0.5 < body.loss < 2.0
 
 
-def _level(workers: int, pushes: float, p99: float, errors: dict, lost: int) -> dict:
+def _level(
+    workers: int, pushes: float, p99: float, errors: dict, lost: int, cpu_ms: float | None = None
+) -> dict:
     return {"workers": workers, "pushes_per_s": pushes, "p99_ms": p99, "errors": errors,
-            "lost": lost}
+            "lost": lost, "master_ms_per_push": cpu_ms}
 
 
 def test_the_bar_judges_each_goal_and_leaves_the_unmeasured_open() -> None:
     figures = {
         "throughput": {"cluster_1": {"ratio": 0.95}},
-        "master": {"models": {"default": {"levels": [
-            _level(16, 1_200.0, 30.0, {}, 0), _level(64, 900.0, 80.0, {"409": 2}, 0),
-        ]}}},
+        "master": {"models": {
+            "default": {"levels": [
+                _level(16, 3_200.0, 30.0, {}, 0, 0.38), _level(64, 900.0, 80.0, {"409": 2}, 0),
+            ]},
+            "1M": {"levels": [_level(1, 240.0, 9.0, {}, 0, 4.5), _level(4, 260.0, 30.0, {}, 0)]},
+        }},
         "wire": {"models": {"default": {"request_ratio": 1.04, "reply_ratio": 1.06}}},
     }
     assert [g["met"] for g in bar(figures)] == [
         None,  # solve: not measured
         True,  # throughput 0.95
-        False,  # 16 workers: p99 30 ms
+        False,  # 16 workers: 3,200 pushes/s but p99 30 ms
+        True,  # default model: 0.38 ms of CPU a push
+        False,  # 1M model: 4.5 ms of CPU a push
+        True,  # 1M model: 260 pushes/s at 4 workers
         False,  # 64 workers: two 409s
         False,  # wire: the reply is 6 % over
         None,  # latency at 20 ms: not measured
         None,  # solved at 5 ms: not measured
     ]
-    assert [g["measured"] for g in bar({})] == ["not measured"] * 7
+    assert [g["measured"] for g in bar({})] == ["not measured"] * 10
 
 
 @pytest.mark.integration
