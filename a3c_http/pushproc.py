@@ -8,10 +8,10 @@ process (`python -m a3c_http.pushproc`, which imports httpx and a3c_http.transpo
 goes on: its training thread only writes the request into a pipe, and one reader thread takes
 the replies out of the other.
 
-The pipes carry frames: 8 bytes (the lengths of a JSON head and of a body, little-endian uint32),
-the head, the body. To the child: first `{"options": {...}, "threads": n}` (a3c_http.transport's
-`Transport` arguments, the log settings and ids), then requests `{"id", "method", "path",
-"headers", "timeout"}` with their bodies, and `{"stop": true}` when the worker is told to stop
+The pipes carry frames (a3c_http/frames.py): 8 bytes (the lengths of a JSON head and of a body,
+little-endian uint32), the head, the body. To the child: first `{"options": {...}, "threads":
+n}` (a3c_http.transport's `Transport` arguments, the log settings and ids), then requests
+`{"id", "method", "path", "headers", "timeout"}` with their bodies, and `{"stop": true}` when the worker is told to stop
 (a request waiting for its reply or to be retried ends with Stopped). From the child: `{"id",
 "status", "headers", "retries"}` with the reply's body, or `{"id", "error", "message",
 "retries"}` when the request failed for good, and `{"retries"}` at each retry (the worker's
@@ -22,11 +22,9 @@ when its stdin closes, so it never outlives the worker.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
 import select
-import struct
 import subprocess
 import sys
 import threading
@@ -38,9 +36,9 @@ from typing import Any
 import httpx
 
 from a3c_http import logs
+from a3c_http.frames import Frames, write_frame
 from a3c_http.transport import A3CError, MasterUnavailable, ProtocolError, Stopped, Transport
 
-_LENGTHS = struct.Struct("<II")
 _ERRORS: dict[str, type[A3CError]] = {
     "unavailable": MasterUnavailable,
     "stopped": Stopped,
@@ -48,34 +46,6 @@ _ERRORS: dict[str, type[A3CError]] = {
 }
 # How often the reader thread looks at the stop event while no reply comes.
 _STOP_POLL_S = 0.1
-
-
-def _write_frame(fd: int, head: dict[str, Any], body: bytes = b"") -> None:
-    encoded = json.dumps(head).encode()
-    view = memoryview(_LENGTHS.pack(len(encoded), len(body)) + encoded + body)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-class _Frames:
-    """Frames out of the bytes of a pipe, as they arrive."""
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-
-    def feed(self, data: bytes) -> list[tuple[dict[str, Any], bytes]]:
-        self._buffer += data
-        frames = []
-        while len(self._buffer) >= _LENGTHS.size:
-            head_len, body_len = _LENGTHS.unpack_from(self._buffer)
-            end = _LENGTHS.size + head_len + body_len
-            if len(self._buffer) < end:
-                break
-            with memoryview(self._buffer) as view:  # one copy of the body, not two
-                head = json.loads(bytes(view[_LENGTHS.size : end - body_len]))
-                frames.append((head, bytes(view[end - body_len : end])))
-            del self._buffer[:end]
-        return frames
 
 
 class PushProcess:
@@ -102,7 +72,7 @@ class PushProcess:
         self._ids = itertools.count(1)
         self._ended: A3CError | None = None
         self.retries = 0  # the child's retries so far
-        _write_frame(self._in, {"options": options, "threads": max(1, threads)})
+        write_frame(self._in, {"options": options, "threads": max(1, threads)})
         self._reader = threading.Thread(target=self._read, name="a3c-push-reader", daemon=True)
         self._reader.start()
 
@@ -120,20 +90,20 @@ class PushProcess:
             call_id = next(self._ids)
             self._pending[call_id] = future
             try:
-                _write_frame(self._in, {**head, "id": call_id, "timeout": timeout}, content)
+                write_frame(self._in, {**head, "id": call_id, "timeout": timeout}, content)
             except OSError as exc:  # the child is gone: the reader fails what is pending
                 self._pending.pop(call_id, None)
                 future.set_exception(MasterUnavailable(f"the push process is gone: {exc}"))
         return future
 
     def _read(self) -> None:
-        out, frames, stop_sent = self.proc.stdout.fileno(), _Frames(), False
+        out, frames, stop_sent = self.proc.stdout.fileno(), Frames(), False
         while True:
             ready, _, _ = select.select([out], [], [], _STOP_POLL_S)
             if self._stop.is_set() and not stop_sent:
                 stop_sent = True
                 with self._lock, suppress(OSError):
-                    _write_frame(self._in, {"stop": True})
+                    write_frame(self._in, {"stop": True})
             if not ready:
                 continue
             data = os.read(out, 1 << 20)
@@ -174,7 +144,7 @@ class PushProcess:
 
 
 def _serve() -> None:
-    frames, stdin = _Frames(), sys.stdin.fileno()
+    frames, stdin = Frames(), sys.stdin.fileno()
     out = os.dup(sys.stdout.fileno())  # the replies' pipe; print() and the like go to stderr
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     write_lock, stop = threading.Lock(), threading.Event()
@@ -201,11 +171,11 @@ def _serve() -> None:
             content = response.content
         reply["retries"] = transport.retries
         with write_lock:
-            _write_frame(out, reply, content)
+            write_frame(out, reply, content)
 
     def retried(count: int) -> None:
         with write_lock:
-            _write_frame(out, {"retries": count})
+            write_frame(out, {"retries": count})
 
     while data := os.read(stdin, 1 << 20):
         for head, body in frames.feed(data):

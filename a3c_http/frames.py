@@ -1,0 +1,46 @@
+"""Messages between our own processes: frames of 8 bytes (the lengths of a JSON head and of a
+body, little-endian uint32), the head, the body. The push process (a3c_http/pushproc.py) speaks
+them with its worker over pipes, the master's fronts (master/fronts.py) with the master over
+socket pairs. Bodies are bytes as they are (tensors, replies): nothing is pickled."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from typing import Any
+
+LENGTHS = struct.Struct("<II")
+
+
+def frame(head: dict[str, Any], body: bytes = b"") -> bytes:
+    encoded = json.dumps(head).encode()
+    return LENGTHS.pack(len(encoded), len(body)) + encoded + body
+
+
+def write_frame(fd: int, head: dict[str, Any], body: bytes = b"") -> None:
+    """Write one frame to a file descriptor (a pipe), whole."""
+    view = memoryview(frame(head, body))
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class Frames:
+    """Frames out of the bytes of a pipe or a socket, as they arrive."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[dict[str, Any], bytes]]:
+        self._buffer += data
+        frames = []
+        while len(self._buffer) >= LENGTHS.size:
+            head_len, body_len = LENGTHS.unpack_from(self._buffer)
+            end = LENGTHS.size + head_len + body_len
+            if len(self._buffer) < end:
+                break
+            with memoryview(self._buffer) as view:  # one copy of the body, not two
+                head = json.loads(bytes(view[LENGTHS.size : end - body_len]))
+                frames.append((head, bytes(view[end - body_len : end])))
+            del self._buffer[:end]
+        return frames
