@@ -9,14 +9,14 @@ goes on: its training thread only writes the request into a pipe, and one reader
 the replies out of the other.
 
 The pipes carry frames (a3c_http/frames.py): 8 bytes (the lengths of a JSON head and of a body,
-little-endian uint32), the head, the body. To the child: first `{"options": {...}, "threads":
-n}` (a3c_http.transport's `Transport` arguments, the log settings and ids), then requests
-`{"id", "method", "path", "headers", "timeout"}` with their bodies, and `{"stop": true}` when the worker is told to stop
-(a request waiting for its reply or to be retried ends with Stopped). From the child: `{"id",
-"status", "headers", "retries"}` with the reply's body, or `{"id", "error", "message",
-"retries"}` when the request failed for good, and `{"retries"}` at each retry (the worker's
-/status shows them as they happen). The child retries as the in-process client does; it ends
-when its stdin closes, so it never outlives the worker.
+little-endian uint32), the head, the body. To the child: first `{"options": {...}, "threads": n}`
+(a3c_http.transport's `Transport` arguments, the log settings and ids), then requests `{"id",
+"method", "path", "headers", "timeout"}` with their bodies, and `{"stop": true}` when the worker is
+told to stop (a request waiting for its reply or to be retried ends with Stopped). From the child:
+`{"id", "status", "headers", "retries"}` with the reply's body, or `{"id", "error", "message",
+"retries"}` when the request failed for good, and `{"retries"}` at each retry (the worker's /status
+shows them as they happen). The child retries as the in-process client does; it ends when its stdin
+closes, so it never outlives the worker.
 """
 
 from __future__ import annotations
