@@ -114,18 +114,24 @@ class MasterClient:
         push_process: dict[str, Any] | None = None,
         max_reply_bytes: int = DEFAULT_MAX_BODY_BYTES,
         proxy_from_env: bool = False,
+        push_url: str | None = None,
     ) -> None:
         """`push_gradients_async` sends up to `push_threads` pushes at once: from a child process
         when `push_process` is given (its log settings, log_level and log_format, and worker_id;
         started at the first push), else from threads of this process. `max_reply_bytes` and
         `proxy_from_env`: the worker's A3C_MAX_BODY_BYTES and A3C_PROXY_FROM_ENV (`Transport`),
-        in this process and the push process alike."""
+        in this process and the push process alike. `push_url`: where gradient pushes go (the
+        master's fronts, master/fronts.py); unset, `base_url` as every other call."""
         # Worker messages carry the run id so that a late message of an earlier run is refused.
         self.run_id = run_id
+        events = events or Events(logging.getLogger("a3c.client"), run_id)
         self.transport = Transport(
             base_url, token, timeout_s, retry_deadline_s, backoff_s, max_backoff_s,
-            transport, stop, events or Events(logging.getLogger("a3c.client"), run_id),
-            max_reply_bytes, proxy_from_env,
+            transport, stop, events, max_reply_bytes, proxy_from_env,
+        )
+        self.pushes = self.transport if push_url is None else Transport(
+            push_url, token, timeout_s, retry_deadline_s, backoff_s, max_backoff_s,
+            transport, stop, events, max_reply_bytes, proxy_from_env,
         )
         self.push_threads = max(1, push_threads)
         self._push_options = push_process
@@ -139,12 +145,13 @@ class MasterClient:
 
     @retry_deadline_s.setter
     def retry_deadline_s(self, seconds: float) -> None:
-        self.transport.retry_deadline_s = seconds
+        self.transport.retry_deadline_s = self.pushes.retry_deadline_s = seconds
 
     @property
     def retries(self) -> int:
         """Attempts beyond the first, over the client's life (its push process's included)."""
-        return self.transport.retries + (self._pusher.retries if self._pusher else 0)
+        pushes = self.pushes.retries if self.pushes is not self.transport else 0
+        return self.transport.retries + pushes + (self._pusher.retries if self._pusher else 0)
 
     def _seq_header(self) -> dict[str, str]:
         return {SEQ_HEADER: str(next(self._seq))}
@@ -156,6 +163,8 @@ class MasterClient:
         if self._senders is not None:
             self._senders.shutdown(wait=False, cancel_futures=True)
         self.transport.close()
+        if self.pushes is not self.transport:
+            self.pushes.close()
 
     def __enter__(self) -> MasterClient:
         return self
@@ -260,7 +269,7 @@ class MasterClient:
         request = self._gradients(
             worker_id, version, grads, layout, loss, grad_norm, wait_s, report
         )
-        return self._weights(self._request("POST", "/gradients", direct=request), layout)
+        return self._weights(self.pushes.request("POST", "/gradients", direct=request), layout)
 
     def push_gradients_async(
         self,
@@ -279,7 +288,7 @@ class MasterClient:
                 self.push_gradients, worker_id, version, grads, layout, **extra
             )
         if self._pusher is None:
-            options = {**self._push_options, **self.transport.options(), "run_id": self.run_id}
+            options = {**self._push_options, **self.pushes.options(), "run_id": self.run_id}
             self._pusher = PushProcess(options, self.push_threads, self.transport.stop_event)
         request = self._gradients(worker_id, version, grads, layout, **extra)
         sent = self._pusher.submit("POST", "/gradients", **request)

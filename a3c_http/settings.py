@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from a3c_http.logs import LogFormat, LogLevel
@@ -126,6 +126,19 @@ class Settings(_FromEnv):
     # quiet: uvicorn's access log leaves out the successful requests of the workers' training
     # loop (hundreds a second); all: every request, as uvicorn logs by default.
     access_log: Literal["quiet", "all"] = "quiet"
+    # Processes that take the workers' gradient pushes on an address of their own (master/
+    # fronts.py): 0, the master's own process takes them all.
+    fronts: int = Field(0, ge=0, le=64)
+    fronts_bind: str | None = Field(None, pattern=r"^(\[[0-9A-Fa-f:.]+\]|[^\s:\[\]]+):\d{1,5}$")
+
+    @model_validator(mode="after")
+    def _fronts_have_an_address(self) -> Settings:
+        if self.fronts and not self.fronts_bind:
+            raise ValueError(
+                "A3C_FRONTS needs A3C_FRONTS_BIND, the host:port its fronts listen on (e.g. "
+                "0.0.0.0:33334, beside the master's own port)"
+            )
+        return self
 
 
 class WorkerSettings(_FromEnv):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import gc
 import os
 import signal
@@ -21,7 +23,8 @@ from a3c_http.store import RunDirInUse
 from a3c_http.wire import WireError
 from master import housekeeping, routes_run, routes_seed, routes_view, routes_weights, tensorboard
 from master.errors import Invalid
-from master.hotpath import GradientRoute
+from master.fronts import Fronts
+from master.hotpath import GradientRoute, push
 from master.metrics import MasterMetrics
 from master.state import ClusterState, StateConflict
 
@@ -47,6 +50,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         thread.start()
         state.evaluator.start()
+        if settings.fronts:
+            state.fronts = Fronts(settings, own_push, asyncio.get_running_loop()).start()
         # Everything built so far (torch, FastAPI, the app) lives as long as the process: out of
         # the garbage collector's sight, a full collection takes microseconds instead of ~90 ms,
         # which would otherwise land on the latency of whichever requests it interrupts.
@@ -54,6 +59,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            if state.fronts is not None:
+                state.fronts.close()
             stop.set()
             thread.join(timeout=10)
             state.evaluator.close()
@@ -71,13 +78,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.cluster = state
     app.state.metrics = MasterMetrics(state.status)
+    own_push = functools.partial(push, state, app.state.metrics)  # also the fronts' pushes
     # The routes of the workers' training loop: hundreds of requests a second. The 409s of their
     # updates are part of the loop too (stale pushes, and after a restart every push computed
     # before it): counted in updates_rejected_by, summed up by the progress line.
     hot = {"/gradients", "/episode", "/heartbeat", "/global_model_weights", "/local_model_weights"}
     quiet = settings.access_log == "quiet"
     # Inside the gate and the body limit that install_common adds (the last added runs first).
-    app.add_middleware(GradientRoute, state=state, metrics=app.state.metrics)
+    app.add_middleware(GradientRoute, push=own_push)
     install_common(
         app,
         settings,

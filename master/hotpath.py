@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from pydantic import ValidationError
@@ -107,14 +107,17 @@ def _error(status: int, body: dict[str, Any], headers: list[tuple[str, str]] = (
     return status, [("content-type", "application/json"), *headers], json.dumps(body).encode()
 
 
-class GradientRoute:
-    """ASGI middleware: `POST /gradients` answered here (see the module's docstring); every other
-    request goes on to the app."""
+Push = Callable[[PushHeaders, bytes], Awaitable[Reply]]
 
-    def __init__(self, app: ASGIApp, state: ClusterState, metrics: MasterMetrics) -> None:
+
+class GradientRoute:
+    """ASGI middleware: `POST /gradients` answered here (see the module's docstring) by `push`
+    (the master's own, `push` above bound to its state; a front's forwards it to the master,
+    master/front.py); every other request goes on to the app."""
+
+    def __init__(self, app: ASGIApp, push: Push) -> None:
         self.app = app
-        self.state = state
-        self.metrics = metrics
+        self.push = push
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != PATH or scope["method"] != "POST":
@@ -134,7 +137,7 @@ class GradientRoute:
             errors = [{**e, "loc": ("header", *e["loc"])} for e in exc.errors()]
             reply = _error(422, validation_body(errors))
         else:
-            reply = await push(self.state, self.metrics, headers, body)
+            reply = await self.push(headers, body)
         status, headers_out, content = reply
         raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers_out]
         raw.append((b"content-length", str(len(content)).encode()))

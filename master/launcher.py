@@ -101,11 +101,13 @@ def start_workers(
     token: str | None,
     timeout_s: float = 10.0,
     proxy_from_env: bool = False,
+    push_url: str | None = None,
 ) -> list[dict[str, Any]]:
     """POST /start_worker to every worker (id -> URL) at once; a worker that cannot be started is
     marked failed with the reason. Each call ends within `timeout_s`, however slowly the worker
     answers, and goes through the proxy the environment names only with `proxy_from_env`
-    (A3C_PROXY_FROM_ENV)."""
+    (A3C_PROXY_FROM_ENV). `push_url`: where the workers send their gradients, when the master has
+    fronts (master/fronts.py)."""
     jobs = [
         (
             worker_id,
@@ -116,6 +118,7 @@ def start_workers(
                 "run_id": run_id,
                 "config": config.model_dump(),
                 "exploration": ledger.exploration_of(worker_id),
+                **({"push_url": push_url} if push_url else {}),
             },
         )
         for worker_id, url in workers.items()

@@ -118,6 +118,7 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
         master_url,
         settings.token,
         proxy_from_env=settings.proxy_from_env,
+        push_url=state.fronts.url_for(master_url) if state.fronts is not None else None,
     )
     data = {"run_id": run_id, "master_url": master_url, "workers": results}
     if not any(r["started"] for r in results):

@@ -24,7 +24,7 @@ cannot (`resume_error`). No save ever raises into a request: a failed one is rec
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import ValidationError
@@ -53,6 +53,9 @@ from master.resume import (
 )
 from master.rounds import Outcome
 from master.schemas import RolloutReport
+
+if TYPE_CHECKING:
+    from master.fronts import Fronts
 
 __all__ = [
     "VERSIONS_SKIPPED_AFTER_A_CRASH",
@@ -86,6 +89,7 @@ class ClusterState:
         self.settings = settings
         self.store = RunStore.acquire(settings.run_dir)
         # Why the run in the folder could not be resumed (master/resume.py), until a new run.
+        self.fronts: Fronts | None = None  # master/fronts.py, started by the app
         self.resume_error: CannotResume | None = None
         self._new_parts()
         try:
@@ -286,6 +290,7 @@ class ClusterState:
             "save_error": persister.failures.public(),
             "last_saved_at": persister.last_saved_at,
             "resume_error": self.resume_error.public() if self.resume_error else None,
+            "fronts": self.fronts.status() if self.fronts is not None else None,
         }
 
     def persist(self, force: bool = False, clean: bool = False, wait_s: float = -1) -> bool:

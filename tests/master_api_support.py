@@ -113,7 +113,7 @@ def launched(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     calls: list[dict[str, Any]] = []
 
     def fake_launch(
-        state, workers, run_id, config, master_url, token, timeout_s=10.0, proxy_from_env=False
+        state, workers, run_id, config, master_url, token, timeout_s=10.0, **options
     ):
         calls.append(
             {

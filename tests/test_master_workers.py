@@ -229,7 +229,7 @@ def test_a_worker_is_not_judged_while_the_master_waits_for_its_answer(
     answered = []
 
     def slow_launch(
-        state, workers, run_id, config, master_url, token, timeout_s=10.0, proxy_from_env=False
+        state, workers, run_id, config, master_url, token, timeout_s=10.0, **options
     ):
         clock.now += 50  # /start_worker takes longer than the heartbeat timeout
         state.check_liveness()

@@ -30,6 +30,13 @@ WorkerStatus = Literal["idle", "running", "stopping", "done", "failed"]
 class StartIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     master_url: str = Field(min_length=1, max_length=2048, pattern=r"^https?://")
+    push_url: str | None = Field(
+        None,
+        max_length=2048,
+        pattern=r"^https?://",
+        description="Where to send gradient pushes: the master's fronts (A3C_FRONTS); unset: "
+        "master_url.",
+    )
     worker_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/-]+$")
     config: TrainConfig = Field(default_factory=TrainConfig)
     run_id: str | None = Field(None, max_length=64)
@@ -90,6 +97,7 @@ class WorkerService:
                 push_process=push_process if settings.push_process else None,
                 max_reply_bytes=settings.max_body_bytes,
                 proxy_from_env=settings.proxy_from_env,
+                push_url=body.push_url,
             )
             self._thread = threading.Thread(
                 target=self._train,
