@@ -119,6 +119,14 @@ class TrainConfig(BaseModel):
         description="Gradients computed on weights more than this many versions old are "
         "refused with 409.",
     )
+    staleness_scaling: Literal["none", "inverse"] = Field(
+        "none",
+        description="gradients mode: inverse divides the learning rate of each update by its "
+        "staleness, the versions between the weights its gradients were computed on and the "
+        "current ones (at least 1), as staleness-aware async SGD (Zhang et al., IJCAI 2016); "
+        "none: every update takes the full learning rate. max_staleness still refuses older "
+        "gradients.",
+    )
     max_in_flight: int = Field(
         16,
         ge=0,
