@@ -114,7 +114,7 @@ class TrainConfig(BaseModel):
         "their mean in one step (see sync_timeout_s).",
     )
     max_staleness: int = Field(
-        32,
+        128,
         ge=0,
         description="Gradients computed on weights more than this many versions old are "
         "refused with 409.",
