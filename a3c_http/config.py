@@ -114,10 +114,18 @@ class TrainConfig(BaseModel):
         "their mean in one step (see sync_timeout_s).",
     )
     max_staleness: int = Field(
-        32,
+        128,
         ge=0,
         description="Gradients computed on weights more than this many versions old are "
         "refused with 409.",
+    )
+    staleness_scaling: Literal["none", "inverse"] = Field(
+        "none",
+        description="gradients mode: inverse divides the learning rate of each update by its "
+        "staleness, the versions between the weights its gradients were computed on and the "
+        "current ones (at least 1), as staleness-aware async SGD (Zhang et al., IJCAI 2016); "
+        "none: every update takes the full learning rate. max_staleness still refuses older "
+        "gradients.",
     )
     max_in_flight: int = Field(
         16,

@@ -53,12 +53,13 @@ class FlatNetwork:
             self.optimizer.load_state_dict(flat_optimizer_state(optimizer_state, layout))
         self._spare: list[torch.Tensor] = []  # where `step` keeps what it may have to undo
 
-    def step(self, vectors: list[torch.Tensor]) -> None:
+    def step(self, vectors: list[torch.Tensor], lr_scale: float = 1.0) -> None:
         """One optimizer step on the mean of the gradient vectors' parameter regions (one vector:
         A3C's step; several: a sync round's), then the batch moments of each rollout (their
         buffer regions) merged into the running statistics (a3c_http/normalize.py): every
-        worker's observations count. Raises NonFiniteStep, the step undone, when a weight, a
-        statistic or the optimizer's state would not be finite after it."""
+        worker's observations count. `lr_scale` multiplies the learning rate of this step only
+        (master/params.py: staleness_scaling). Raises NonFiniteStep, the step undone, when a
+        weight, a statistic or the optimizer's state would not be finite after it."""
         before = self._state_tensors()
         saved = self._keep(before)
         self.params.grad = (
@@ -66,10 +67,14 @@ class FlatNetwork:
             if len(vectors) == 1
             else torch.stack([self.gradient(v) for v in vectors]).mean(dim=0)
         )
+        group = self.optimizer.param_groups[0]  # one group: the whole parameter region
+        lr = group["lr"]
+        group["lr"] = lr * lr_scale
         try:
             self.optimizer.step()
         finally:
             self.params.grad = None
+            group["lr"] = lr
         if self._statistics:
             for vector in vectors:
                 absorb(self.model, self.layout.views(vector))

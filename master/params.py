@@ -53,6 +53,30 @@ from master.screening import gradient_problem, weights_problem
 from master.seqwindow import SeqWindow
 
 
+def lr_scale(staleness: float, scaling: str) -> float:
+    """What the learning rate of an update `staleness` versions old is multiplied by.
+
+    inverse: 1 / staleness, at least 1 (Zhang, Gupta, Lian and Liu, "Staleness-aware Async-SGD
+    for Distributed Deep Learning", IJCAI 2016): a gradient computed on weights that moved on by
+    s updates is given the step of one s-th, so the s updates it overlapped with and it move the
+    weights about as far as one update on current weights would. Sync rounds (staleness 0) and a
+    lone worker that waits for each reply take the full step.
+
+    The learning rate is scaled, not the gradient. RMSprop and Adam divide each step by the root
+    of their running average of squared gradients: a gradient divided by s would be multiplied
+    back (all the more as stale gradients filled the average, until every step was full size
+    again), and the average, meant to estimate the size of the gradients, would mix sizes that
+    depend on the workers' timing. With the learning rate scaled, the average sees every gradient
+    as computed and this step alone is one s-th. With RMSprop (no momentum, ours) that is exactly
+    the step of a learning rate lr / s; with Adam the step also carries the momentum of earlier
+    gradients, which is scaled with it for this step: an approximation that errs towards smaller
+    steps.
+    """
+    if scaling == "inverse":
+        return 1.0 / max(1.0, staleness)
+    return 1.0
+
+
 class ParameterServer(SyncRounds):
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -202,7 +226,7 @@ class ParameterServer(SyncRounds):
             duplicate = self._seen(update.worker_id, update.seq)
             if not duplicate:
                 self._screen(update, config, refusal, sync=False)
-                self._step([update])
+                self._step([update], config.staleness_scaling)
                 self._accepted(update)
         return Outcome.ready(self.weights(), duplicate)
 
@@ -224,15 +248,18 @@ class ParameterServer(SyncRounds):
         """A screened update was taken: it joins its worker's outlier window."""
         self.outliers.accept(update.worker_id, update.norm, update.loss)
 
-    def _step(self, updates: list[Update]) -> None:
-        """One optimizer step on the mean of the updates' gradients; the version rises once. A
-        step that would leave anything non-finite is undone and refused (StateConflict)."""
+    def _step(self, updates: list[Update], scaling: str = "none") -> None:
+        """One optimizer step on the mean of the updates' gradients, its learning rate scaled by
+        their staleness as `scaling` says (`lr_scale`); the version rises once. A step that would
+        leave anything non-finite is undone and refused (StateConflict)."""
+        staleness = sum(self.version - u.version for u in updates)
+        scale = lr_scale(staleness / len(updates), scaling)
         try:
-            self._require_net().step([u.vector for u in updates])
+            self._require_net().step([u.vector for u in updates], scale)
         except NonFiniteStep as exc:
             self._reject("invalid", len(updates))
             raise StateConflict(f"{exc}: pull the weights and go on") from None
-        self.staleness_total += sum(self.version - u.version for u in updates)
+        self.staleness_total += staleness
         self.version += 1
         self.updates_applied += len(updates)
         for u in updates:

@@ -4,7 +4,10 @@ workers spend their time (HTTP against rollouts and gradients).
     .venv/bin/python scripts/bench_solve.py [--runs 3] [--workers 2] [--config '{"seed": 1}']
 
 Each run starts fresh uvicorn processes on free loopback ports, POSTs /train with the default
-config (plus --config) and waits for the run to finish. Prints one line per run and the medians.
+config (plus --config; run i has seed --seed + i unless --config gives one) and waits for the run
+to finish. Prints one line per run and the medians; with --json, the runs as JSON too. Each line
+says what staleness shows (README, "Staleness"): the mean staleness of the applied gradients, the
+pushes refused (of all the master judged) and the workers' pushes in flight, sampled every second.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from a3c_http.localcluster import LocalCluster, free_port  # noqa: E402
 
 
 def one_run(index: int, n_workers: int, overrides: dict, cap_s: float) -> dict:
+    """Run `index` (its seed, unless `overrides` gives one) with `n_workers` workers, for at
+    most `cap_s` seconds once started."""
     with tempfile.TemporaryDirectory(prefix="a3c-bench-") as tmp:
         cluster = LocalCluster(
             Path(tmp) / "run",
@@ -35,10 +40,13 @@ def one_run(index: int, n_workers: int, overrides: dict, cap_s: float) -> dict:
             reply = cluster.train(**{"seed": index, **overrides})
             reply.raise_for_status()
             started = time.monotonic()
-            try:
-                status = cluster.wait_finished(timeout_s=cap_s, interval_s=1.0)
-            except TimeoutError:  # the cap: report the run as it stands
-                status = cluster.status()
+            limits: list[int] = []  # the workers' in-flight limits, sampled while it runs
+            while (status := cluster.status())["state"] == "running":
+                if time.monotonic() - started > cap_s:  # the cap: report the run as it stands
+                    break
+                for w in cluster.workers:
+                    limits.append(cluster.worker_status(w)["exchanges"]["in_flight_limit"])
+                time.sleep(1.0)  # the sampling interval, not a synchronisation
             wall = time.monotonic() - started
             workers = [cluster.worker_status(w) for w in cluster.workers]
         finally:
@@ -54,6 +62,11 @@ def one_run(index: int, n_workers: int, overrides: dict, cap_s: float) -> dict:
         "mean_return_100": status["mean_return_100"],
         "updates": status["updates_applied"],
         "rejected": status["updates_rejected"],
+        "rejected_by": {k: v for k, v in status["updates_rejected_by"].items() if v},
+        "refused_share": status["updates_rejected"]
+        / max(status["updates_applied"] + status["updates_rejected"], 1),
+        "staleness_mean": status["staleness_mean"],
+        "in_flight_limit": statistics.median(limits) if limits else None,
         "steps_per_s": status["global_steps"] / max(status["elapsed_s"], 1e-9),
         "http_share": spent["http_s"] / total,
         "rollout_share": spent["rollout_s"] / total,
@@ -67,16 +80,20 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--config", default="{}", help="training config overrides as JSON")
     parser.add_argument("--cap", type=float, default=600.0, help="seconds before a run gives up")
+    parser.add_argument("--seed", type=int, default=0, help="the seed of the first run")
+    parser.add_argument("--json", action="store_true", help="print the runs as JSON at the end")
     args = parser.parse_args()
     overrides = json.loads(args.config)
     results = []
-    for i in range(args.runs):
+    for i in range(args.seed, args.seed + args.runs):
         r = one_run(i, args.workers, overrides, args.cap)
         results.append(r)
         print(
             f"run {i}: {'solved' if r['solved'] else 'NOT solved'} in {r['seconds']:.0f} s, "
             f"{r['episodes']} episodes, {r['steps']:,} env steps ({r['steps_per_s']:,.0f}/s), "
-            f"{r['updates']} updates ({r['rejected']} stale); worker time: "
+            f"mean return {r['mean_return_100'] or 0:.0f}, {r['updates']} updates, "
+            f"{r['rejected']} refused ({r['refused_share']:.1%} {r['rejected_by']}), staleness "
+            f"{r['staleness_mean']}, in flight {r['in_flight_limit']}; worker time: "
             f"HTTP {r['http_share']:.0%}, rollouts {r['rollout_share']:.0%}, "
             f"gradients {r['learn_share']:.0%}",
             flush=True,
@@ -89,6 +106,8 @@ def main() -> None:
     for key in ("steps_per_s", "http_share", "rollout_share", "learn_share"):
         med = statistics.median(r[key] for r in results)
         print(f"median {key}: " + (f"{med:.0%}" if key.endswith("share") else f"{med:,.0f}"))
+    if args.json:
+        print(json.dumps(results))
 
 
 if __name__ == "__main__":

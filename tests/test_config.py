@@ -24,6 +24,8 @@ def test_defaults_are_valid_and_match_the_contract() -> None:
     assert 0 <= cfg.gamma <= 1
     assert cfg.heartbeat_timeout_s > cfg.heartbeat_interval_s
     assert cfg.target_return is None and cfg.seed is None
+    # Every update takes the full learning rate unless asked (README, "Staleness").
+    assert cfg.staleness_scaling == "none"
     # The defaults survive a JSON round trip, as they do through POST /train.
     assert TrainConfig.model_validate_json(cfg.model_dump_json()) == cfg
 
@@ -79,6 +81,7 @@ def test_unknown_field_is_refused_and_named_with_what_was_meant(field: str, mean
         ("target_return", math.nan),
         ("env_id", "NoSuchEnv-v0"),
         ("sync_mode", "weights"),
+        ("staleness_scaling", "sqrt"),
         ("seed", -1),
         ("seed", 2**64),
         ("seed", 2**70),

@@ -79,8 +79,34 @@ def test_the_limit_is_what_the_round_trip_needs(
 ) -> None:
     pipeline = Pipeline(max_in_flight)
     assert pipeline.limit == min(1, max_in_flight)  # nothing measured yet
-    pipeline._round_trips.extend([rtt * 3, rtt])  # the shortest counts: the path, no queue
+    # The shortest counts (the path, no queue); one push that queued is no queue.
+    pipeline._round_trips.extend([rtt * 3] + [rtt] * 4)
     pipeline.computed(compute)
+    assert pipeline.limit == limit
+
+
+@pytest.mark.parametrize(
+    ("shortest", "seen", "compute", "limit"),
+    [
+        (0.045, 0.045, 0.01, 6),  # no queue: what the shortest round trip needs
+        (0.045, 0.05, 0.01, 6),  # waits shorter than a rollout: jitter, the limit stays
+        (0.045, 0.0575, 0.01, 3),  # 4 out would keep about 0.9 of them queued, 5: 1.1
+        (0.045, 0.085, 0.01, 1),
+        (0.045, 0.9, 0.01, 0),  # round trips over twice the shortest: wait for each reply
+        (0.0005, 0.003, 0.004, 2),  # loopback: six times the shortest, but under a rollout
+    ],
+)
+def test_a_queue_lowers_the_limit_instead_of_raising_it(
+    shortest: float, seen: float, compute: float, limit: int
+) -> None:
+    """While the round trips seen exceed the shortest by more than a rollout's compute time, the
+    k pushes out after a push (the limit + 1) keep about k x (1 - shortest / seen) of them in a
+    queue: the limit keeps that at one at most. A master always busy would otherwise make even
+    the shortest round trip long, and the limit would rise with the queue it makes."""
+    pipeline = Pipeline(max_in_flight=16)
+    pipeline._round_trips.extend([shortest] + [seen] * 8)  # the latest: what is seen now
+    pipeline.computed(compute)
+    assert pipeline.recent_round_trip_s == seen
     assert pipeline.limit == limit
 
 

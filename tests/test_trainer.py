@@ -175,3 +175,51 @@ def test_a_bfloat16_run_pushes_its_weights_in_bfloat16() -> None:
     assert pushed
     assert _header(pushed[0])["policy_head.weight"]["dtype"] == "BF16"
     assert torch.isfinite(layout.decode(pushed[0])[0]).all()
+
+
+def test_a_refused_push_brings_the_weights_at_once_even_with_pushes_in_flight() -> None:
+    """Refused gradients mean the worker's weights are too old, and so are those of its pushes
+    in flight and of every rollout it computes on them: it pulls the current weights at the
+    first refusal, not once nothing is in flight (which a busy master may never leave)."""
+    config = CONFIG.model_copy(update={"max_in_flight": 4, "heartbeat_interval_s": 60.0})
+    model = build_model(config.env_id, config.env_kwargs, config.hidden_sizes)
+    layout = wire.Layout.of(model)
+    weights = layout.encode(layout.flatten(model.state_dict()))
+    sent_2, answered_2, pulled = threading.Event(), threading.Event(), threading.Event()
+    pushes: list[int] = []  # the version of each push, in arrival order
+    lock = threading.Lock()
+    pulled_while_second_waited: list[bool] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/global_model_weights":
+            version = 5 if pushes else 0
+            if pushes and not pulled.is_set():  # the first pull after a refusal
+                pulled_while_second_waited.append(sent_2.is_set() and not answered_2.is_set())
+                pulled.set()
+            return httpx.Response(200, content=weights, headers={"X-Model-Version": str(version)})
+        if request.url.path != "/gradients":
+            return httpx.Response(200, json={"data": {}})
+        version = int(request.headers["X-Model-Version"])
+        with lock:  # two sender threads
+            pushes.append(version)
+            n = len(pushes)
+        # The bounds only turn the old behaviour into a failure instead of a hang.
+        if n == 1:  # refused once the second push is on its way
+            sent_2.wait(10)
+        elif n == 2:  # answered only once the worker pulled the weights
+            sent_2.set()
+            pulled.wait(10)
+            answered_2.set()
+        if version < 5:
+            return httpx.Response(409, json={"detail": "gradients 40 versions old"})
+        headers = {"X-Model-Version": str(version + 1), "X-A3C-Stop": "1"}
+        return httpx.Response(200, content=weights, headers=headers)
+
+    client = MasterClient(
+        "http://master", transport=httpx.MockTransport(handler), run_id="r1", push_threads=2
+    )
+    progress = Progress()
+    Trainer(config, client, "w1", "http://w1", threading.Event(), progress).run()
+    assert pulled_while_second_waited == [True]
+    assert pushes[:2] == [0, 0] and pushes[-1] == 5 and progress.updates >= 1
+    assert progress.refused == pushes.count(0)

@@ -12,9 +12,29 @@ worker takes to compute one rollout, rounded up, plus one for the jitter of the 
 most `max_in_flight`. More would not make the worker faster, only its gradients staler (as a
 router's deep buffer adds delay, not bandwidth).
 
+Where staleness comes from. A push is applied after every push that reached the master since the
+weights it was computed on were made. With W workers each keeping k pushes out (the one whose
+rollout is being computed counts, so k is the limit + 1), that is about W x k - 1 others even with
+a master that answers at once: 2W - 1 with the one push in flight loopback needs. Pushes waiting
+in the master's queue (or, on a host with too few cores, for one) add to it. The shortest round
+trip leaves the queue out only if some push found none: a master that is always busy makes even
+the shortest round trip long, the limit rose with it, and the longer queue made the round trips
+longer still, until every worker kept many pushes in flight and half of their gradients
+were too old to be taken (README, "Staleness").
+
+So the limit also counts what is in flight against the round trip actually seen (the median of
+the latest, R, against the shortest, R0; TCP Vegas's rule). While a worker's pushes wait longer
+than a rollout takes (R - R0 > its compute time), more than one of them is in a queue at a time,
+and pushing sooner only makes it longer: of the k out after a push, about k x (1 - R0 / R) are
+queued, and the limit keeps that at one at most, k <= R / (R - R0). With round trips more than
+twice the shortest that is no push left in flight while computing: the worker waits for each
+reply, its pushes never queue behind its own, and once the queue drains the round trips shrink
+and the limit is what the shortest round trip needs again. A short wait, under a rollout's time
+(the jitter of loopback), leaves the limit alone.
+
 The gradients of a rollout are always those of the weights that acted in it, so they stay
 on-policy; what grows with the pushes in flight is their staleness at the master, which
-`max_staleness` bounds (README, "Latency").
+`max_staleness` bounds and `staleness_scaling` can weigh (README, "Staleness").
 """
 
 from __future__ import annotations
@@ -30,6 +50,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 _RTT_WINDOW = 200
 # Rollouts whose compute time is remembered.
 _COMPUTE_WINDOW = 15
+# The latest round trips, whose median is the round trip actually seen.
+_RECENT_WINDOW = 9
 
 
 class Pipeline:
@@ -51,12 +73,25 @@ class Pipeline:
         return min(self._round_trips, default=None)
 
     @property
+    def recent_round_trip_s(self) -> float | None:
+        """The median of the latest round trips: the round trip actually seen."""
+        recent = list(self._round_trips)[-_RECENT_WINDOW:]
+        return statistics.median(recent) if recent else None
+
+    @property
     def limit(self) -> int:
-        """Pushes that may stay in flight while the next rollout is computed."""
+        """Pushes that may stay in flight while the next rollout is computed: what the shortest
+        round trip needs, and, while the round trips seen are longer than it by more than a
+        rollout's compute time, no more than keeps one of this worker's pushes queued (the
+        module's docstring; 0: wait for each reply)."""
         rtt, compute = self.round_trip_s, self.compute_s
         if self.max_in_flight == 0 or rtt is None or not compute:
             return min(1, self.max_in_flight)
-        return min(self.max_in_flight, math.ceil(rtt / compute) + 1)
+        needed = math.ceil(rtt / compute) + 1
+        recent = self.recent_round_trip_s
+        if recent is not None and recent - rtt > compute:
+            needed = min(needed, math.floor(recent / (recent - rtt)) - 1)
+        return min(self.max_in_flight, needed)
 
     def computed(self, seconds: float) -> None:
         """The caller took `seconds` to compute one rollout and its gradients. The median of the

@@ -273,6 +273,7 @@ class Trainer:
             done = pipeline.completed()
         finally:
             self.progress.time_http_s += time.monotonic() - started
+        refused = self.progress.refused
         newest, stop = self._settle(done)
         self.progress.in_flight = len(pipeline)
         self.progress.in_flight_limit = pipeline.limit
@@ -281,8 +282,10 @@ class Trainer:
             raise _Stop
         if newest is not None and newest.version > self.version:
             self._load(model, newest)
-        elif newest is None and done and not len(pipeline):
-            # Every reply was a refusal (too stale, or outliers): catch up with the master.
+        elif newest is None and self.progress.refused > refused:
+            # Only refusals (too stale, or outliers): catch up with the master now, even with
+            # pushes in flight. Their replies may be refusals too, and every rollout computed
+            # on the old weights meanwhile would be refused in turn.
             self._load(model, self._http(self.client.get_weights, self.layout, self.version))
 
     def _settle(self, done: list, ending: bool = False) -> tuple[Weights | None, bool]:
