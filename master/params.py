@@ -3,16 +3,12 @@ with it (the encoded weights, the workers' temporary slots, which updates were a
 lock.
 
 The global network is a `FlatNetwork` (a3c_http/flatnet.py): its weights are one float32 vector,
-so a gradient body decodes to one vector, the optimizer steps it as one tensor, and the weights
-body is a fixed header and one copy of the vector. The bytes are made once per version, outside the
-lock (under it, only the copy of the vector is taken), and every reply and `GET` of that version
-is served from them.
-
-Bodies to and from the workers are in the run's `wire_dtype` (`net.wire`): in bfloat16 a gradient
-body is converted into a float32 vector when it is decoded, and the weights body is made by one
-conversion of the vector. Everything the master keeps is float32: the weights, the optimizer, the
-statistics, the workers' temporary slots, the run folder's weights (`blobs`) and what the
-evaluator plays (`stored_weights`).
+which the optimizer steps as one tensor. Bodies to and from the workers are in the run's
+`wire_dtype` (`net.wire`, one conversion each way); the weights body is made once per version,
+outside the lock (under it only the vector is copied), and serves every reply and `GET` of that
+version. Everything the master keeps is float32: the weights, the optimizer, the statistics, the
+temporary slots, the run folder's weights (`blobs`) and what the evaluator plays
+(`stored_weights`).
 
 A version names one set of global weights, for ever: it rises by one at every change, goes on rising
 across the runs of a run folder, and a run remembers the version it began at, so gradients computed
