@@ -66,6 +66,35 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
+def with_descendants(pids: list[int]) -> list[int]:
+    """`pids` and every process below them (a master's fronts, a worker's push process), from
+    /proc."""
+    children: dict[int, list[int]] = {}
+    for path in Path("/proc").glob("[0-9]*"):
+        fields = stat_fields(int(path.name))
+        if fields:
+            children.setdefault(int(fields[1]), []).append(int(path.name))
+    out, todo = [], list(pids)
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def cpu_of(pids: list[int]) -> dict[int, float]:
+    """The CPU time of each of `pids` that still runs (`cpu_seconds`)."""
+    seconds = {pid: cpu_seconds(pid) for pid in pids}
+    return {pid: s for pid, s in seconds.items() if s is not None}
+
+
+def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float | None:
+    """The CPU time the processes read in both `cpu_of`s used between them (one that ended
+    between them is left out); None when /proc told nothing of any."""
+    both = before.keys() & after.keys()
+    return sum(after[pid] - before[pid] for pid in both) if both else None
+
+
 def wait_for(
     condition: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.1
 ) -> T:
@@ -183,9 +212,10 @@ class ServiceProcess:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def cpu_seconds(self) -> float | None:
-        """The CPU time the process has used so far (`cpu_seconds`)."""
-        return cpu_seconds(self.pid) if self.pid is not None else None
+    def cpu_seconds(self) -> dict[int, float]:
+        """The CPU time the process and the processes below it (a master's fronts) have used so
+        far, by pid (`cpu_of`; `cpu_delta` of two of them is what they used in between)."""
+        return cpu_of(with_descendants([self.pid])) if self.pid is not None else {}
 
     def signal(self, sig: int) -> None:
         if self.running():

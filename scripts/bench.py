@@ -68,14 +68,20 @@ class Plan:
     reps: int  # wire encode / decode repetitions
     solve_cap_s: float  # seconds before a run to the target gives up
     seeds: int
+    fronts: int = 0  # the master section's master has this many fronts (A3C_FRONTS)
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> Plan:
         if args.quick:
-            return cls(args.budget or 6_000, 30.0, 0.3, 1.0, 20_000, 20, 8.0, args.seeds or 1)
+            return cls(
+                args.budget or 6_000, 30.0, 0.3, 1.0, 20_000, 20, 8.0, args.seeds or 1, args.fronts
+            )
         # 150,000 env steps: windows of about 15 s; at 60,000 (6 s) the same code's latency row
         # read 0.64, 1.08 and 0.73 on this noisy 2-core machine.
-        return cls(args.budget or 150_000, 300.0, 1.0, 5.0, 50_000, 200, 600.0, args.seeds or 3)
+        return cls(
+            args.budget or 150_000, 300.0, 1.0, 5.0, 50_000, 200, 600.0, args.seeds or 3,
+            args.fronts,
+        )
 
 
 # -- the solve section --------------------------------------------------------------------------
@@ -113,7 +119,9 @@ def solve(seeds: int, cap_s: float) -> dict:
 
 RUNNERS: dict[str, Callable[[Plan], dict]] = {
     "throughput": lambda p: bench_steps.throughput(p.budget, p.cap_s),
-    "master": lambda p: bench_server.master(LEVELS, p.warmup_s, p.window_s, p.max_count),
+    "master": lambda p: bench_server.master(
+        LEVELS, p.warmup_s, p.window_s, p.max_count, p.fronts
+    ),
     "latency": lambda p: bench_steps.latency(p.budget, p.cap_s, DELAYS_MS, p.solve_cap_s),
     "wire": lambda p: bench_server.wire_figures(p.reps),
     "solve": lambda p: solve(p.seeds, p.solve_cap_s),
@@ -305,6 +313,9 @@ def main() -> int:
     parser.add_argument("--budget", type=int, default=None,
                         help="env steps of each throughput and latency run "
                         "(150,000; --quick 6,000)")
+    parser.add_argument("--fronts", type=int, default=0,
+                        help="master: give the master this many fronts (A3C_FRONTS) and push "
+                        "through them (0)")
     parser.add_argument("--json", type=Path, default=ROOT / "runs" / "bench.json",
                         help="where the figures go (default runs/bench.json)")
     args = parser.parse_args()

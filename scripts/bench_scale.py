@@ -55,10 +55,11 @@ from a3c_http.config import TrainConfig  # noqa: E402
 from a3c_http.localcluster import (  # noqa: E402
     LocalCluster,
     ServiceProcess,
-    cpu_seconds,
+    cpu_delta,
+    cpu_of,
     free_port,
-    stat_fields,
     wait_for,
+    with_descendants,
 )
 from scripts.bench import _commit, _interrupt, fmt, table  # noqa: E402
 from scripts.bench_learn import TASKS  # noqa: E402
@@ -99,36 +100,6 @@ def default_workers(cores: int) -> list[int]:
     return out
 
 
-# -- CPU time from /proc --------------------------------------------------------------------------
-
-
-def with_descendants(pids: list[int]) -> list[int]:
-    """`pids` and every process below them (a worker's push process), from /proc."""
-    children: dict[int, list[int]] = {}
-    for path in Path("/proc").glob("[0-9]*"):
-        fields = stat_fields(int(path.name))
-        if fields:
-            children.setdefault(int(fields[1]), []).append(int(path.name))
-    out, todo = [], list(pids)
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
-
-
-def cpu_of(pids: list[int]) -> dict[int, float]:
-    """utime + stime (every thread) of each of `pids` that still runs, in seconds."""
-    seconds = {pid: cpu_seconds(pid) for pid in pids}
-    return {pid: s for pid, s in seconds.items() if s is not None}
-
-
-def cpu_spent(first: dict[int, float], last: dict[int, float]) -> float | None:
-    """CPU seconds between two readings, of the processes in both (None: /proc told nothing)."""
-    both = [pid for pid in first if pid in last]
-    return sum(last[pid] - first[pid] for pid in both) if both else None
-
-
 # -- the figures of a window (pure, on two readings) -------------------------------------------
 
 
@@ -145,8 +116,8 @@ def window_figures(n: int, first: dict, last: dict) -> dict:
     by_reason = {k: v - a["updates_rejected_by"].get(k, 0)
                  for k, v in b["updates_rejected_by"].items()}
     by_reason = {k: v for k, v in by_reason.items() if v}
-    master = cpu_spent(first["master"], last["master"])
-    workers = cpu_spent(first["workers"], last["workers"])
+    master = cpu_delta(first["master"], last["master"])
+    workers = cpu_delta(first["workers"], last["workers"])
     rate = grown("env_steps") / seconds
     return {
         "workers": n, "window_s": round(seconds, 3), "env_steps": grown("env_steps"),
@@ -212,7 +183,7 @@ def steady_window(
 
     wait_for(warmed, plan.window_cap_s, f"{n} workers to report and {warm:,} env steps", POLL_S)
     # After the warm-up: each worker's push process runs by now.
-    master_pids = [cluster.master.pid]
+    master_pids = with_descendants([cluster.master.pid])  # its fronts, if it has any
     worker_pids = with_descendants([w.pid for w in workers])
 
     def reading() -> dict:

@@ -23,7 +23,7 @@ from a3c_http.a3c import gradients, rollout_loss
 from a3c_http.client import MasterClient
 from a3c_http.config import TrainConfig
 from a3c_http.delayproxy import DelayProxy
-from a3c_http.localcluster import LocalCluster
+from a3c_http.localcluster import LocalCluster, cpu_delta, free_port
 from a3c_http.model import ActorCritic, model_for
 from a3c_http.rollout import RolloutCollector
 from a3c_http.standin import StandInWorker
@@ -42,10 +42,14 @@ MAX_STALENESS = 1_000_000
 
 
 @contextlib.contextmanager
-def standin_master() -> Iterator[tuple[LocalCluster, StandInWorker]]:
-    """A master process with no worker process; the stand-in is the run's only worker host."""
+def standin_master(fronts: int = 0) -> Iterator[tuple[LocalCluster, StandInWorker]]:
+    """A master process (with `fronts` fronts, master/fronts.py) and no worker process; the
+    stand-in is the run's only worker host."""
+    env = {"A3C_FRONTS": str(fronts), "A3C_FRONTS_BIND": f"127.0.0.1:{free_port()}"}
     with tempfile.TemporaryDirectory(prefix="a3c-bench-") as tmp, StandInWorker() as worker:
-        cluster = LocalCluster(Path(tmp) / "run", Path(tmp) / "logs", workers=[])
+        cluster = LocalCluster(
+            Path(tmp) / "run", Path(tmp) / "logs", workers=[], env=env if fronts else None
+        )
         try:
             say("  starting a master (its workers are played by this process)")
             cluster.start()
@@ -70,22 +74,22 @@ def start_run(
     return reply.json()["data"]["run_id"], TrainConfig(**fields)
 
 
-def _delta(after: float | None, before: float | None) -> float | None:
-    return None if after is None or before is None else after - before
-
-
 def n_params(config: TrainConfig) -> int:
     return sum(p.numel() for p in model_for(config).parameters())
 
 
-def master(levels: list[int], warmup_s: float, window_s: float, max_count: int) -> dict:
+def master(
+    levels: list[int], warmup_s: float, window_s: float, max_count: int, fronts: int = 0
+) -> dict:
     """Per model (and wire_dtype) and number of simulated workers: pushes/s, latency and errors
-    (bench_load.py), and `lost`: 200 replies the master's `updates_applied` did not count (or,
-    below 0, counted without a 200)."""
+    (bench_load.py), `lost`: 200 replies the master's `updates_applied` did not count (or,
+    below 0, counted without a 200), and the master's CPU. With `fronts`, the simulated workers
+    push to the master's fronts, whose CPU counts as the master's."""
     out: dict = {"max_staleness": MAX_STALENESS, "warmup_s": warmup_s, "window_s": window_s,
-                 "max_count": max_count, "models": {}}
-    with standin_master() as (cluster, worker):
-        host, port = cluster.master.host, cluster.master.port
+                 "max_count": max_count, "fronts": fronts, "models": {}}
+    with standin_master(fronts) as (cluster, worker):
+        host = cluster.master.host
+        port = cluster.status()["fronts"]["port"] if fronts else cluster.master.port
         for name, (hidden, dtype) in MASTER_RUNS.items():
             run_id, config = start_run(cluster, worker, hidden, dtype)
             bodies = ready_bodies(wire.Layout.of(model_for(config), dtype))
@@ -95,10 +99,10 @@ def master(levels: list[int], warmup_s: float, window_s: float, max_count: int) 
                 f"{len(bodies[0].data):,} bytes a push")
             rows = []
             for n in levels:
-                before, cpu = cluster.status(), cluster.master.cpu_seconds()
+                before, cpu = cluster.status(), cluster.master.cpu_seconds()  # fronts too
                 level = push_level(host, port, n, bodies, run_id, before["model_version"],
                                    warmup_s, window_s, max_count, tag=f"sim-{tag}-{n}")
-                after, cpu = cluster.status(), _delta(cluster.master.cpu_seconds(), cpu)
+                after, cpu = cluster.status(), cpu_delta(cpu, cluster.master.cpu_seconds())
                 applied = after["updates_applied"] - before["updates_applied"]
                 rejected = after["updates_rejected"] - before["updates_rejected"]
                 row = {**level.summary(), "applied": applied, "lost": level.ok - applied,
