@@ -218,15 +218,23 @@ class Layout:
         bfloat16, one conversion of the parameters)."""
         header = self.header if not metadata else self._header(metadata)
         if self.dtype == "float32":
-            return header + flat.detach().to(torch.float32).contiguous().numpy().tobytes()
+            # join copies the vector's memory straight after the header: one pass over it
+            return b"".join((header, memoryview(flat.detach().to(torch.float32).numpy())))
         flat = flat.detach().to(torch.float32)
         params = flat[: self.n_params].to(torch.bfloat16).view(torch.int16)
         buffers = flat[self.n_params :].contiguous()
         return b"".join((header, buffers.numpy().tobytes(), params.numpy().tobytes()))
 
-    def decode(self, data: bytes) -> tuple[torch.Tensor, dict[str, str]]:
-        """The vector of a safetensors body (a copy, in layout order) and its metadata. Checks
-        what `decode` checks; raises `WireError` naming the first problem."""
+    def decode(
+        self, data: bytes | bytearray, finite_params: bool = True
+    ) -> tuple[torch.Tensor, dict[str, str]]:
+        """The vector of a safetensors body (in layout order) and its metadata. Checks what
+        `decode` checks; raises `WireError` naming the first problem. A float32 body in this
+        layout given as a bytearray, which the caller hands over, becomes the vector without a
+        copy (its memory); any other body is copied. `finite_params=False`: the parameters'
+        region is not checked for NaN and infinities, by a caller who checks it otherwise (the
+        master computes a gradient's norm, which such a value makes non-finite: one pass over a
+        large model instead of two); the buffers' are, always."""
         if len(data) < 8:
             raise WireError("body is not a valid safetensors file: shorter than its 8-byte header")
         size = int.from_bytes(data[:8], "little")
@@ -245,17 +253,24 @@ class Layout:
             raise WireError("not a valid safetensors file: __metadata__ must map str to str")
         if head == self._entries and len(data) - 8 - size == self.nbytes:
             if self.dtype == "float32":
-                values = np.frombuffer(data, dtype="<f4", count=self.numel, offset=8 + size).copy()
+                values = np.frombuffer(data, dtype="<f4", count=self.numel, offset=8 + size)
+                if not values.flags.writeable:  # bytes: the vector gets memory of its own
+                    values = values.copy()
             else:
                 values = self._from_bfloat16(data, 8 + size)
         else:  # another writer's layout: read and check it the general way
             tensors = decode(data, self.shapes, self.dtypes, self._dtype_note)
             values = self.flatten(tensors).numpy()
         flat = torch.from_numpy(values)
-        if not np.isfinite(values).all():  # numpy's check: a tenth of torch's time here
-            bad = next(n for n, s in self.slices.items() if not torch.isfinite(flat[s]).all())
-            raise WireError(f"tensor {bad!r} holds NaN or infinite values")
+        checked = values if finite_params else values[self.n_params :]
+        if not np.isfinite(checked).all():  # numpy's check: a tenth of torch's time here
+            raise WireError(self.non_finite(flat))
         return flat, metadata
+
+    def non_finite(self, flat: torch.Tensor) -> str:
+        """What holds a NaN or an infinity in a vector of this layout (which must have one)."""
+        bad = next(n for n, s in self.slices.items() if not torch.isfinite(flat[s]).all())
+        return f"tensor {bad!r} holds NaN or infinite values"
 
     def _from_bfloat16(self, data: bytes, start: int) -> np.ndarray:
         """The float32 vector of a bfloat16 body in this layout whose data begins at `start`:

@@ -145,9 +145,11 @@ class GradientRoute:
         await send({"type": "http.response.body", "body": content})
 
 
-async def _body(receive: Receive) -> bytes | None:
+async def _body(receive: Receive) -> bytes | bytearray | None:
     """The request's whole body (its size and time are bounded by the body limit outside), or
-    None when the client left first."""
+    None when the client left first. A body in several chunks is joined into a bytearray,
+    which the decoder then takes as the gradient vector's memory (a3c_http/wire.py
+    `Layout.decode`): one pass over a large model's body instead of two."""
     chunks: list[bytes] = []
     while True:
         message: Message = await receive()
@@ -155,4 +157,4 @@ async def _body(receive: Receive) -> bytes | None:
             return None
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            return chunks[0] if len(chunks) == 1 else bytearray().join(chunks)

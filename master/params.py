@@ -127,20 +127,14 @@ class ParameterServer(SyncRounds):
 
     def weights(self) -> tuple[bytes, int]:
         """The global weights as safetensors bytes in the run's wire dtype, made once per
-        version, and their version. Under the lock only the vector is copied; the body is made
-        after it is released (unless the caller holds the lock: a sync round's close, where
-        making it is one more copy of the vector, 10 us for the default model)."""
+        version (from the vector itself, under the lock: one pass over it; a snapshot first and
+        the bytes after the lock were three), and their version."""
         with self.lock:
             cached = self._encoded
-            if cached is not None and cached[0] == self.version:
-                return cached[1], cached[0]
-            net, version = self._require_net(), self.version
-            vector = net.snapshot()
-        body = net.wire.encode(vector)
-        with self.lock:
-            if self._encoded is None or self._encoded[0] < version:
-                self._encoded = (version, body)
-        return body, version
+            if cached is None or cached[0] != self.version:
+                net = self._require_net()
+                cached = self._encoded = (self.version, net.wire.encode(net.flat))
+            return cached[1], cached[0]
 
     def stored_weights(self) -> tuple[bytes, int]:
         """The global weights as the master keeps them, float32 whatever the wire dtype (what
@@ -152,11 +146,14 @@ class ParameterServer(SyncRounds):
             version, vector = self.version, net.snapshot()
         return net.layout.encode(vector), version
 
-    def decode(self, body: bytes) -> tuple[torch.Tensor, dict[str, str]]:
+    def decode(
+        self, body: bytes | bytearray, gradients: bool = False
+    ) -> tuple[torch.Tensor, dict[str, str]]:
         """A worker's tensors as one vector, checked against the model, and the body's metadata;
-        a body that does not fit is counted as a refused update (WireError)."""
+        a body that does not fit is counted as a refused update (WireError). `gradients`: the
+        parameters' finiteness is left to `update_of`, whose norm shows it."""
         try:
-            return self._require_net().wire.decode(body)
+            return self._require_net().wire.decode(body, finite_params=not gradients)
         except wire.WireError:
             with self.lock:
                 self._reject("invalid")
@@ -250,8 +247,10 @@ class ParameterServer(SyncRounds):
         leave anything non-finite is undone and refused (StateConflict)."""
         staleness = sum(self.version - u.version for u in updates)
         scale = lr_scale(staleness / len(updates), scaling)
+        # Every update was checked (`update_of`): a single one's norm bounds its step.
+        checked = updates[0].norm if len(updates) == 1 else None
         try:
-            self._require_net().step([u.vector for u in updates], scale)
+            self._require_net().step([u.vector for u in updates], scale, checked)
         except NonFiniteStep as exc:
             self._reject("invalid", len(updates))
             raise StateConflict(f"{exc}: pull the weights and go on") from None
@@ -308,7 +307,7 @@ class ParameterServer(SyncRounds):
                 self.temporary[worker_id] = body
                 self.temporary_revision += 1
             elif not duplicate:
-                net.flat.copy_(vector)
+                net.load(vector)
                 self._abandon_round(
                     StateConflict(
                         f"worker {worker_id} replaced the global weights while this round "

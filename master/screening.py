@@ -18,6 +18,8 @@ So:
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.func import functional_call
 
@@ -31,8 +33,11 @@ def gradient_problem(
     net: FlatNetwork, vector: torch.Tensor, config: TrainConfig, limits: RunLimits
 ) -> tuple[float, str | None]:
     """The norm of the gradients in a gradient vector, and what is wrong with the vector (None:
-    nothing)."""
+    nothing). A NaN or an infinity makes the norm non-finite: then the vector is searched for
+    it, and named (the decoder left that check to this one pass)."""
     norm = net.gradient_norm(vector)
+    if not math.isfinite(norm) and not bool(torch.isfinite(net.gradient(vector)).all()):
+        return norm, net.wire.non_finite(vector)
     # clip_grad_norm_ leaves at most max_grad_norm, give or take float32's rounding; in a run of
     # wire_dtype bfloat16, rounding each value to bfloat16 (a relative error of at most 2**-8)
     # can raise the norm by that much more, and no more.

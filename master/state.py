@@ -235,7 +235,7 @@ class ClusterState:
         Invalid (an implausible report, gradients beyond their bound) or a WireError nothing at
         all is counted, and the worker is not taken to be alive."""
         refusal, config, limits = self.ledger.admit_update(worker_id, run_id)
-        vector, metadata = self.params.decode(body)
+        vector, metadata = self.params.decode(body, gradients=True)
         report = rollout_report(metadata)
         update = self.params.update_of(
             worker_id, version, vector, config, limits, seq, loss, norm

@@ -13,7 +13,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from a3c_http.config import TrainConfig
-from a3c_http.flatnet import FlatNetwork, NonFiniteStep
+from a3c_http.flatnet import FlatNetwork, NonFiniteStep, _bounded
 from a3c_http.model import model_for
 from a3c_http.normalize import batch_problem
 from a3c_http.settings import Settings
@@ -94,6 +94,29 @@ def test_the_norm_bound_allows_bfloat16s_rounding_and_no_more(
     assert (why is None) == taken, why
     if not taken:
         assert why.startswith("the gradients' norm is") and "above max_grad_norm" in why
+
+
+def test_a_step_known_finite_skips_the_undo_and_one_that_is_not_keeps_it() -> None:
+    """A checked gradient's step on finite weights far from float32's limit is known finite
+    (a3c_http/flatnet.py): no undo buffers, no check; near the limit, or for an optimizer the
+    bound does not cover, the step keeps both."""
+    config = TrainConfig(seed=1, max_steps=None)
+    net = FlatNetwork(model_for(config), config)
+    vector = torch.full((net.layout.numel,), 1e-3)
+    reach = net.reach
+    net.step([vector], checked_norm=net.gradient_norm(vector))
+    assert net._spare == [] and net.reach == pytest.approx(reach + 100 * config.lr)
+    net.step([vector])  # an unchecked gradient: the undo is ready
+    assert net._spare
+    near = net.flat.clone()
+    near[: net.layout.n_params] = 1e38
+    net.load(near)
+    net._spare = []
+    net.step([vector], checked_norm=net.gradient_norm(vector))
+    assert net._spare and net.reach >= 1e38 * 0.999
+    assert FlatNetwork(model_for(config), config.model_copy(update={"optimizer": "adam"}))._bounded
+    net.optimizer = torch.optim.SGD([net.params], lr=0.1, momentum=0.9)
+    assert not _bounded(net.optimizer)
 
 
 def test_a_push_of_impossible_statistics_is_422_and_counts_nothing(tmp_path: Path) -> None:
