@@ -134,6 +134,7 @@ async def _level(
     max_count: int,
     tag: str,
     received: list[int],
+    master_port: int,
 ) -> Level:
     level = Level(n)
     stop = asyncio.Event()
@@ -155,18 +156,13 @@ async def _level(
         seen = version
         writer = None
         try:
-            reader, writer = await asyncio.open_connection(host, port)
-            # Only registered workers take part: each registers as a worker does.
-            hello = json.dumps({"worker_id": f"{tag}-{index}", "run_id": run_id}).encode()
-            writer.write(
-                f"POST /worker_started HTTP/1.1\r\nHost: {host}:{port}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(hello)}\r\n\r\n".encode()
-                + hello
-            )
-            status, _ = await asyncio.wait_for(_reply(reader), REPLY_TIMEOUT_S)
+            # Only registered workers take part: each registers as a worker does, at the
+            # master's own port (pushes may go to its fronts).
+            status = await _register(host, master_port, f"{tag}-{index}", run_id)
             if status != 200:
                 level.errors[f"register {status}"] += 1
                 return
+            reader, writer = await asyncio.open_connection(host, port)
             for seq in itertools.count(1):
                 if stop.is_set():
                     return
@@ -218,6 +214,22 @@ async def _level(
     return level
 
 
+async def _register(host: str, port: int, worker_id: str, run_id: str) -> int:
+    """POST /worker_started on a connection of its own; the reply's status."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        hello = json.dumps({"worker_id": worker_id, "run_id": run_id}).encode()
+        writer.write(
+            f"POST /worker_started HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(hello)}\r\n\r\n".encode()
+            + hello
+        )
+        status, _ = await asyncio.wait_for(_reply(reader), REPLY_TIMEOUT_S)
+        return status
+    finally:
+        writer.close()
+
+
 def push_level(
     host: str,
     port: int,
@@ -229,14 +241,18 @@ def push_level(
     window_s: float,
     max_count: int,
     tag: str,
+    master_port: int | None = None,
 ) -> Level:
-    """`n` simulated workers push `bodies` (in turn) as fast as the master answers: `warmup_s`
-    unmeasured, then a window of `window_s` (or up to `max_count` replies); each then finishes
-    its request in flight, so the master's counters are final when this returns. A SIGINT or
-    SIGTERM meanwhile closes every connection and then goes to the caller's own handler."""
+    """`n` simulated workers push `bodies` (in turn) to `port` as fast as the master answers:
+    `warmup_s` unmeasured, then a window of `window_s` (or up to `max_count` replies); each then
+    finishes its request in flight, so the master's counters are final when this returns. Each
+    registers first at `master_port` (default: `port`; another when `port` is the master's
+    fronts'). A SIGINT or SIGTERM meanwhile closes every connection and then goes to the
+    caller's own handler."""
     received: list[int] = []
     coro = _level(
-        host, port, n, bodies, run_id, version, warmup_s, window_s, max_count, tag, received
+        host, port, n, bodies, run_id, version, warmup_s, window_s, max_count, tag, received,
+        master_port or port,
     )
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     wall, cpu = time.perf_counter(), time.process_time()

@@ -101,7 +101,8 @@ def master(
             for n in levels:
                 before, cpu = cluster.status(), cluster.master.cpu_seconds()  # fronts too
                 level = push_level(host, port, n, bodies, run_id, before["model_version"],
-                                   warmup_s, window_s, max_count, tag=f"sim-{tag}-{n}")
+                                   warmup_s, window_s, max_count, tag=f"sim-{tag}-{n}",
+                                   master_port=cluster.master.port)
                 after, cpu = cluster.status(), cpu_delta(cpu, cluster.master.cpu_seconds())
                 applied = after["updates_applied"] - before["updates_applied"]
                 rejected = after["updates_rejected"] - before["updates_rejected"]
