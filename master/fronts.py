@@ -25,6 +25,7 @@ import contextlib
 import errno
 import logging
 import os
+import queue
 import socket
 import subprocess
 import sys
@@ -92,11 +93,21 @@ class _Front:
             stdin=subprocess.DEVNULL,
         )
         theirs.close()
-        self.write_lock = threading.Lock()
+        # Answers are written by a thread of the front's own: a front that stops reading must
+        # not hold the master's event loop, where the answers are made.
+        self.outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self.writer = threading.Thread(target=self._write, daemon=True, name=f"a3c-front-{index}-w")
+        self.writer.start()
 
     def send(self, head: dict[str, Any], body: bytes) -> None:
-        with self.write_lock:
-            self.sock.sendall(frame(head, body))
+        self.outbox.put(frame(head, body))
+
+    def _write(self) -> None:
+        while (data := self.outbox.get()) is not None:
+            try:
+                self.sock.sendall(data)
+            except OSError:  # the front is gone; its clients see their connections close
+                return
 
 
 class Fronts:
@@ -169,6 +180,8 @@ class Fronts:
                 headers = PushHeaders.model_construct(**head["headers"])  # judged by the front
                 done = asyncio.run_coroutine_threadsafe(self.push(headers, body), self.loop)
                 done.add_done_callback(lambda d, call=head["id"]: self._answer(front, call, d))
+        front.outbox.put(None)
+        front.writer.join(STOP_WAIT_S)
         front.sock.close()
         if not self._closing.is_set():  # the front died: another takes its place
             code = front.proc.wait()
@@ -182,8 +195,7 @@ class Fronts:
         except Exception:  # the master's own 500: the front answers it too
             logger.exception("a push through front %d failed", front.index)
             status, headers, content = _FAILED
-        with contextlib.suppress(OSError):  # the front is gone; its client sees the close
-            front.send({"id": call, "status": status, "headers": headers}, content)
+        front.send({"id": call, "status": status, "headers": headers}, content)
 
     def close(self) -> None:
         """End every front (their pushes in flight go unanswered) and free the port."""
