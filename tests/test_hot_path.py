@@ -90,7 +90,8 @@ def test_the_limit_is_what_the_round_trip_needs(
     [
         (0.045, 0.045, 0.01, 6),  # no queue: what the shortest round trip needs
         (0.045, 0.05, 0.01, 6),  # waits shorter than a rollout: jitter, the limit stays
-        (0.045, 0.0575, 0.01, 3),  # 4 out would keep about 0.9 of them queued, 5: 1.1
+        (0.045, 0.0575, 0.01, 6),  # under half the shortest: a long path's jitter, it stays
+        (0.0045, 0.0075, 0.001, 1),  # 2 out would keep about 0.8 of them queued, 3: 1.2
         (0.045, 0.085, 0.01, 1),
         (0.045, 0.9, 0.01, 0),  # round trips over twice the shortest: wait for each reply
         (0.0005, 0.003, 0.004, 2),  # loopback: six times the shortest, but under a rollout

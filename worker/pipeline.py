@@ -30,7 +30,10 @@ queued, and the limit keeps that at one at most, k <= R / (R - R0). With round t
 twice the shortest that is no push left in flight while computing: the worker waits for each
 reply, its pushes never queue behind its own, and once the queue drains the round trips shrink
 and the limit is what the shortest round trip needs again. A short wait, under a rollout's time
-(the jitter of loopback), leaves the limit alone.
+or under half the shortest round trip (`JITTER_SHARE`: the jitter of loopback, and of a long
+path, whose jitter grows with it), leaves the limit alone: counted as a queue, a few milliseconds
+of jitter on a 43 ms path cut a worker's pushes in flight and 0.2 to 0.3 of its env steps/s
+(scripts/bench.py, section latency).
 
 The gradients of a rollout are always those of the weights that acted in it, so they stay
 on-policy; what grows with the pushes in flight is their staleness at the master, which
@@ -50,6 +53,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 _RTT_WINDOW = 200
 # Rollouts whose compute time is remembered.
 _COMPUTE_WINDOW = 15
+# A wait longer than the shortest round trip by less than this share of it is the path's jitter.
+JITTER_SHARE = 0.5
 # The latest round trips, whose median is the round trip actually seen.
 _RECENT_WINDOW = 9
 
@@ -82,14 +87,14 @@ class Pipeline:
     def limit(self) -> int:
         """Pushes that may stay in flight while the next rollout is computed: what the shortest
         round trip needs, and, while the round trips seen are longer than it by more than a
-        rollout's compute time, no more than keeps one of this worker's pushes queued (the
-        module's docstring; 0: wait for each reply)."""
+        rollout's compute time and half the shortest, no more than keeps one of this worker's
+        pushes queued (the module's docstring; 0: wait for each reply)."""
         rtt, compute = self.round_trip_s, self.compute_s
         if self.max_in_flight == 0 or rtt is None or not compute:
             return min(1, self.max_in_flight)
         needed = math.ceil(rtt / compute) + 1
         recent = self.recent_round_trip_s
-        if recent is not None and recent - rtt > compute:
+        if recent is not None and recent - rtt > max(compute, JITTER_SHARE * rtt):
             needed = min(needed, math.floor(recent / (recent - rtt)) - 1)
         return min(self.max_in_flight, needed)
 
