@@ -89,7 +89,8 @@ def test_the_limit_is_what_the_round_trip_needs(
     ("shortest", "seen", "compute", "limit"),
     [
         (0.045, 0.045, 0.01, 6),  # no queue: what the shortest round trip needs
-        (0.045, 0.05, 0.01, 6),  # waits shorter than a rollout: jitter, the limit stays
+        (0.045, 0.05, 0.01, 6),  # waits shorter than two rollouts: jitter, the limit stays
+        (0.045, 0.07, 0.015, 4),  # over half the shortest and one rollout, under two: it stays
         (0.045, 0.0575, 0.01, 6),  # under half the shortest: a long path's jitter, it stays
         (0.0045, 0.0075, 0.001, 1),  # 2 out would keep about 0.8 of them queued, 3: 1.2
         (0.045, 0.085, 0.01, 1),
@@ -100,7 +101,7 @@ def test_the_limit_is_what_the_round_trip_needs(
 def test_a_queue_lowers_the_limit_instead_of_raising_it(
     shortest: float, seen: float, compute: float, limit: int
 ) -> None:
-    """While the round trips seen exceed the shortest by more than a rollout's compute time, the
+    """While the round trips seen exceed the shortest by more than two rollouts' compute time, the
     k pushes out after a push (the limit + 1) keep about k x (1 - shortest / seen) of them in a
     queue: the limit keeps that at one at most. A master always busy would otherwise make even
     the shortest round trip long, and the limit would rise with the queue it makes."""

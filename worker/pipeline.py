@@ -22,18 +22,18 @@ the shortest round trip long, the limit rose with it, and the longer queue made 
 longer still, until every worker kept many pushes in flight and half of their gradients
 were too old to be taken (README, "Staleness").
 
-So the limit also counts what is in flight against the round trip actually seen (the median of
-the latest, R, against the shortest, R0; TCP Vegas's rule). While a worker's pushes wait longer
-than a rollout takes (R - R0 > its compute time), more than one of them is in a queue at a time,
-and pushing sooner only makes it longer: of the k out after a push, about k x (1 - R0 / R) are
-queued, and the limit keeps that at one at most, k <= R / (R - R0). With round trips more than
-twice the shortest that is no push left in flight while computing: the worker waits for each
-reply, its pushes never queue behind its own, and once the queue drains the round trips shrink
-and the limit is what the shortest round trip needs again. A short wait, under a rollout's time
-or under half the shortest round trip (`JITTER_SHARE`: the jitter of loopback, and of a long
-path, whose jitter grows with it), leaves the limit alone: counted as a queue, a few milliseconds
-of jitter on a 43 ms path cut a worker's pushes in flight and 0.2 to 0.3 of its env steps/s
-(scripts/bench.py, section latency).
+So the limit also counts what is in flight against the round trip actually seen (the median of the
+latest, R, against the shortest, R0; TCP Vegas's rule). While a worker's pushes wait longer than it
+takes to compute two rollouts (R - R0 > twice its compute time), more than one of them is in a queue
+at a time, and pushing sooner only makes it longer: of the k out after a push, about k x (1 - R0 /
+R) are queued, and the limit keeps that at one at most, k <= R / (R - R0). With round trips more
+than twice the shortest that is no push left in flight while computing: the worker waits for each
+reply, its pushes never queue behind its own, and once the queue drains the round trips shrink and
+the limit is what the shortest round trip needs again. A short wait, under two rollouts' time or
+under half the shortest round trip (`JITTER_SHARE`: the jitter of a busy host, and of a long path,
+whose jitter grows with it), leaves the limit alone: counted as a queue, a few milliseconds of
+jitter cut a worker's pushes in flight and 0.2 to 0.3 of its env steps/s 1 to 20 ms away from the
+master (scripts/bench.py, section latency).
 
 The gradients of a rollout are always those of the weights that acted in it, so they stay
 on-policy; what grows with the pushes in flight is their staleness at the master, which
@@ -86,15 +86,15 @@ class Pipeline:
     @property
     def limit(self) -> int:
         """Pushes that may stay in flight while the next rollout is computed: what the shortest
-        round trip needs, and, while the round trips seen are longer than it by more than a
-        rollout's compute time and half the shortest, no more than keeps one of this worker's
+        round trip needs, and, while the round trips seen are longer than it by more than two
+        rollouts' compute time and half the shortest, no more than keeps one of this worker's
         pushes queued (the module's docstring; 0: wait for each reply)."""
         rtt, compute = self.round_trip_s, self.compute_s
         if self.max_in_flight == 0 or rtt is None or not compute:
             return min(1, self.max_in_flight)
         needed = math.ceil(rtt / compute) + 1
         recent = self.recent_round_trip_s
-        if recent is not None and recent - rtt > max(compute, JITTER_SHARE * rtt):
+        if recent is not None and recent - rtt > max(2 * compute, JITTER_SHARE * rtt):
             needed = min(needed, math.floor(recent / (recent - rtt)) - 1)
         return min(self.max_in_flight, needed)
 
