@@ -35,6 +35,8 @@ from urllib.parse import urlsplit
 import httpcore
 import httpx
 
+from a3c_http.coalesce import HeldWrites
+
 # How long a socket read waits before it looks at the deadline and the stop event again.
 SLICE_S = 0.1
 # Send with every request through a BoundedTransport: it refuses compressed replies.
@@ -92,9 +94,11 @@ class _SlicedStream(httpcore.NetworkStream):
 
     def __init__(self, stream: httpcore.NetworkStream) -> None:
         self._stream = stream
+        self._held = HeldWrites()
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         attempt = _current()
+        self._send_held(timeout, attempt)
         if attempt is None:
             return self._stream.read(max_bytes, timeout)
         while True:
@@ -105,12 +109,26 @@ class _SlicedStream(httpcore.NetworkStream):
                 pass  # a slice without a byte: look at the deadline and the stop again
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        # Held until the reply is read, so that a request's head and body leave in one send
+        # (a3c_http/coalesce.py), unless too large to be joined.
+        if self._held.hold(buffer):
+            return
+        attempt = _current()
+        self._send_held(timeout, attempt)
+        self._send(buffer, timeout, attempt)
+
+    def _send_held(self, timeout: float | None, attempt: _Attempt | None) -> None:
+        held = self._held.take()
+        if held:
+            self._send(held, timeout, attempt)
+
+    def _send(self, buffer: bytes, timeout: float | None, attempt: _Attempt | None) -> None:
         # Not sliced (a timed-out send cannot say how much it sent): a request body goes out in
         # one send but for a peer that stops reading, which the deadline still ends.
-        attempt = _current()
         self._stream.write(buffer, timeout if attempt is None else _capped(timeout, attempt.left()))
 
     def close(self) -> None:
+        self._held.take()  # a request whose reply is never read: nothing of it to send
         self._stream.close()
 
     def start_tls(self, *args: Any, **kwargs: Any) -> httpcore.NetworkStream:
