@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.distributions import Distribution
 
 from a3c_http.config import TrainConfig
 from a3c_http.model import ActorCritic
@@ -73,8 +74,8 @@ class LossTerms:
 
 
 def a3c_loss(
-    model: ActorCritic,
-    obs: torch.Tensor,
+    dist: Distribution,
+    values: torch.Tensor,
     actions: torch.Tensor,
     advantages: torch.Tensor,
     returns: torch.Tensor,
@@ -83,18 +84,18 @@ def a3c_loss(
     entropy_coef: float,
 ) -> LossTerms:
     """`-log pi(a|s) * A + value_coef * (R - V(s))^2 - entropy_coef * H(pi(.|s))`, averaged over
-    the valid steps. Inputs are flattened over `[T, N]`; advantages are treated as constants."""
-    mask = valid.reshape(-1).bool()
-    if not bool(mask.any()):
+    the valid steps. `dist` and `values` are the policy's over the whole rollout `[T, N]` in time
+    order (`ActorCritic.unroll`); the autoreset steps are masked out, not gathered away, so a
+    recurrent policy sees its steps as they happened. Advantages are treated as constants."""
+    mask = valid.to(values.dtype)
+    count = mask.sum()
+    if not bool(count > 0):
         raise ValueError("the rollout has no valid step to learn from")
-    obs = obs.reshape(-1, *obs.shape[2:])[mask]
-    actions = actions.reshape(-1, *actions.shape[2:])[mask]
-    dist, values = model(obs)
     log_prob = dist.log_prob(actions)
     # The true entropy of the policy distribution, not -sum(pi * logits) as the original design.
-    entropy = dist.entropy().mean()
-    policy_loss = -(log_prob * advantages.reshape(-1)[mask].detach()).mean()
-    value_loss = (returns.reshape(-1)[mask].detach() - values).pow(2).mean()
+    entropy = (dist.entropy() * mask).sum() / count
+    policy_loss = -(log_prob * advantages.detach() * mask).sum() / count
+    value_loss = ((returns.detach() - values).pow(2) * mask).sum() / count
     total = policy_loss + value_coef * value_loss - entropy_coef * entropy
     return LossTerms(total, policy_loss.detach(), value_loss.detach(), entropy.detach())
 
@@ -111,9 +112,10 @@ def rollout_loss(model: ActorCritic, rollout: Rollout, cfg: TrainConfig) -> Loss
         cfg.gamma,
         cfg.gae_lambda,
     )
+    dist, values = model.unroll(rollout.obs, rollout.state, rollout.starts)
     return a3c_loss(
-        model,
-        rollout.obs,
+        dist,
+        values,
         rollout.actions,
         advantages,
         returns,

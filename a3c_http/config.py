@@ -24,7 +24,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from a3c_http.envs import unknown_env
+from a3c_http.envs import MissingDependency, register_family, unknown_env
 from a3c_http.hints import with_field_hints
 from a3c_http.presets import with_preset
 
@@ -42,7 +42,8 @@ class TrainConfig(BaseModel):
 
     env_id: str = Field(
         "CartPole-v1",
-        description="A gymnasium environment id. Box observations; Discrete or Box actions.",
+        description="A gymnasium environment id. Box observations; Discrete or Box actions. "
+        "ALE/... (the atari extra) and MinAtar/... (the minatar extra) are registered on use.",
     )
     preset: str | None = Field(
         None,
@@ -51,6 +52,24 @@ class TrainConfig(BaseModel):
     )
     env_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments for gymnasium.make(env_id, ...)."
+    )
+    preprocess: Literal["none", "atari"] = Field(
+        "none",
+        description="atari: gymnasium's AtariPreprocessing (up to 30 no-ops after a reset, 4 "
+        "frames a step max-pooled, 84x84 grayscale); the environment is made with frameskip=1.",
+    )
+    frame_stack: int = Field(
+        1, ge=1, le=16, description="Observations stacked as channels (FrameStackObservation)."
+    )
+    clip_reward: bool = Field(
+        False,
+        description="The loss learns from the sign of each reward (-1, 0, +1), as the DQN and "
+        "A3C papers on Atari; reported returns stay the true ones.",
+    )
+    life_loss: bool = Field(
+        False,
+        description="A lost life (Atari's `lives` info) ends the loss's bootstrapping as an "
+        "episode end would; the episode itself, its return and the recurrent state go on.",
     )
     num_envs: int = Field(
         8, ge=1, le=256, description="Environments each worker steps in one batch."
@@ -66,6 +85,22 @@ class TrainConfig(BaseModel):
         description="One torso for the policy and the value (the A3C paper's network); false: "
         "each has its own, as in SB3's A2C, so the value loss does not reshape the policy.",
     )
+    encoder: Literal["mlp", "nature_cnn", "small_cnn"] = Field(
+        "mlp",
+        description="What turns an observation into features: mlp, tanh layers of hidden_sizes "
+        "over the flattened observation; nature_cnn, the DQN paper's three convolutions and 512 "
+        "units for 84x84 frames (about 1.7 million parameters with 4 frames); small_cnn, "
+        "MinAtar's one 3x3 convolution of 16 filters and 128 units for small grids. The CNNs "
+        "scale uint8 frames to [0, 1] and are shared by the policy and the value.",
+    )
+    core: Literal["none", "lstm"] = Field(
+        "none",
+        description="none: a feed-forward policy; lstm: an LSTM of lstm_size units between the "
+        "encoder and the heads, whose state each environment carries from step to step and "
+        "from rollout to rollout (reset where an episode starts), trained by backpropagation "
+        "through each rollout. With lstm the mlp encoder is shared by the policy and the value.",
+    )
+    lstm_size: int = Field(128, ge=1, le=4096, description="Units of the lstm core.")
     log_std_init: float = Field(
         0.0, ge=-5, le=2, description="Initial log standard deviation of continuous actions."
     )
@@ -283,6 +318,15 @@ class TrainConfig(BaseModel):
         return v
 
     @model_validator(mode="after")
+    def _images_are_scaled(self) -> TrainConfig:
+        if self.normalize_obs and self.encoder != "mlp":
+            raise ValueError(
+                f"normalize_obs with encoder {self.encoder!r}: the CNN encoders scale image "
+                "observations to [0, 1] instead of normalising them; leave normalize_obs false"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _heartbeat_fits(self) -> TrainConfig:
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
             raise ValueError(
@@ -328,6 +372,10 @@ def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
             importlib.import_module(module)
         except ImportError as exc:
             raise ValueError(f"cannot import {module!r}: {exc}") from None
+    try:
+        register_family(name)
+    except MissingDependency as exc:
+        raise ValueError(str(exc)) from None
     if name not in gym.registry:
         raise ValueError(unknown_env(name, module or None))
     return gym.spec(name)

@@ -2,22 +2,49 @@
 registered (a close match, or how a custom environment is named) or a package it needs that is
 not installed (which of this project's extras brings it).
 
-The master (sizing the network of a run, evaluating) and the workers (their rollouts) build every
-environment through `make_env`, so a missing package reads the same in `POST /train`'s 422, in a
-worker's error and in scripts/evaluate.py.
+The master (sizing the network of a run, evaluating), the workers (their rollouts), the learner in
+one process and scripts/evaluate.py build every environment through `make_env` (or `env_for`, a
+run's config), so they all see the same wrappers and a missing package reads the same in
+`POST /train`'s 422, in a worker's error and in scripts/evaluate.py. What it adds:
+
+- `preprocess: "atari"`: gymnasium's `AtariPreprocessing` as the DQN and A3C papers (up to 30
+  no-op actions after a reset, 4 frames a step with the last two max-pooled, 84x84 grayscale
+  uint8); the environment is made with `frameskip=1` so that the wrapper does the skipping.
+- `frame_stack: k > 1`: `FrameStackObservation(k)`, the last k observations as channels.
+- always, outermost: `RecordEpisodeStatistics`, whose `episode` info is the episode's true return
+  and length (before any clipping the loss does, and over lives, not per life).
+
+Observations keep their own dtype: uint8 frames stay uint8 until the network scales them.
+The families of environments that live in packages of their own are registered here on first use
+(`register_family`): `ALE/...` (the `atari` extra), `MinAtar/...` (the `minatar` extra), and this
+project's own small tasks (`a3c_http/...`, a3c_http/tasks.py).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import gymnasium as gym
+from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation, RecordEpisodeStatistics
 
 from a3c_http.hints import close_matches, did_you_mean
 
 # The families of gymnasium's environments that need packages of their own, by the module of
 # their entry point: the extra of this project that installs them, and what it holds.
-EXTRAS = {"gymnasium.envs.box2d": ("box2d", "box2d-py, pygame")}
+EXTRAS = {
+    "gymnasium.envs.box2d": ("box2d", "box2d-py, pygame"),
+    "ale_py": ("atari", "ale-py, opencv-python-headless"),
+    "minatar": ("minatar", "MinAtar"),
+}
+# Namespaces of ids registered by importing a package, and how: (module, the call that registers
+# its environments, the extra that installs it).
+FAMILIES = {
+    "ALE": ("ale_py", None, "atari"),
+    "MinAtar": ("minatar.gym", "register_envs", "minatar"),
+    "a3c_http": ("a3c_http.tasks", "register", None),
+}
+_registered: set[str] = set()
 
 
 class MissingDependency(gym.error.DependencyNotInstalled):
@@ -26,15 +53,58 @@ class MissingDependency(gym.error.DependencyNotInstalled):
     venv is made)."""
 
 
-def make_env(env_id: str, env_kwargs: dict[str, Any], **options: Any) -> gym.Env:
-    """`gymnasium.make(env_id, **env_kwargs, **options)`; a missing package raises
-    MissingDependency with what to install."""
+def make_env(
+    env_id: str,
+    env_kwargs: dict[str, Any],
+    preprocess: str = "none",
+    frame_stack: int = 1,
+    **options: Any,
+) -> gym.Env:
+    """`gymnasium.make(env_id, **env_kwargs, **options)` with the wrappers asked for (the
+    module's docstring); a missing package raises MissingDependency with what to install."""
+    register_family(env_id)
     try:
-        return gym.make(env_id, **env_kwargs, **options)
+        if preprocess == "atari":
+            env = AtariPreprocessing(gym.make(env_id, **{"frameskip": 1, **env_kwargs}, **options))
+        else:
+            env = gym.make(env_id, **env_kwargs, **options)
     except gym.error.DependencyNotInstalled as exc:
         if isinstance(exc, MissingDependency):
             raise
         raise MissingDependency(missing_dependency(env_id, exc)) from None
+    if frame_stack > 1:
+        env = FrameStackObservation(env, frame_stack)
+    return RecordEpisodeStatistics(env)
+
+
+def env_for(config: Any, **options: Any) -> gym.Env:
+    """The environment of a run's config (a3c_http/config.py TrainConfig), with its wrappers."""
+    return make_env(
+        config.env_id, config.env_kwargs, config.preprocess, config.frame_stack, **options
+    )
+
+
+def register_family(env_id: str) -> None:
+    """Register the environments of `env_id`'s namespace (`ALE/Pong-v5`: ale-py's) if a package
+    of their own holds them; MissingDependency says which extra installs it."""
+    namespace = env_id.rpartition(":")[2].partition("/")[0] if "/" in env_id else ""
+    if namespace not in FAMILIES or namespace in _registered:
+        return
+    module_name, register, extra = FAMILIES[namespace]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        packages = next(p for e, p in EXTRAS.values() if e == extra)
+        raise MissingDependency(
+            f"{env_id} needs the packages of the {extra} extra ({packages}), which are not "
+            f"installed here ({exc}): run ./scripts/setup_venv.sh {extra} (or pip install "
+            f"'a3c-http[{extra}]') on the master and on every worker"
+        ) from None
+    if register is not None:
+        getattr(module, register)()
+    else:
+        gym.register_envs(module)
+    _registered.add(namespace)
 
 
 def missing_dependency(env_id: str, exc: Exception) -> str:
@@ -44,7 +114,7 @@ def missing_dependency(env_id: str, exc: Exception) -> str:
     except gym.error.Error:
         entry_point = ""
     for module, (extra, packages) in EXTRAS.items():
-        if entry_point.startswith(module + "."):
+        if entry_point.startswith((module + ".", module + ":")):
             return (
                 f"{env_id} needs the packages of the {extra} extra ({packages}), which are not "
                 f"installed here: run ./scripts/setup_venv.sh {extra} (or pip install "

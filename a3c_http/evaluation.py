@@ -21,8 +21,9 @@ import torch
 
 from a3c_http import wire
 from a3c_http.config import TrainConfig
-from a3c_http.envs import make_env as new_env
+from a3c_http.envs import env_for
 from a3c_http.model import ActorCritic, model_for
+from a3c_http.rollout import obs_tensor
 
 # Added to the run's seed, so that the evaluation's episodes are not the workers' first ones
 # (worker_seed adds a hash of the worker's id instead).
@@ -64,7 +65,7 @@ def evaluate(
 ) -> EvalResult:
     """Play `episodes` (default: `config.eval_episodes`) episodes of `config.env_id` with the
     greedy policy of `weights`, on fresh environments seeded from `config.seed`. `make_env(i)`:
-    the i-th environment (default `gymnasium.make(env_id, **env_kwargs)`), e.g. one that records
+    the i-th environment (default the run's, a3c_http/envs.py `env_for`), e.g. one that records
     videos (scripts/evaluate.py)."""
     model = load_model(config, weights)
     n = config.eval_episodes if episodes is None else episodes
@@ -87,9 +88,10 @@ def play(
 ) -> tuple[list[float], list[int]]:
     """The return and length of each of `episodes` greedy episodes, up to MAX_PARALLEL_ENVS at a
     time in one batch. Episode `i` is reset with `eval_seed(seed, i)` whichever environment plays
-    it, so the result depends on the weights and the seed only."""
+    it, and begins with a fresh recurrent state, so the result depends on the weights and the seed
+    only. Returns are the sums of the environment's own rewards (never clipped, over every life)."""
     seed = config.seed or 0
-    make_env = make_env or (lambda _: new_env(config.env_id, config.env_kwargs))
+    make_env = make_env or (lambda _: env_for(config))
     envs = [make_env(i) for i in range(min(episodes, MAX_PARALLEL_ENVS))]
     try:
         space = envs[0].action_space
@@ -99,14 +101,20 @@ def play(
         upcoming = iter(range(episodes))
         playing: dict[int, int] = {}  # environment -> the episode it plays
         obs: dict[int, np.ndarray] = {}
+        state = model.initial_state(len(envs))  # one row per slot, zeroed where an episode starts
+        starts = torch.ones(len(envs), dtype=torch.bool)
         for slot, env in enumerate(envs):
             playing[slot] = next(upcoming)
             obs[slot], _ = env.reset(seed=eval_seed(seed, playing[slot]))
         while playing:
-            slots = list(playing)
-            batch = torch.as_tensor(np.stack([obs[s] for s in slots]), dtype=torch.float32)
-            actions = model.greedy_action(batch).numpy()
-            for slot, action in zip(slots, actions, strict=True):
+            # Every slot steps its network (a finished one on its last observation, ignored), so
+            # that the rows of the state stay the slots'.
+            batch = obs_tensor(np.stack([obs[s] for s in range(len(envs))]))
+            dist, _, state = model.act(batch, state, starts)
+            actions = model.greedy(dist).numpy()
+            starts = torch.zeros(len(envs), dtype=torch.bool)
+            for slot in list(playing):
+                action = actions[slot]
                 episode = playing[slot]
                 obs[slot], reward, terminated, truncated, _ = envs[slot].step(
                     _fit(action, space)
@@ -120,6 +128,7 @@ def play(
                     else:
                         playing[slot] = following
                         obs[slot], _ = envs[slot].reset(seed=eval_seed(seed, following))
+                        starts[slot] = True
         return returns, lengths
     finally:
         for env in envs:

@@ -97,15 +97,26 @@ class WidenedPolicy:
         self.model = model
         self.offset = offset
 
-    def __call__(self, obs: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
-        dist, value = self.model(obs)
+    def _widen(self, dist: Distribution) -> Distribution:
         if not (isinstance(dist, Independent) and isinstance(dist.base_dist, Normal)):
             raise ExplorationError(
                 f"log_std_offset needs a Gaussian policy; this model's is {type(dist).__name__}"
             )
         base = dist.base_dist
         wide = Normal(base.loc, base.scale * math.exp(self.offset), validate_args=False)
-        return Independent(wide, dist.reinterpreted_batch_ndims, validate_args=False), value
+        return Independent(wide, dist.reinterpreted_batch_ndims, validate_args=False)
+
+    def __call__(self, obs: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
+        dist, value = self.model(obs)
+        return self._widen(dist), value
+
+    def act(self, *args: Any) -> tuple[Distribution, torch.Tensor, Any]:
+        dist, value, state = self.model.act(*args)
+        return self._widen(dist), value, state
+
+    def unroll(self, *args: Any) -> tuple[Distribution, torch.Tensor]:
+        dist, value = self.model.unroll(*args)
+        return self._widen(dist), value
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)

@@ -48,9 +48,7 @@ def train(
     torch.manual_seed(config.seed)
     model = model_for(config)
     net = FlatNetwork(model, config)
-    collector = RolloutCollector(
-        config.env_id, config.env_kwargs, config.num_envs, config.seed, config.gamma
-    )
+    collector = RolloutCollector.for_config(config, config.seed)
     recent: deque[float] = deque(maxlen=window)
     returns: list[float] = []
     steps = updates = 0

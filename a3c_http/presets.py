@@ -35,6 +35,43 @@ PRESETS: dict[str, dict[str, Any]] = {
         "normalize_reward": True,
         "max_steps": 3_000_000,
     },
+    # The memory task of a3c_http/tasks.py: an LSTM, and rollouts longer than its episodes so that
+    # most of them hold the cue and its question together.
+    "a3c_http/CueMemory-v0": {"core": "lstm", "t_max": 16},
+    # MinAtar (the minatar extra): the MinAtar paper's small CNN with the RL Zoo's Atari A2C
+    # settings (16 envs: 2 workers x 8, entropy 0.01, value 0.25); scripts/bench_learn.py measures
+    # Breakout against SB3's A2C with the same network at 2M env steps.
+    **{
+        f"MinAtar/{game}-v{version}": {
+            "encoder": "small_cnn",
+            "entropy_coef": 0.01,
+            "value_coef": 0.25,
+            "max_steps": 5_000_000,
+        }
+        for game in ("Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders")
+        for version in (0, 1)
+    },
+    # Atari from pixels (the atari extra) with the A3C paper's settings: 84x84 grayscale frames,
+    # 4 stacked, the Nature CNN, t_max 5, RMSprop with a linearly decayed learning rate, entropy
+    # 0.01; rewards clipped and a lost life an episode end, both for the loss only.
+    **{
+        env_id: {
+            "preprocess": "atari",
+            "frame_stack": 4,
+            "encoder": "nature_cnn",
+            "clip_reward": True,
+            "life_loss": True,
+            "entropy_coef": 0.01,
+            "value_coef": 0.25,
+            "lr_schedule": "linear",
+            "max_steps": 10_000_000,
+            **extra,
+        }
+        for env_id, extra in (
+            ("ALE/Pong-v5", {"target_return": 18.0}),
+            ("ALE/Breakout-v5", {}),
+        )
+    },
 }
 
 

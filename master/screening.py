@@ -59,7 +59,7 @@ def weights_problem(net: FlatNetwork, vector: torch.Tensor) -> str | None:
     why = statistics_problem(model, tensors)
     if why is not None:
         return why
-    probe = torch.zeros(3, model.obs_dim)
+    probe = torch.zeros(3, *model.obs_shape)
     probe[1], probe[2] = 1.0, -1.0
     with torch.no_grad():
         dist, value = functional_call(model, tensors, (probe,))

@@ -24,7 +24,7 @@ import gymnasium as gym  # noqa: E402
 import torch  # noqa: E402
 from gymnasium.error import DependencyNotInstalled  # noqa: E402
 
-from a3c_http.envs import MissingDependency, make_env  # noqa: E402
+from a3c_http.envs import MissingDependency, env_for  # noqa: E402
 from a3c_http.evaluation import evaluate  # noqa: E402
 from a3c_http.store import RunStore  # noqa: E402
 from master.state import saved_config  # noqa: E402
@@ -35,7 +35,7 @@ def video_env(config, folder: Path):  # noqa: ANN001, ANN201
     from gymnasium.wrappers import RecordVideo
 
     def make(i: int) -> gym.Env:
-        env = make_env(config.env_id, config.env_kwargs, render_mode="rgb_array")
+        env = env_for(config, render_mode="rgb_array")
         with warnings.catch_warnings():
             if i > 0:  # the first environment made the folder: no files are overwritten
                 warnings.filterwarnings("ignore", ".*Overwriting existing videos")

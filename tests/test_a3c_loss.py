@@ -14,6 +14,12 @@ from a3c_http.model import ActorCritic
 # -- a3c_loss -------------------------------------------------------------------------------------
 
 
+def loss_of(model: ActorCritic, obs: torch.Tensor, **rest: object) -> object:
+    """a3c_loss of the model's policy and values over `obs` [T, N, ...] in time order."""
+    dist, values = model.unroll(obs)
+    return a3c_loss(dist, values, **rest)
+
+
 def discrete_model(seed: int = 0) -> ActorCritic:
     torch.manual_seed(seed)
     return ActorCritic(obs_dim=4, action_dim=3, discrete=True, hidden_sizes=(16,))
@@ -36,19 +42,19 @@ def batch(seed: int = 0) -> dict[str, torch.Tensor]:
 def test_masked_steps_do_not_change_the_loss() -> None:
     model = discrete_model()
     b = batch()
-    ref = a3c_loss(model, **b, value_coef=0.5, entropy_coef=0.01)
+    ref = loss_of(model, **b, value_coef=0.5, entropy_coef=0.01)
     invalid = ~b["valid"]
     changed = {k: v.clone() for k, v in b.items()}
     changed["obs"][invalid] = 1000.0
     changed["actions"][invalid] = (changed["actions"][invalid] + 1) % 3
     changed["advantages"][invalid] = 55.0
     changed["returns"][invalid] = -77.0
-    other = a3c_loss(model, **changed, value_coef=0.5, entropy_coef=0.01)
+    other = loss_of(model, **changed, value_coef=0.5, entropy_coef=0.01)
     for name in ("total", "policy_loss", "value_loss", "entropy"):
         assert torch.allclose(getattr(ref, name), getattr(other, name), atol=1e-6), name
     # ...while changing a valid step does change it.
     changed["returns"][0, 0] += 1.0
-    moved = a3c_loss(model, **changed, value_coef=0.5, entropy_coef=0.01)
+    moved = loss_of(model, **changed, value_coef=0.5, entropy_coef=0.01)
     assert not torch.allclose(ref.value_loss, moved.value_loss)
 
 
@@ -56,7 +62,7 @@ def test_masked_steps_do_not_change_the_loss() -> None:
 def test_loss_terms_match_their_definitions_on_valid_steps() -> None:
     model = discrete_model()
     b = batch()
-    terms = a3c_loss(model, **b, value_coef=0.5, entropy_coef=0.01)
+    terms = loss_of(model, **b, value_coef=0.5, entropy_coef=0.01)
     mask = b["valid"].reshape(-1)
     obs = b["obs"].reshape(-1, 4)[mask]
     dist, values = model(obs)
@@ -80,8 +86,8 @@ def test_loss_terms_match_their_definitions_on_valid_steps() -> None:
 def test_entropy_bonus_lowers_the_loss() -> None:
     model = discrete_model()
     b = batch()
-    low = a3c_loss(model, **b, value_coef=0.5, entropy_coef=0.0)
-    high = a3c_loss(model, **b, value_coef=0.5, entropy_coef=0.1)
+    low = loss_of(model, **b, value_coef=0.5, entropy_coef=0.0)
+    high = loss_of(model, **b, value_coef=0.5, entropy_coef=0.1)
     assert low.entropy.item() > 0
     assert high.total.item() < low.total.item()
     assert (low.total - high.total).item() == pytest.approx(0.1 * low.entropy.item(), rel=1e-5)
@@ -94,13 +100,13 @@ def test_entropy_gradient_pushes_towards_higher_entropy() -> None:
         model.policy_head.weight.mul_(100.0)  # start far from uniform
     b = batch()
     b["advantages"] = torch.zeros_like(b["advantages"])
-    before = a3c_loss(model, **b, value_coef=0.0, entropy_coef=1.0)
+    before = loss_of(model, **b, value_coef=0.0, entropy_coef=1.0)
     model.zero_grad()
     before.total.backward()
     with torch.no_grad():
         for p in model.parameters():
             p -= 0.05 * p.grad
-    after = a3c_loss(model, **b, value_coef=0.0, entropy_coef=1.0)
+    after = loss_of(model, **b, value_coef=0.0, entropy_coef=1.0)
     assert after.entropy.item() > before.entropy.item()
 
 
@@ -108,7 +114,7 @@ def test_advantages_are_constants() -> None:
     model = discrete_model()
     b = batch()
     b["advantages"] = b["advantages"].clone().requires_grad_(True)
-    terms = a3c_loss(model, **b, value_coef=0.5, entropy_coef=0.0)
+    terms = loss_of(model, **b, value_coef=0.5, entropy_coef=0.0)
     terms.total.backward()
     assert b["advantages"].grad is None
 
@@ -118,7 +124,7 @@ def test_all_invalid_raises() -> None:
     b = batch()
     b["valid"] = torch.zeros_like(b["valid"])
     with pytest.raises(ValueError, match="no valid step"):
-        a3c_loss(model, **b, value_coef=0.5, entropy_coef=0.0)
+        loss_of(model, **b, value_coef=0.5, entropy_coef=0.0)
 
 
 def test_continuous_loss_runs() -> None:
@@ -130,9 +136,9 @@ def test_continuous_loss_runs() -> None:
     t, n = 3, 2
     valid = torch.ones(t, n, dtype=torch.bool)
     valid[1, 1] = False
-    terms = a3c_loss(
-        model, torch.randn(t, n, 3), torch.randn(t, n, 2), torch.randn(t, n), torch.randn(t, n),
-        valid, 0.5, 0.01,
+    terms = loss_of(
+        model, torch.randn(t, n, 3), actions=torch.randn(t, n, 2), advantages=torch.randn(t, n),
+        returns=torch.randn(t, n), valid=valid, value_coef=0.5, entropy_coef=0.01,
     )
     assert torch.isfinite(terms.total)
     # Gaussian with sigma = 1 in 2 dims: H = log(2 pi e) = 2.8379...
@@ -150,7 +156,7 @@ def test_gradients_are_named_and_clipped() -> None:
     model = discrete_model()
     b = batch()
     # Unclipped norm of a large loss, to be sure clipping has work to do.
-    big = 1000.0 * a3c_loss(model, **b, value_coef=0.5, entropy_coef=0.01).total
+    big = 1000.0 * loss_of(model, **b, value_coef=0.5, entropy_coef=0.01).total
     model.zero_grad()
     big.backward(retain_graph=True)
     raw = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -171,7 +177,7 @@ def test_gradients_are_named_and_clipped() -> None:
 def test_small_gradients_are_not_scaled() -> None:
     model = discrete_model()
     b = batch()
-    loss = 1e-3 * a3c_loss(model, **b, value_coef=0.5, entropy_coef=0.0).total
+    loss = 1e-3 * loss_of(model, **b, value_coef=0.5, entropy_coef=0.0).total
     model.zero_grad()
     loss.backward(retain_graph=True)
     raw = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -198,7 +204,7 @@ def test_unreached_parameters_get_zero_gradients() -> None:
 def test_gradients_are_copies() -> None:
     model = discrete_model()
     b = batch()
-    grads, _ = gradients(model, a3c_loss(model, **b, value_coef=0.5, entropy_coef=0.0).total, 1.0)
+    grads, _ = gradients(model, loss_of(model, **b, value_coef=0.5, entropy_coef=0.0).total, 1.0)
     snapshot = {k: v.clone() for k, v in grads.items()}
     model.zero_grad(set_to_none=False)
     for name in grads:
@@ -221,8 +227,8 @@ def test_rollout_loss_is_the_loss_of_the_rollouts_advantages() -> None:
         collector.close()
     adv, ret = compute_advantages(r.rewards, r.values, r.last_value, r.terminated, r.truncated,
                                   r.valid, cfg.gamma, cfg.gae_lambda)
-    expected = a3c_loss(model, r.obs, r.actions, adv, ret, r.valid, cfg.value_coef,
-                        cfg.entropy_coef)
+    expected = loss_of(model, r.obs, actions=r.actions, advantages=adv, returns=ret,
+                       valid=r.valid, value_coef=cfg.value_coef, entropy_coef=cfg.entropy_coef)
     got = rollout_loss(model, r, cfg)
     assert torch.allclose(got.total, expected.total)
     assert torch.allclose(got.entropy, expected.entropy)

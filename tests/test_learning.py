@@ -1,8 +1,8 @@
 """The learner end to end in one process, and the running statistics the workers share.
 
 Learning tests stay short: a tiny environment a correct learner solves in a few hundred steps.
-The long runs (CartPole-v1, Acrobot-v1, Pendulum-v1, LunarLander-v3) live in
-scripts/bench_learn.py.
+The long runs (CartPole-v1, Acrobot-v1, Pendulum-v1, LunarLander-v3, MinAtar's Breakout, the
+memory task against SB3-contrib's RecurrentPPO) live in scripts/bench_learn.py.
 """
 
 from __future__ import annotations
@@ -53,6 +53,18 @@ def test_the_learner_solves_a_tiny_task_in_a_few_hundred_episodes(normalize: boo
     result = train(config, max_steps=20_000)
     assert result.solved, result.mean_return_100
     assert result.env_steps < 10_000
+
+
+def test_only_a_recurrent_policy_remembers_the_cue() -> None:
+    """a3c_http/CueMemory-v0: the question at an episode's end asks for the cue of its first
+    step. The LSTM carries it (mean return about 1); a feed-forward policy sees the same question
+    either way and stays near 0, however long it trains."""
+    base = {"env_id": "a3c_http/CueMemory-v0", "t_max": 16, "hidden_sizes": [32], "seed": 0}
+    lstm = train(TrainConfig(**base, core="lstm", lstm_size=32), max_steps=100_000)
+    assert lstm.solved, lstm.mean_return_100
+    feed_forward = train(TrainConfig(**base, core="none"), max_steps=30_000)
+    assert not feed_forward.solved
+    assert feed_forward.mean_return_100 is not None and feed_forward.mean_return_100 < 0.5
 
 
 def test_merging_batches_gives_the_moments_of_all_samples() -> None:

@@ -120,7 +120,7 @@ class Trainer:
         # The run's wire dtype: gradients go up in it, weights come back in it.
         self.layout = wire.Layout.of(model, cfg.wire_dtype)
         self.flat = bind(model, self.layout)  # loading weights is one copy into it
-        collector = RolloutCollector(cfg.env_id, cfg.env_kwargs, cfg.num_envs, seed, cfg.gamma)
+        collector = RolloutCollector.for_config(cfg, seed)
         local = cfg.sync_mode == "best_weights"
         in_flight = min(cfg.max_in_flight, cfg.max_staleness)
         pipeline = Pipeline(0 if cfg.sync_mode == "sync" else in_flight)
