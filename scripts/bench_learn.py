@@ -1,15 +1,22 @@
-"""Benchmark: env steps and wall time to each task's target, the cluster against Stable-Baselines3's
-A2C with the RL Zoo's settings (and, with --learners, our learner in one process: A2C without HTTP).
+"""Benchmark: env steps and wall time to each task's target, the cluster against a reference:
+Stable-Baselines3's A2C with the RL Zoo's settings (for MinAtar/Breakout-v1 with the MinAtar
+paper's small CNN), SB3-contrib's RecurrentPPO for the memory task a3c_http/CueMemory-v0 (and,
+with --learners, our learner in one process: A2C without HTTP).
 
     .venv/bin/python scripts/bench_learn.py [--tasks CartPole-v1,Acrobot-v1] [--seeds 3]
-        [--learners cluster,sb3] [--workers 2] [--config '{"t_max": 5}'] [--json out.json]
+        [--learners cluster,sb3] [--workers 2] [--config '{"core": "none"}'] [--json out.json]
 
-Runs one after another, never two at once, alternating learners seed by seed. A run is solved when
-the mean return of its last 100 training episodes reaches the target. SB3 trains for the RL Zoo's
-budget of env steps (its n_timesteps, also the horizon of its linear learning-rate schedules); the
-cluster for the task's budget below (its max_steps); both stop at a cap of seconds.
+Runs one after another, never two at once, alternating learners seed by seed. Most tasks stop at
+their target: a run is solved when the mean return of its last 100 training episodes reaches it,
+and the summary compares env steps and wall time. A task marked "at budget" (MinAtar/Breakout-v1)
+trains every learner to the same budget of env steps (--budget changes it for all) and reports
+the mean return of the last 100 episodes there; the summary compares mean returns and wall time.
+On the other tasks SB3 trains for the RL Zoo's budget of env steps (its n_timesteps, also the
+horizon of its linear learning-rate schedules), RecurrentPPO and the cluster for the task's budget
+below (the cluster's max_steps); every learner stops at a cap of seconds.
 The cluster is a master and --workers workers on this host, each task with its preset (POST
-/train {"env_id": ...}). SB3 needs the `bench` extra: ./scripts/setup_venv.sh bench.
+/train {"env_id": ...}) and the --config overrides. The references need the `bench` extra:
+./scripts/setup_venv.sh bench (SB3, SB3-contrib, Box2D, MinAtar).
 """
 
 from __future__ import annotations
@@ -22,18 +29,31 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from scripts.bench_solve import one_run  # noqa: E402
 
-# task -> (target, env-step budget, seconds budget)
+
+class Task(NamedTuple):
+    target: float  # mean return of the last 100 training episodes
+    budget: int  # env steps
+    cap_s: float  # seconds
+    # False: "at budget", every learner trains to the budget and is judged by its mean return there
+    stop_at_target: bool = True
+
+
 TASKS = {
-    "CartPole-v1": (475.0, 500_000, 240.0),
-    "Acrobot-v1": (-100.0, 500_000, 240.0),
-    "Pendulum-v1": (-250.0, 2_000_000, 480.0),
-    "LunarLander-v3": (200.0, 3_000_000, 720.0),
+    "CartPole-v1": Task(475.0, 500_000, 240.0),
+    "Acrobot-v1": Task(-100.0, 500_000, 240.0),
+    "Pendulum-v1": Task(-250.0, 2_000_000, 480.0),
+    "LunarLander-v3": Task(200.0, 3_000_000, 720.0),
+    # issue 19's bar: at 2M env steps SB3's A2C with the small CNN is at about 18 on this host
+    "MinAtar/Breakout-v1": Task(18.0, 2_000_000, 600.0, stop_at_target=False),
+    # a cue in the first observation to recall at the last step: feed-forward ~0, solved ~1
+    "a3c_http/CueMemory-v0": Task(0.9, 300_000, 240.0),
 }
 
 # RL Zoo 2.9.2, hyperparams/a2c.yml (rl_zoo3 is not a dependency: its settings are copied here).
@@ -51,30 +71,85 @@ ZOO = {
         "n_timesteps": 200_000, "n_envs": 8, "gamma": 0.995, "n_steps": 5,
         "learning_rate": "lin_0.00083", "ent_coef": 0.00001,
     },
+    # The Zoo's `atari` entry without its AtariWrapper and frame stack (MinAtar needs neither), on
+    # the MinAtar paper's network instead of NatureCNN; the issue's budget, not the Zoo's 1e7 (its
+    # learning rate is constant, so no schedule depends on it). Names stand for classes that
+    # run_sb3 imports: SB3 is an optional dependency.
+    "MinAtar/Breakout-v1": {
+        "n_timesteps": 2_000_000, "n_envs": 16, "ent_coef": 0.01, "vf_coef": 0.25,
+        "policy_kwargs": {
+            "optimizer_class": "RMSpropTFLike", "optimizer_kwargs": {"eps": 1e-5},
+            "features_extractor_class": "MinAtarCNN", "normalize_images": False,
+            "net_arch": [],  # the heads on the CNN's 128 units, as in the paper (not 64x64 MLPs)
+        },
+    },
 }
 
+# SB3-contrib's RecurrentPPO ("MlpLstmPolicy"): its defaults but for these (on any other task too,
+# to try it: run_recurrent_ppo).
+LSTM_HP = {"n_envs": 8, "n_steps": 32}
+RECURRENT = {"a3c_http/CueMemory-v0": LSTM_HP}
 
-def run_sb3(env_id: str, seed: int, target: float, cap_s: float) -> dict:
+
+def require_env(env_id: str) -> None:
+    """Register `env_id` in gymnasium's registry (its package's import does it) or raise a
+    RuntimeError that says what is missing."""
+    import gymnasium as gym
+
+    if env_id.startswith("MinAtar/"):
+        try:
+            import minatar.gym
+        except ImportError as exc:
+            raise RuntimeError(f"{env_id} needs MinAtar: ./scripts/setup_venv.sh bench") from exc
+        if env_id not in gym.registry:
+            minatar.gym.register_envs()
+    elif env_id.startswith("a3c_http/"):
+        import a3c_http.envs  # noqa: F401  (registers the project's own tasks)
+    if env_id not in gym.registry:
+        raise RuntimeError(
+            f"{env_id} is not a registered gymnasium environment"
+            + (" (importing a3c_http.envs did not register it: this checkout has no such task)"
+               if env_id.startswith("a3c_http/") else "")
+        )
+
+
+def minatar_cnn() -> type:
+    """The MinAtar paper's network (Young and Tian 2019) as an SB3 features extractor: 16 3x3
+    filters with stride 1, then 128 units. MinAtar's observations are (10, 10, channels) bools,
+    channels last: SB3 takes them as they come (not as images), so they are permuted here."""
     import torch
-    from stable_baselines3 import A2C
+    from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
+    from torch import nn
+
+    class MinAtarCNN(BaseFeaturesExtractor):
+        def __init__(self, observation_space: Any, features_dim: int = 128) -> None:
+            super().__init__(observation_space, features_dim)
+            height, width, channels = observation_space.shape
+            self.net = nn.Sequential(
+                nn.Conv2d(channels, 16, 3, stride=1), nn.ReLU(), nn.Flatten(),
+                nn.Linear(16 * (height - 2) * (width - 2), features_dim), nn.ReLU(),
+            )
+
+        def forward(self, obs: torch.Tensor) -> torch.Tensor:
+            return self.net(obs.permute(0, 3, 1, 2).float())
+
+    return MinAtarCNN
+
+
+def _classes(policy_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """ZOO's policy_kwargs with the names of classes replaced by the classes."""
+    from stable_baselines3.common.sb2_compat.rmsprop_tf_like import RMSpropTFLike
+
+    known = {"RMSpropTFLike": RMSpropTFLike, "MinAtarCNN": minatar_cnn()}
+    return {k: known.get(v, v) if isinstance(v, str) else v for k, v in policy_kwargs.items()}
+
+
+def _watch(target: float, cap_s: float, stop_at_target: bool) -> Any:
+    """An SB3 callback that keeps the last 100 episode returns and stops the learner at the cap
+    of seconds, and once they reach the target when the task stops there."""
     from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.vec_env import VecNormalize
 
-    torch.set_num_threads(1)  # as each of our workers; faster than 2 for these small networks
-    hp = dict(ZOO[env_id])
-    budget_steps = hp.pop("n_timesteps")
-    n_envs = hp.pop("n_envs")
-    envs = make_vec_env(env_id, n_envs=n_envs, seed=seed)
-    if hp.pop("normalize", False):
-        envs = VecNormalize(envs, gamma=hp.get("gamma", 0.99))
-    lr = hp.pop("learning_rate", 7e-4)
-    if isinstance(lr, str):  # "lin_X": X falling linearly to 0 over n_timesteps
-        start = float(lr.removeprefix("lin_"))
-        lr = lambda remaining: remaining * start  # noqa: E731
-    model = A2C("MlpPolicy", envs, learning_rate=lr, seed=seed, verbose=0, device="cpu", **hp)
-
-    class UntilSolved(BaseCallback):
+    class Watch(BaseCallback):
         def _init_callback(self) -> None:
             self.recent: deque[float] = deque(maxlen=100)
             self.started = time.monotonic()
@@ -86,10 +161,14 @@ def run_sb3(env_id: str, seed: int, target: float, cap_s: float) -> dict:
                     self.recent.append(float(info["episode"]["r"]))
             full = len(self.recent) == 100
             self.solved = full and sum(self.recent) / 100 >= target
-            return not self.solved and time.monotonic() - self.started < cap_s
+            stop = self.solved and stop_at_target
+            return not stop and time.monotonic() - self.started < cap_s
 
-    callback = UntilSolved()
-    model.learn(total_timesteps=budget_steps, callback=callback)
+    return Watch()
+
+
+def _learn(model: Any, budget: int, callback: Any) -> dict:
+    model.learn(total_timesteps=budget, callback=callback)
     recent = callback.recent
     return {
         "solved": callback.solved,
@@ -97,6 +176,46 @@ def run_sb3(env_id: str, seed: int, target: float, cap_s: float) -> dict:
         "seconds": time.monotonic() - callback.started,
         "mean_return_100": sum(recent) / len(recent) if recent else None,
     }
+
+
+def run_sb3(env_id: str, seed: int, task: Task, cap_s: float, budget: int | None = None) -> dict:
+    """SB3's A2C with ZOO's settings for `env_id`, for `budget` env steps (default: the Zoo's)."""
+    import torch
+    from stable_baselines3 import A2C
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    require_env(env_id)
+    torch.set_num_threads(1)  # as each of our workers; faster than 2 for these small networks
+    hp = dict(ZOO[env_id])
+    zoo_steps = hp.pop("n_timesteps")
+    budget_steps = budget or zoo_steps
+    n_envs = hp.pop("n_envs")
+    envs = make_vec_env(env_id, n_envs=n_envs, seed=seed)
+    if hp.pop("normalize", False):
+        envs = VecNormalize(envs, gamma=hp.get("gamma", 0.99))
+    lr = hp.pop("learning_rate", 7e-4)
+    if isinstance(lr, str):  # "lin_X": X falling linearly to 0 over n_timesteps
+        start = float(lr.removeprefix("lin_"))
+        lr = lambda remaining: remaining * start  # noqa: E731
+    if "policy_kwargs" in hp:
+        hp["policy_kwargs"] = _classes(hp["policy_kwargs"])
+    model = A2C("MlpPolicy", envs, learning_rate=lr, seed=seed, verbose=0, device="cpu", **hp)
+    return _learn(model, budget_steps, _watch(task.target, cap_s, task.stop_at_target))
+
+
+def run_recurrent_ppo(env_id: str, seed: int, task: Task, cap_s: float, budget: int) -> dict:
+    """SB3-contrib's RecurrentPPO with an LSTM policy: its defaults but for RECURRENT's."""
+    import torch
+    from sb3_contrib import RecurrentPPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    require_env(env_id)
+    torch.set_num_threads(1)
+    hp = dict(RECURRENT.get(env_id, LSTM_HP))
+    envs = make_vec_env(env_id, n_envs=hp.pop("n_envs"), seed=seed)
+    model = RecurrentPPO("MlpLstmPolicy", envs, seed=seed, verbose=0, device="cpu", **hp)
+    return _learn(model, budget, _watch(task.target, cap_s, task.stop_at_target))
 
 
 def run_inprocess(env_id: str, seed: int, overrides: dict, budget: int) -> dict:
@@ -109,20 +228,30 @@ def run_inprocess(env_id: str, seed: int, overrides: dict, budget: int) -> dict:
 
 
 def run_one(learner: str, env_id: str, seed: int, args: argparse.Namespace) -> dict:
-    target, budget, cap_s = TASKS[env_id]
-    budget = args.budget or budget
-    cap_s = args.cap or cap_s
-    overrides = json.loads(args.config)
-    if learner == "sb3":
-        return run_sb3(env_id, seed, target, cap_s)
-    if learner == "a2c":
-        return run_inprocess(env_id, seed, overrides, budget)
-    config = {"env_id": env_id, "max_steps": budget, **overrides}
-    r = one_run(seed, args.workers, config, cap_s)
-    return {k: r[k] for k in ("solved", "env_steps", "seconds", "mean_return_100")}
+    task = TASKS[env_id]
+    budget = args.budget or task.budget
+    cap_s = args.cap or task.cap_s
+    # At budget: a target no run reaches, so that ours train to max_steps as SB3 does.
+    unreachable = {} if task.stop_at_target else {"target_return": 1e9}
+    overrides = {**unreachable, **json.loads(args.config)}
+    if learner == "sb3" and env_id in RECURRENT:
+        r = run_recurrent_ppo(env_id, seed, task, cap_s, budget)
+    elif learner == "sb3":
+        r = run_sb3(env_id, seed, task, cap_s, None if task.stop_at_target else budget)
+    elif learner == "a2c":
+        r = run_inprocess(env_id, seed, overrides, budget)
+    else:
+        config = {"env_id": env_id, "max_steps": budget, **overrides}
+        r = one_run(seed, args.workers, config, cap_s)
+        r = {k: r[k] for k in ("solved", "env_steps", "seconds", "mean_return_100")}
+    if not task.stop_at_target:  # reached: the mean return at the budget is at the target
+        r["solved"] = r["mean_return_100"] is not None and r["mean_return_100"] >= task.target
+    return r
 
 
-def summary(rows: list[dict], learners: list[str]) -> list[str]:
+def summary(rows: list[dict], learners: list[str], task: Task | None = None) -> list[str]:
+    if task is not None and not task.stop_at_target:
+        return summary_at_budget(rows, learners)
     lines = [f"{'learner':<8} {'solved':>6} {'env steps (median)':>19} {'wall s (median)':>16} "
              f"{'steps vs sb3':>13} {'time vs sb3':>12}"]
     med: dict[str, tuple[float, float]] = {}
@@ -141,6 +270,30 @@ def summary(rows: list[dict], learners: list[str]) -> list[str]:
         ratio = (f"{steps / ref[0]:>13.2f} {secs / ref[1]:>12.2f}"
                  if ref and ref_solved and learner != "sb3" else f"{'':>13} {'':>12}")
         lines.append(f"{learner:<8} {n_solved:>3}/{n:<2} {steps:>19,.0f} {secs:>16.1f} {ratio}")
+    return lines
+
+
+def summary_at_budget(rows: list[dict], learners: list[str]) -> list[str]:
+    """Each learner's median mean return at the budget and median wall time, with the ratios of
+    the others' to SB3's (the bar: a return ratio of at least 1 at a time ratio of at most 1)."""
+    lines = [f"{'learner':<8} {'reached':>7} {'mean return (median)':>21} {'wall s (median)':>16} "
+             f"{'return vs sb3':>14} {'time vs sb3':>12}"]
+    med: dict[str, tuple[float, float]] = {}
+    for learner in learners:
+        means = [r["mean_return_100"] for r in rows
+                 if r["learner"] == learner and r["mean_return_100"] is not None]
+        secs = [r["seconds"] for r in rows if r["learner"] == learner]
+        med[learner] = (statistics.median(means) if means else float("nan"),
+                        statistics.median(secs) if secs else float("nan"))
+    ref = med.get("sb3")
+    for learner in learners:
+        mean, secs = med[learner]
+        n_reached = sum(r["solved"] for r in rows if r["learner"] == learner)
+        n = sum(r["learner"] == learner for r in rows)
+        # A ratio of returns means "as good" only over a positive reference.
+        ratio = (f"{mean / ref[0]:>14.2f} {secs / ref[1]:>12.2f}"
+                 if ref and ref[0] > 0 and learner != "sb3" else f"{'':>14} {'':>12}")
+        lines.append(f"{learner:<8} {n_reached:>4}/{n:<2} {mean:>21.2f} {secs:>16.1f} {ratio}")
     return lines
 
 
@@ -165,17 +318,25 @@ def main() -> None:
     for env_id in args.tasks.split(","):
         if env_id not in TASKS:
             parser.error(f"unknown task {env_id!r}; known: {', '.join(TASKS)}")
+        try:
+            require_env(env_id)
+        except RuntimeError as exc:
+            parser.error(str(exc))
+        task = TASKS[env_id]
         rows = report.setdefault(env_id, [])
-        print(f"== {env_id} (target {TASKS[env_id][0]:g})", flush=True)
+        ref = "SB3-contrib's RecurrentPPO" if env_id in RECURRENT else "SB3's A2C"
+        how = "stop there" if task.stop_at_target else f"at {args.budget or task.budget:,} steps"
+        print(f"== {env_id} (target {task.target:g}, {how}; sb3: {ref})", flush=True)
         for seed in range(args.seeds):
             for learner in learners:  # alternating: learner by learner within each seed
                 r = {"learner": learner, "seed": seed, **run_one(learner, env_id, seed, args)}
                 rows.append(r)
                 mean = r["mean_return_100"]
-                print(f"  {learner:<8} seed {seed}: {'solved' if r['solved'] else 'NOT solved'}"
+                done = "solved" if task.stop_at_target else "reached the target"
+                print(f"  {learner:<8} seed {seed}: {done if r['solved'] else 'NOT ' + done}"
                       f" at {r['env_steps']:,} env steps, {r['seconds']:.1f} s, mean return "
                       f"{'-' if mean is None else f'{mean:.1f}'}", flush=True)
-        print("\n".join(summary(rows, learners)), flush=True)
+        print("\n".join(summary(rows, learners, task)), flush=True)
         if args.json:
             args.json.write_text(json.dumps(report, indent=1))
     if args.json:

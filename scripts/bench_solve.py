@@ -53,9 +53,11 @@ def one_run(index: int, n_workers: int, overrides: dict, cap_s: float) -> dict:
             cluster.close()
     spent = {k: sum(w["time"][k] for w in workers) for k in ("rollout_s", "learn_s", "http_s")}
     total = sum(spent.values()) or 1.0
+    # The master's clock once the run is solved or finished (at max_steps); else the cap's.
+    finished = status["solved"] or status["state"] == "finished"
     return {
         "solved": status["solved"],
-        "seconds": status["elapsed_s"] if status["solved"] else wall,
+        "seconds": status["elapsed_s"] if finished else wall,
         "episodes": status["global_episode"],
         "steps": status["global_steps"],
         "env_steps": status["env_steps"],
