@@ -14,6 +14,7 @@ truncated step needs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -141,11 +142,38 @@ def gradients(
     return grads, float(norm)
 
 
+class RMSpropTF(torch.optim.RMSprop):
+    """RMSprop as TensorFlow has it, which the A3C and DQN papers' Atari results and SB3's
+    `RMSpropTFLike` (the RL Zoo's Atari A2C) use: the mean square starts at ones, not zeros, so
+    the first steps are small while it learns the gradients' size, and `eps` is added under the
+    square root (sqrt(v + 1e-5) >= 0.003), not after it. Only the plain form (no momentum, not
+    centered, no weight decay); its state has RMSprop's names, so it saves and loads as RMSprop.
+    A step moves a weight by at most lr / sqrt(1 - alpha), as RMSprop's (a3c_http/flatnet.py)."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            alpha, eps, lr = group["alpha"], group["eps"], group["lr"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["square_avg"] = torch.ones_like(p)
+                state["step"] += 1
+                square_avg = state["square_avg"]
+                square_avg.mul_(alpha).addcmul_(p.grad, p.grad, value=1 - alpha)
+                p.addcdiv_(p.grad, square_avg.add(eps).sqrt_(), value=-lr)
+
+
 def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
-    """The optimizer of `config`: RMSprop with SB3's A2C settings (alpha 0.99, eps 1e-5), or
-    Adam."""
+    """The optimizer of `config`: RMSprop with SB3's A2C settings (alpha 0.99, eps 1e-5), its
+    TensorFlow form (`RMSpropTF`) or Adam."""
     if config.optimizer == "adam":
         return torch.optim.Adam(params, lr=config.lr)
+    if config.optimizer == "rmsprop_tf":
+        return RMSpropTF(params, lr=config.lr, alpha=0.99, eps=1e-5)
     return torch.optim.RMSprop(params, lr=config.lr, alpha=0.99, eps=1e-5)
 
 

@@ -114,10 +114,11 @@ class TrainConfig(BaseModel):
         description="Scale rewards by the running standard deviation of the discounted return, "
         "shared like normalize_obs. Reported returns stay unscaled.",
     )
-    optimizer: Literal["rmsprop", "adam"] = Field(
+    optimizer: Literal["rmsprop", "rmsprop_tf", "adam"] = Field(
         "rmsprop",
-        description="The master's optimizer: RMSprop (alpha 0.99, eps 1e-5) as SB3's A2C and the "
-        "A3C paper, or Adam.",
+        description="The master's optimizer: RMSprop (alpha 0.99, eps 1e-5) as SB3's A2C; "
+        "rmsprop_tf, its TensorFlow form as the A3C paper and SB3's RMSpropTFLike for Atari (the "
+        "mean square starts at ones, eps under the square root); or Adam.",
     )
     lr: float = Field(
         7e-4,

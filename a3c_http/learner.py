@@ -18,7 +18,7 @@ import torch
 from a3c_http.a3c import gradients, learning_rate, rollout_loss, set_learning_rate
 from a3c_http.config import TrainConfig
 from a3c_http.flatnet import FlatNetwork
-from a3c_http.model import model_for
+from a3c_http.model import ActorCritic, model_for
 from a3c_http.rollout import RolloutCollector
 
 
@@ -31,6 +31,7 @@ class Result:
     seconds: float
     mean_return_100: float | None
     returns: list[float] = field(default_factory=list)
+    model: ActorCritic | None = None  # the trained network
 
 
 def train(
@@ -84,4 +85,5 @@ def train(
         seconds=time.monotonic() - started,
         mean_return_100=sum(recent) / len(recent) if recent else None,
         returns=returns,
+        model=model,
     )

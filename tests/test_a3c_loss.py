@@ -232,3 +232,21 @@ def test_rollout_loss_is_the_loss_of_the_rollouts_advantages() -> None:
     got = rollout_loss(model, r, cfg)
     assert torch.allclose(got.total, expected.total)
     assert torch.allclose(got.entropy, expected.entropy)
+
+
+def test_tensorflows_rmsprop_starts_its_mean_square_at_ones_and_adds_eps_under_the_root() -> None:
+    from a3c_http.a3c import RMSpropTF
+
+    p = torch.nn.Parameter(torch.zeros(3))
+    optimizer = RMSpropTF([p], lr=0.1, alpha=0.99, eps=1e-5)
+    g = torch.tensor([2.0, 0.0, -0.5])
+    p.grad = g.clone()
+    optimizer.step()
+    square = 0.99 * torch.ones(3) + 0.01 * g * g
+    assert torch.allclose(p.detach(), -0.1 * g / torch.sqrt(square + 1e-5))
+    p.grad = g.clone()
+    optimizer.step()
+    second = 0.99 * square + 0.01 * g * g
+    first = -0.1 * g / torch.sqrt(square + 1e-5)
+    assert torch.allclose(p.detach(), first - 0.1 * g / torch.sqrt(second + 1e-5))
+    assert set(optimizer.state[p]) == {"step", "square_avg"}  # RMSprop's names: saved alike

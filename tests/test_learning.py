@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+from a3c_http import evaluation, wire
 from a3c_http.config import TrainConfig
+from a3c_http.evaluation import evaluate
 from a3c_http.learner import train
 from a3c_http.model import model_for
 from a3c_http.normalize import RunningMeanStd, moments
@@ -55,13 +57,18 @@ def test_the_learner_solves_a_tiny_task_in_a_few_hundred_episodes(normalize: boo
     assert result.env_steps < 10_000
 
 
-def test_only_a_recurrent_policy_remembers_the_cue() -> None:
+def test_only_a_recurrent_policy_remembers_the_cue(monkeypatch: pytest.MonkeyPatch) -> None:
     """a3c_http/CueMemory-v0: the question at an episode's end asks for the cue of its first
     step. The LSTM carries it (mean return about 1); a feed-forward policy sees the same question
     either way and stays near 0, however long it trains."""
     base = {"env_id": "a3c_http/CueMemory-v0", "t_max": 16, "hidden_sizes": [32], "seed": 0}
-    lstm = train(TrainConfig(**base, core="lstm", lstm_size=32), max_steps=100_000)
+    config = TrainConfig(**base, core="lstm", lstm_size=32)
+    lstm = train(config, max_steps=100_000)
     assert lstm.solved, lstm.mean_return_100
+    # Evaluation carries the state too, from a fresh one each episode, in slots it reuses.
+    monkeypatch.setattr(evaluation, "MAX_PARALLEL_ENVS", 3)
+    weights = wire.encode(lstm.model.state_dict())
+    assert evaluate(config, weights, episodes=12).mean_return >= 0.8
     feed_forward = train(TrainConfig(**base, core="none"), max_steps=30_000)
     assert not feed_forward.solved
     assert feed_forward.mean_return_100 is not None and feed_forward.mean_return_100 < 0.5

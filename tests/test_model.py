@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch.distributions import Categorical, Independent, Normal
 
+from a3c_http.config import TrainConfig
 from a3c_http.model import ActorCritic, UnsupportedSpace, build_model
 
 CARTPOLE_OBS = gym.spaces.Box(-np.inf, np.inf, shape=(4,), dtype=np.float32)
@@ -178,3 +179,44 @@ def test_initial_policy_is_near_uniform() -> None:
     model = build_model("CartPole-v1", {}, [64, 64])
     dist, _ = model(torch.randn(32, 4))
     assert torch.allclose(dist.probs, torch.full((32, 2), 0.5), atol=0.05)
+
+
+# -- encoders and cores ---------------------------------------------------------------------------
+
+
+def test_the_cnns_take_frames_as_they_come_and_scale_them_inside() -> None:
+    torch.manual_seed(0)
+    frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)  # Atari, stacked 4, channels first
+    nature = ActorCritic.for_spaces(frames, gym.spaces.Discrete(6), [64], encoder="nature_cnn")
+    assert sum(p.numel() for p in nature.parameters()) == 1_687_719
+    obs = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
+    dist, value = nature(obs)
+    _, scaled = nature(obs.float() / 255)
+    assert dist.logits.shape == (3, 6) and torch.allclose(value, scaled, atol=1e-6)
+    grids = gym.spaces.Box(0, 1, (10, 10, 4), bool)  # MinAtar: channels last
+    small = ActorCritic.for_spaces(grids, gym.spaces.Discrete(3), [64], encoder="small_cnn")
+    assert small.encoder.channels_last
+    assert small.encoder.convs[0].weight.shape == (16, 4, 3, 3)  # 4 channels, read from the end
+    dist, value = small(torch.rand(5, 10, 10, 4) > 0.5)
+    assert dist.logits.shape == (5, 3) and torch.isfinite(value).all()
+
+
+def test_a_cnn_over_vectors_or_tiny_images_says_what_to_use() -> None:
+    with pytest.raises(UnsupportedSpace, match="needs image observations.*use encoder 'mlp'"):
+        build_model("CartPole-v1", {}, [8], encoder="small_cnn")
+    tiny = gym.spaces.Box(0, 255, (4, 20, 20), np.uint8)
+    with pytest.raises(UnsupportedSpace, match="too small for its convolutions"):
+        ActorCritic.for_spaces(tiny, gym.spaces.Discrete(2), [8], encoder="nature_cnn")
+    with pytest.raises(ValueError, match="scale image observations"):
+        TrainConfig(env_id="CartPole-v1", encoder="small_cnn", normalize_obs=True)
+
+
+def test_the_default_network_keeps_its_parameter_names() -> None:
+    """Runs saved before encoders and cores existed still open: the same names and shapes."""
+    model = build_model("CartPole-v1", {}, [64, 64])
+    assert [name for name, _ in model.named_parameters()] == [
+        "policy_torso.0.weight", "policy_torso.0.bias", "policy_torso.2.weight",
+        "policy_torso.2.bias", "value_torso.0.weight", "value_torso.0.bias",
+        "value_torso.2.weight", "value_torso.2.bias", "policy_head.weight", "policy_head.bias",
+        "value_head.weight", "value_head.bias",
+    ]

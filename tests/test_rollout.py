@@ -1,10 +1,12 @@
-"""RolloutCollector on real gymnasium environments: shapes, the autoreset mask, episode stats."""
+"""RolloutCollector on real gymnasium environments: shapes, the autoreset mask, episode stats,
+frames in their own dtype, the loss's clipped rewards and lives, the recurrent state."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,7 @@ import torch
 from a3c_http.envs import MissingDependency
 from a3c_http.model import build_model
 from a3c_http.rollout import Rollout, RolloutCollector
+from a3c_http.tasks import CUE_MEMORY
 from tests.support import without_box2d
 
 # CartPole-v1 terminates when |x| > 2.4 or |theta| > 12 degrees.
@@ -188,3 +191,75 @@ def test_a_workers_environments_say_how_to_install_a_missing_package(
     without_box2d(monkeypatch)
     with pytest.raises(MissingDependency, match=r"\./scripts/setup_venv\.sh box2d"):
         RolloutCollector("LunarLander-v3", {}, num_envs=2, seed=1)
+
+
+# -- frames, clipped rewards, lives and recurrent state ------------------------------------------
+
+
+class Frames(gym.Env):
+    """uint8 frames, a reward of 5 a step, 2 lives: the second step loses one, the fourth ends
+    the episode (return 20, length 4)."""
+
+    observation_space = gym.spaces.Box(0, 255, shape=(2, 6, 6), dtype=np.uint8)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._t = 0
+        return self._frame(), {"lives": 2}
+
+    def _frame(self) -> np.ndarray:
+        return np.full((2, 6, 6), 40 * self._t + 7, dtype=np.uint8)
+
+    def step(self, action):
+        self._t += 1
+        return self._frame(), 5.0, self._t >= 4, False, {"lives": 2 if self._t < 2 else 1}
+
+
+gym.register("A3CTestFrames-v0", entry_point=Frames)
+
+
+def test_frames_stay_uint8_the_loss_sees_clipped_rewards_and_lives_and_episodes_are_true() -> None:
+    collector = RolloutCollector(
+        "A3CTestFrames-v0", {}, num_envs=2, seed=0, clip_reward=True, life_loss=True
+    )
+    try:
+        model = build_model("A3CTestFrames-v0", {}, [8], encoder="small_cnn")
+        r = collector.collect(model, t_max=10)
+    finally:
+        collector.close()
+    assert r.obs.dtype == torch.uint8 and int(r.obs[0, 0, 0, 0, 0]) == 7
+    valid = r.valid[:, 0]
+    assert valid.tolist() == [True, True, True, True, False] * 2
+    assert r.rewards[:, 0][valid].unique().tolist() == [1.0]  # 5, clipped for the loss
+    # The life lost at the second step ends the bootstrap there, and the episode goes on.
+    assert r.terminated[:, 0].tolist() == [False, True, False, True, False] * 2
+    assert [(e.reward, e.length) for e in r.episodes] == [(20.0, 4)] * 4
+    assert r.starts[:, 0].tolist() == [True, False, False, False, False] * 2
+
+
+def test_a_recurrent_rollout_carries_its_state_and_the_loss_unrolls_what_acted() -> None:
+    """CueMemory's episodes are 6 steps: rollouts of 4 cut them, so the state crosses rollouts,
+    and every episode start zeroes it. The loss's unroll from the rollout's first state gives
+    the very values the rollout acted with."""
+    torch.manual_seed(0)
+    collector = RolloutCollector(CUE_MEMORY, {}, num_envs=3, seed=0)
+    try:
+        model = build_model(CUE_MEMORY, {}, [8], core="lstm", lstm_size=8)
+        rollouts = collect_many(collector, model, t_max=4, times=3)
+    finally:
+        collector.close()
+    assert all(len(r.state) == 2 and r.state[0].shape == (3, 8) for r in rollouts)
+    assert not any(r.state[0].abs().sum() == 0 for r in rollouts[1:])  # carried, not zeroed
+    starts = cat(rollouts, "starts")
+    valid = cat(rollouts, "valid")
+    assert starts[0].all() and (starts[1:] == ~valid[:-1]).all()
+    with torch.no_grad():
+        for r in rollouts:
+            _, values = model.unroll(r.obs, r.state, r.starts)
+            assert torch.allclose(values, r.values, atol=1e-6)
+        # Without the reset where the second episode starts, the unroll is not what acted.
+        r = rollouts[1]
+        assert r.starts.any()
+        _, unreset = model.unroll(r.obs, r.state, torch.zeros_like(r.starts))
+        assert not torch.allclose(unreset, r.values, atol=1e-6)

@@ -1,0 +1,53 @@
+"""The environment factory (a3c_http/envs.py): the wrappers a config asks for, the families that
+live in packages of their own, and what to install when one is missing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation, RecordEpisodeStatistics
+from pydantic import ValidationError
+
+from a3c_http import envs
+from a3c_http.config import TrainConfig
+from a3c_http.envs import env_for
+from a3c_http.model import model_for
+
+
+def test_an_atari_preset_gets_the_papers_frames() -> None:
+    config = TrainConfig(env_id="ALE/Pong-v5")
+    assert (config.preprocess, config.frame_stack, config.encoder) == ("atari", 4, "nature_cnn")
+    env = env_for(config)
+    try:
+        assert isinstance(env, RecordEpisodeStatistics)  # outermost: true returns, every life
+        assert isinstance(env.env, FrameStackObservation)
+        assert isinstance(env.env.env, AtariPreprocessing)
+        assert env.unwrapped._frameskip == 1  # the wrapper skips (and max-pools) the frames
+        obs, info = env.reset(seed=0)
+        assert obs.shape == (4, 84, 84) and obs.dtype == np.uint8 and "lives" in info
+    finally:
+        env.close()
+
+
+def test_a_minatar_preset_builds_its_small_cnn_over_the_grids_as_they_come() -> None:
+    config = TrainConfig(env_id="MinAtar/Breakout-v1")
+    assert config.encoder == "small_cnn" and config.preset == "MinAtar/Breakout-v1"
+    env = env_for(config)
+    try:
+        obs, _ = env.reset(seed=0)
+        assert obs.shape == (10, 10, 4) and obs.dtype == np.bool_
+    finally:
+        env.close()
+    assert model_for(config).encoder.channels_last
+
+
+def test_a_family_whose_package_is_missing_says_which_extra_installs_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(envs.FAMILIES, "ALE", ("no_such_ale_py", None, "atari"))
+    monkeypatch.setattr(envs, "_registered", set())
+    with pytest.raises(ValidationError) as caught:
+        TrainConfig(env_id="ALE/Pong-v5", preset=None)
+    message = str(caught.value)
+    assert "ALE/Pong-v5 needs the packages of the atari extra" in message
+    assert "./scripts/setup_venv.sh atari" in message
