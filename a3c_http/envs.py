@@ -37,12 +37,12 @@ EXTRAS = {
     "ale_py": ("atari", "ale-py, opencv-python-headless"),
     "minatar": ("minatar", "MinAtar"),
 }
-# Namespaces of ids registered by importing a package, and how: (module, the call that registers
-# its environments, the extra that installs it).
+# Namespaces of ids that a package registers: the module to import and the function of it to
+# call (None: importing it registers them). A package missing is said with its EXTRAS entry.
 FAMILIES = {
-    "ALE": ("ale_py", None, "atari"),
-    "MinAtar": ("minatar.gym", "register_envs", "minatar"),
-    "a3c_http": ("a3c_http.tasks", "register", None),
+    "ALE": ("ale_py", None),
+    "MinAtar": ("minatar.gym", "register_envs"),
+    "a3c_http": ("a3c_http.tasks", "register"),
 }
 _registered: set[str] = set()
 
@@ -87,23 +87,17 @@ def env_for(config: Any, **options: Any) -> gym.Env:
 def register_family(env_id: str) -> None:
     """Register the environments of `env_id`'s namespace (`ALE/Pong-v5`: ale-py's) if a package
     of their own holds them; MissingDependency says which extra installs it."""
-    namespace = env_id.rpartition(":")[2].partition("/")[0] if "/" in env_id else ""
+    namespace, _, _ = env_id.rpartition(":")[2].rpartition("/")
     if namespace not in FAMILIES or namespace in _registered:
         return
-    module_name, register, extra = FAMILIES[namespace]
+    module_name, register = FAMILIES[namespace]
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        packages = next(p for e, p in EXTRAS.values() if e == extra)
-        raise MissingDependency(
-            f"{env_id} needs the packages of the {extra} extra ({packages}), which are not "
-            f"installed here ({exc}): run ./scripts/setup_venv.sh {extra} (or pip install "
-            f"'a3c-http[{extra}]') on the master and on every worker"
-        ) from None
+        extra = EXTRAS[module_name.partition(".")[0]]
+        raise MissingDependency(_install(env_id, *extra) + f" ({exc})") from None
     if register is not None:
         getattr(module, register)()
-    else:
-        gym.register_envs(module)
     _registered.add(namespace)
 
 
@@ -113,14 +107,18 @@ def missing_dependency(env_id: str, exc: Exception) -> str:
         entry_point = str(gym.spec(env_id).entry_point)
     except gym.error.Error:
         entry_point = ""
-    for module, (extra, packages) in EXTRAS.items():
+    for module, extra in EXTRAS.items():
         if entry_point.startswith((module + ".", module + ":")):
-            return (
-                f"{env_id} needs the packages of the {extra} extra ({packages}), which are not "
-                f"installed here: run ./scripts/setup_venv.sh {extra} (or pip install "
-                f"'a3c-http[{extra}]') on the master and on every worker"
-            )
+            return _install(env_id, *extra)
     return f"{env_id} needs a package that is not installed here: {exc}"
+
+
+def _install(env_id: str, extra: str, packages: str) -> str:
+    return (
+        f"{env_id} needs the packages of the {extra} extra ({packages}), which are not "
+        f"installed here: run ./scripts/setup_venv.sh {extra} (or pip install "
+        f"'a3c-http[{extra}]') on the master and on every worker"
+    )
 
 
 def unknown_env(name: str, module: str | None = None) -> str:

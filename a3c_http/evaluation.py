@@ -2,7 +2,7 @@
 
 The master evaluates its global weights while the run trains (master/evaluator.py runs `serve` in
 a child process of its own); scripts can call `evaluate` on a saved `weights.safetensors`. The
-policy acts greedily (`ActorCritic.greedy_action`: the most likely discrete action, the Gaussian's
+policy acts greedily (`ActorCritic.greedy`: the most likely discrete action, the Gaussian's
 mean clipped to the Box), and episode `i` of an evaluation is always reset with the same seed,
 derived from the run's seed, so two evaluations differ only by their weights.
 """
@@ -112,7 +112,7 @@ def play(
             batch = obs_tensor(np.stack([obs[s] for s in range(len(envs))]))
             dist, _, state = model.act(batch, state, starts)
             actions = model.greedy(dist).numpy()
-            starts = torch.zeros(len(envs), dtype=torch.bool)
+            starts.zero_()
             for slot in list(playing):
                 action = actions[slot]
                 episode = playing[slot]

@@ -117,7 +117,7 @@ class ActorCritic(nn.Module):
             shared = self.encoder(obs)
             return shared, shared
         x = obs.reshape(obs.shape[0], -1)
-        if not x.is_floating_point() or x.dtype != torch.float32:
+        if x.dtype != torch.float32:
             x = x.float()
         if hasattr(self, "obs_rms"):
             x = self.obs_rms.normalize(x)
@@ -204,9 +204,6 @@ class ActorCritic(nn.Module):
     def greedy(dist: Distribution) -> torch.Tensor:
         """The deterministic action of evaluation: the most likely one, or the Gaussian's mean."""
         return dist.probs.argmax(-1) if isinstance(dist, Categorical) else dist.mean
-
-    def greedy_action(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.greedy(self(obs)[0])
 
 
 def model_for(config: TrainConfig) -> ActorCritic:

@@ -42,11 +42,11 @@ class Rollout:
     truncated: torch.Tensor  # [T, N] bool
     valid: torch.Tensor  # [T, N] bool: False on autoreset steps
     last_value: torch.Tensor  # [N], V of the observation after the last step
-    episodes: list[Episode] = field(default_factory=list)
     # Where an observation begins an episode ([T, N] bool), and the recurrent state the rollout
     # began with (() for a feed-forward policy): the loss unrolls the policy again from it.
-    starts: torch.Tensor | None = None
-    state: State = ()
+    starts: torch.Tensor
+    state: State
+    episodes: list[Episode] = field(default_factory=list)
     # Batch moments of what this rollout saw, named as the model's running-statistics buffers
     # (empty when the model normalises nothing); see a3c_http.normalize.
     statistics: dict[str, torch.Tensor] = field(default_factory=dict)

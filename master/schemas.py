@@ -37,15 +37,10 @@ OTHER_RUN = conflict(
 # keeps the number of its first attempt, so the master never counts it twice.
 # Optional (the routes default it to None), but never null: the schema says integer.
 MAX_SEQ = 2**62
-Seq = Annotated[
-    int,
-    Header(
-        alias=SEQ_HEADER,
-        ge=1,
-        le=MAX_SEQ,
-        description="The worker's rising request number; retries keep it.",
-    ),
-]
+_SEQ = {"alias": SEQ_HEADER, "ge": 1, "le": MAX_SEQ,
+        "description": "The worker's rising request number; retries keep it."}
+Seq = Annotated[int, Header(**_SEQ)]
+
 
 class PushHeaders(BaseModel):
     """The headers of a gradient push (`POST /gradients`), one model for the route's schema
@@ -58,15 +53,7 @@ class PushHeaders(BaseModel):
         int, Field(alias=VERSION_HEADER, ge=0, description="The version they were computed on.")
     ]
     run_id: Annotated[str, Field(alias=RUN_ID_HEADER, max_length=64)] = None
-    seq: Annotated[
-        int,
-        Field(
-            alias=SEQ_HEADER,
-            ge=1,
-            le=MAX_SEQ,
-            description="The worker's rising request number; retries keep it.",
-        ),
-    ] = None
+    seq: Annotated[int, Field(**_SEQ)] = None
     loss: Annotated[
         float,
         Field(
