@@ -76,9 +76,11 @@ class TrainConfig(BaseModel):
     )
     hidden_sizes: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
         default_factory=lambda: [64, 64],
-        min_length=1,
+        min_length=0,
         max_length=8,
-        description="Widths of the tanh layers of the policy and of the value network.",
+        description="Widths of the tanh layers of the policy and of the value network, over the "
+        "flattened observation (encoder mlp) or the CNN's units (as SB3 puts its MLP after a "
+        "custom CNN); [] puts the heads right on them (the A3C paper's Atari network).",
     )
     shared_torso: bool = Field(
         False,

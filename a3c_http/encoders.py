@@ -8,10 +8,12 @@ observation, or a convolutional network over an image.
 
 Images arrive channels first (`FrameStackObservation` of grayscale frames: `[4, 84, 84]`) or
 channels last (MinAtar's `[10, 10, C]`, RGB frames `[H, W, 3]`): a 3-D observation whose first
-dimension is smaller than its last is channels first, any other channels last. uint8 images are
-scaled to [0, 1] and bool ones cast, in the network, so that rollouts keep and ship them as they
-come (a stacked Atari observation is 28 KB as uint8, 113 KB as float32). Weights are initialised
-as SB3 and CleanRL do: orthogonal, gain sqrt(2), zero biases.
+dimension is smaller than its last is channels first, any other channels last. Stacked
+multi-channel frames (`FrameStackObservation` of MinAtar's grids: `[k, 10, 10, C]`) are 4-D: the
+rule applies to one frame, and the k frames' channels are put side by side, k * C of them. uint8
+images are scaled to [0, 1] and bool ones cast, in the network, so that rollouts keep and ship
+them as they come (a stacked Atari observation is 28 KB as uint8, 113 KB as float32). Weights are
+initialised as SB3 and CleanRL do: orthogonal, gain sqrt(2), zero biases.
 """
 
 from __future__ import annotations
@@ -71,14 +73,16 @@ class ImageEncoder(nn.Module):
 
     def __init__(self, name: str, obs_shape: Sequence[int]) -> None:
         super().__init__()
-        if len(obs_shape) != 3:
+        if len(obs_shape) not in (3, 4):
             raise UnsupportedSpace(
                 f"encoder {name!r} needs image observations (a 3-D Box such as 84x84 frames "
-                f"stacked 4, or MinAtar's 10x10 grids); these are of shape {tuple(obs_shape)}: "
-                "use encoder 'mlp'"
+                f"stacked 4, or MinAtar's 10x10 grids, or a 4-D stack of such grids); these are "
+                f"of shape {tuple(obs_shape)}: use encoder 'mlp'"
             )
-        self.channels_last = channels_last(obs_shape)
-        channels = obs_shape[-1] if self.channels_last else obs_shape[0]
+        frame = tuple(obs_shape[-3:])
+        self.stack = obs_shape[0] if len(obs_shape) == 4 else 0
+        self.channels_last = channels_last(frame)
+        channels = (frame[-1] if self.channels_last else frame[0]) * max(self.stack, 1)
         convs, units = CNNS[name]
         layers: list[nn.Module] = []
         for filters, kernel, stride in convs:
@@ -102,6 +106,10 @@ class ImageEncoder(nn.Module):
             obs = obs.float().div_(255.0)
         elif not obs.is_floating_point():
             obs = obs.float()
+        if self.stack:  # [B, k, H, W, C] or [B, k, C, H, W] -> [B, k * C, H, W]
+            if self.channels_last:
+                obs = obs.permute(0, 1, 4, 2, 3)
+            return obs.reshape(obs.shape[0], -1, *obs.shape[-2:])
         return obs.permute(0, 3, 1, 2) if self.channels_last else obs
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """The actor-critic network: an encoder (config `encoder`), an optional recurrent core (`core`),
 a policy head and a value head.
 
-- encoder `mlp`: tanh torsos over the flattened observation, shared or one per head; `nature_cnn`
-  and `small_cnn` (a3c_http/encoders.py): a CNN over image observations, shared by both heads.
+- encoder `mlp`: the flattened observation; `nature_cnn` and `small_cnn` (a3c_http/encoders.py):
+  a CNN over image observations. Then tanh torsos of `hidden_sizes`, shared or one per head (none
+  with `hidden_sizes: []`).
 - core `none`: feed-forward; `lstm`: an LSTM cell of `lstm_size` units whose state each
   environment carries (`initial_state`, `act`), zeroed where an episode starts, and which the loss
   runs again over a rollout in time order from the state the rollout began with (`unroll`).
@@ -70,14 +71,15 @@ class ActorCritic(nn.Module):
             self.obs_rms = RunningMeanStd((self.obs_dim,))
         if normalize_reward:
             self.ret_rms = RunningMeanStd(())
+        width = self.obs_dim
         if encoder != "mlp":
             self.encoder = ImageEncoder(encoder, self.obs_shape)
             width = self.encoder.width
-        elif shared_torso or self.recurrent:
-            self.torso, width = mlp(self.obs_dim, hidden_sizes)
+        if shared_torso or self.recurrent:
+            self.torso, width = mlp(width, hidden_sizes)
         else:
-            self.policy_torso, width = mlp(self.obs_dim, hidden_sizes)
-            self.value_torso, _ = mlp(self.obs_dim, hidden_sizes)
+            self.policy_torso, _ = mlp(width, hidden_sizes)
+            self.value_torso, width = mlp(width, hidden_sizes)
         if self.recurrent:
             self.core = nn.LSTMCell(width, lstm_size)
             nn.init.zeros_(self.core.bias_ih)
@@ -114,13 +116,13 @@ class ActorCritic(nn.Module):
     def _features(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The policy's and the value's features before the core (the same tensor when shared)."""
         if hasattr(self, "encoder"):
-            shared = self.encoder(obs)
-            return shared, shared
-        x = obs.reshape(obs.shape[0], -1)
-        if x.dtype != torch.float32:
-            x = x.float()
-        if hasattr(self, "obs_rms"):
-            x = self.obs_rms.normalize(x)
+            x = self.encoder(obs)
+        else:
+            x = obs.reshape(obs.shape[0], -1)
+            if x.dtype != torch.float32:
+                x = x.float()
+            if hasattr(self, "obs_rms"):
+                x = self.obs_rms.normalize(x)
         if hasattr(self, "torso"):
             shared = self.torso(x)
             return shared, shared

@@ -47,6 +47,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     **{
         f"MinAtar/{game}-v{version}": {
             "encoder": "small_cnn",
+            "frame_stack": 4,
             "num_envs": 16,
             "wire_dtype": "bfloat16",
             "entropy_coef": 0.01,
@@ -64,6 +65,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "preprocess": "atari",
             "frame_stack": 4,
             "encoder": "nature_cnn",
+            "hidden_sizes": [],
             "clip_reward": True,
             "life_loss": True,
             "entropy_coef": 0.01,

@@ -74,7 +74,7 @@ def test_unknown_field_is_refused_and_named_with_what_was_meant(field: str, mean
         ("num_envs", 0),
         ("t_max", 0),
         ("hidden_sizes", [64, 0]),
-        ("hidden_sizes", []),
+        ("hidden_sizes", [64] * 9),
         ("hidden_sizes", [5000]),
         ("entropy_coef", math.inf),
         ("max_grad_norm", 0.0),

@@ -37,10 +37,11 @@ def test_a_minatar_preset_builds_its_small_cnn_over_the_grids_as_they_come() -> 
     env = env_for(config)
     try:
         obs, _ = env.reset(seed=0)
-        assert obs.shape == (10, 10, 4) and obs.dtype == np.bool_
+        assert obs.shape == (4, 10, 10, 4) and obs.dtype == np.bool_  # 4 grids of 4 channels
     finally:
         env.close()
-    assert model_for(config).encoder.channels_last
+    encoder = model_for(config).encoder
+    assert encoder.channels_last and encoder.stack == 4
 
 
 def test_a_family_whose_package_is_missing_says_which_extra_installs_it(

@@ -187,8 +187,8 @@ def test_initial_policy_is_near_uniform() -> None:
 def test_the_cnns_take_frames_as_they_come_and_scale_them_inside() -> None:
     torch.manual_seed(0)
     frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)  # Atari, stacked 4, channels first
-    nature = ActorCritic.for_spaces(frames, gym.spaces.Discrete(6), [64], encoder="nature_cnn")
-    assert sum(p.numel() for p in nature.parameters()) == 1_687_719
+    nature = ActorCritic.for_spaces(frames, gym.spaces.Discrete(6), [], encoder="nature_cnn")
+    assert sum(p.numel() for p in nature.parameters()) == 1_687_719  # heads right on 512 units
     obs = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
     dist, value = nature(obs)
     _, scaled = nature(obs.float() / 255)
@@ -199,6 +199,13 @@ def test_the_cnns_take_frames_as_they_come_and_scale_them_inside() -> None:
     assert small.encoder.convs[0].weight.shape == (16, 4, 3, 3)  # 4 channels, read from the end
     dist, value = small(torch.rand(5, 10, 10, 4) > 0.5)
     assert dist.logits.shape == (5, 3) and torch.isfinite(value).all()
+    # MinAtar stacked 4 ([k, 10, 10, C]): the frames' channels side by side, in frame order.
+    stacked = gym.spaces.Box(0, 1, (4, 10, 10, 4), bool)
+    deep = ActorCritic.for_spaces(stacked, gym.spaces.Discrete(3), [64], encoder="small_cnn")
+    assert deep.encoder.convs[0].weight.shape == (16, 16, 3, 3)
+    obs = torch.rand(5, 4, 10, 10, 4) > 0.5
+    side_by_side = torch.cat([obs[:, k].permute(0, 3, 1, 2) for k in range(4)], 1).float()
+    assert torch.equal(deep.encoder._channels_first(obs), side_by_side)
 
 
 def test_a_cnn_over_vectors_or_tiny_images_says_what_to_use() -> None:
