@@ -194,6 +194,13 @@ class MasterClient:
 
     # -- worker lifecycle -----------------------------------------------------------------------
 
+    def join(
+        self, name: str, url: str | None, run_id: str | None, worker_id: str | None
+    ) -> dict[str, Any]:
+        """POST /join: `{"run": ... or None, "retry_s"}` (master/routes_run.py)."""
+        body = {"name": name, "url": url, "run_id": run_id, "worker_id": worker_id}
+        return self._json("POST", "/join", json=body)["data"]
+
     def worker_started(self, worker_id: str, url: str | None) -> dict[str, Any]:
         return self._json(
             "POST",

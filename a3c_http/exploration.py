@@ -1,8 +1,9 @@
 """Per-worker exploration: each worker of a run explores its own amount, as Ape-X gives each actor
-its own epsilon. The master derives every worker's settings from its place in the run's worker
-list (`derive`, the one place that rule lives), sends them in `POST /start_worker`, records them in
-its registry and shows them in /status; the worker trains with them (`Exploration.config_for`,
-`widened`).
+its own epsilon. The master derives every worker's settings from its place in the order the run's
+workers were started or joined (`derive`, the one place that rule lives, which needs no count of
+workers, since workers may join at any time), sends them in `POST /start_worker` or the reply to
+`POST /join`, records them in its registry and shows them in /status; the worker trains with them
+(`Exploration.config_for`, `widened`).
 
 Both knobs keep every worker on-policy, which A3C's gradient needs (Ape-X learns off-policy, so its
 actors may act as they like). A worker's own entropy_coef only changes the weight of the entropy
@@ -64,14 +65,26 @@ class Exploration(BaseModel):
         return config.model_copy(update={"entropy_coef": self.resolved(config).entropy_coef})
 
 
-def derive(config: TrainConfig, index: int, count: int) -> Exploration:
-    """The settings of worker `index` (from 0) of `count`: entropy_coef spread linearly from the
-    config's entropy_coef (the first worker) to entropy_coef_max (the last), the log-std offset
-    from 0 to log_std_spread. A lone worker is the first. Written as a weighted mean, so that the
-    first and the last worker get exactly the two ends."""
-    if not 0 <= index < count:
-        raise ValueError(f"worker index {index} is not one of {count} workers")
-    share = index / (count - 1) if count > 1 else 0.0
+def spread(index: int) -> float:
+    """Worker `index`'s (from 0) place between the two ends of the exploration range, from its
+    index alone: 0, 1, then the midpoints of the gaps so far (1/2, 1/4, 3/4, 1/8, 3/8, ...). Any
+    number of the first workers covers the range about evenly, the first two its two ends, so no
+    worker needs to know how many others will join."""
+    if index < 0:
+        raise ValueError(f"worker index {index} is negative")
+    if index < 2:
+        return float(index)
+    level = (index - 1).bit_length() - 1  # index 2 -> 1/2; 3, 4 -> quarters; 5..8 -> eighths
+    odd = 2 * (index - 1 - 2**level) + 1
+    return odd / 2 ** (level + 1)
+
+
+def derive(config: TrainConfig, index: int) -> Exploration:
+    """The settings of worker `index` (from 0, in the order workers were started or joined):
+    entropy_coef from the config's entropy_coef (the first worker) to entropy_coef_max (the
+    second), the log-std offset from 0 to log_std_spread, at the worker's `spread`. Written as a
+    weighted mean, so that the ends are exactly the config's two values."""
+    share = spread(index)
     entropy_coef = config.entropy_coef
     if config.entropy_coef_max is not None:
         entropy_coef = (1.0 - share) * config.entropy_coef + share * config.entropy_coef_max

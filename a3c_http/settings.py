@@ -146,6 +146,13 @@ class WorkerSettings(_FromEnv):
 
     master_retry_s: PositiveSeconds = 60.0
     torch_threads: int = Field(1, ge=1)
+    # A worker that joins by itself (worker/joiner.py): the master's URL, what it calls itself
+    # there (default: its host name and process id; a pod's host name is the pod's name) and,
+    # for /status only, where it can be reached.
+    master_url: str | None = Field(None, pattern=r"^https?://[^\s/]+/?$")
+    worker_name: str | None = Field(None, min_length=1, max_length=128,
+                                    pattern=r"^[A-Za-z0-9._:@/-]+$")
+    worker_url: str | None = Field(None, max_length=2048, pattern=r"^https?://\S+$")
     # Gradient pushes go from a child process (a3c_http/pushproc.py), not from threads of the
     # training process, whose rollouts they would slow; false: from threads.
     push_process: bool = True

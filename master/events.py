@@ -160,7 +160,15 @@ class RunEvents:
     # -- the workers (master/registry.py) --------------------------------------------------------
 
     def worker_joined(self, record: WorkerRecord) -> None:
-        self.add(INFO, "worker_joined", "worker joined", record.worker_id, url=record.url)
+        self.add(
+            INFO,
+            "worker_joined",
+            "worker joined",
+            record.worker_id,
+            url=record.url,
+            origin=record.origin,
+            name=record.name,
+        )
 
     def worker_lost(self, record: WorkerRecord) -> None:
         self.add(WARNING, "worker_lost", "worker lost", record.worker_id, reason=record.error)

@@ -44,7 +44,9 @@ def normalize_url(entry: str, default_port: bool = False) -> str:
     return f"{parts.scheme}://{host}:{port}"
 
 
-def parse_workers(entries: list[str], source: str) -> list[str]:
+def parse_workers(entries: list[str], source: str, allow_none: bool = False) -> list[str]:
+    """The worker URLs of `entries` (lines, `#` comments); with `allow_none`, an empty list for
+    none (a run for workers that join), else a WorkerListError."""
     urls: list[str] = []
     for number, raw in enumerate(entries, start=1):
         line = raw.split("#", 1)[0].strip()
@@ -57,20 +59,29 @@ def parse_workers(entries: list[str], source: str) -> list[str]:
         if url in urls:
             raise WorkerListError(f"{source} entry {number}: {url} is listed twice")
         urls.append(url)
-    if not urls:
+    if not urls and not allow_none:
         raise WorkerListError(f"{source} lists no worker")
     return urls
 
 
-def read_workers_file(path: Path) -> list[str]:
+def read_workers_file(path: Path, missing_ok: bool = False) -> list[str]:
+    """The worker URLs of a workers file; with `missing_ok`, none when the file does not exist
+    or lists none (the master's default file: the run waits for workers that join)."""
     try:
         text = path.read_text()
+    except FileNotFoundError:
+        if missing_ok:
+            return []
+        raise WorkerListError(
+            f"cannot read the workers file {path} (no such file); set A3C_WORKERS_FILE or "
+            'pass "workers": ["host:port", ...] in the body'
+        ) from None
     except OSError as exc:
         raise WorkerListError(
             f"cannot read the workers file {path} ({exc.strerror}); set A3C_WORKERS_FILE or "
             'pass "workers": ["host:port", ...] in the body'
         ) from None
-    return parse_workers(text.splitlines(), str(path))
+    return parse_workers(text.splitlines(), str(path), allow_none=missing_ok)
 
 
 def _start_one(client: httpx.Client, url: str, body: dict[str, Any]) -> str | None:

@@ -31,6 +31,10 @@ from master.reports import Reports
 from master.seed_counters import SeedCounters
 
 RunState = Literal["idle", "running", "finished"]
+# How often a worker with no run to join asks again (the `retry_s` of POST /join's reply), and
+# how long after its last ask /status still lists it as waiting.
+JOIN_RETRY_S = 2.0
+JOIN_SEEN_S = 5 * JOIN_RETRY_S
 
 
 class RunLedger(Reports):
@@ -53,6 +57,12 @@ class RunLedger(Reports):
         # The reply to each worker's last counted episode report, for its retries.
         self._episode_replies: dict[str, tuple[int, dict[str, Any]]] = {}
         self._finished = False
+        # A run begun without a worker list waits for workers that join (POST /join): it does not
+        # finish when none is left, as one whose workers the master started does.
+        self.waits_for_workers = False
+        # Workers that asked to join while no run was running: name -> when they last asked (wall
+        # clock), shown in /status; they get the next run by asking again.
+        self.waiting: dict[str, float] = {}
         self.seed = SeedCounters(self)  # the original design's counter endpoints
 
     # -- the run ---------------------------------------------------------------------------------
@@ -77,6 +87,7 @@ class RunLedger(Reports):
             self.workers = Registry.launching(
                 worker_urls, config, self.events, self.max_workers
             )
+            self.waits_for_workers = not worker_urls
             self.unsaved_rows = []
             self._episode_replies = {}
             return list(self.workers.records)
@@ -188,6 +199,38 @@ class RunLedger(Reports):
             self.check_same_run(run_id)
             self.workers.register(worker_id, url, self.run_state == "running")
 
+    def join(
+        self,
+        name: str,
+        url: str | None,
+        run_id: str | None = None,
+        worker_id: str | None = None,
+    ) -> dict[str, Any] | None:
+        """A worker that joins by itself: its id, the run's id and config, and its exploration
+        settings, or None while no run is running (it asks again). `run_id`/`worker_id`: the run
+        it trained in before and its id there; the same run takes it back under that id."""
+        with self.lock:
+            if self.run_state != "running" or self.config is None:
+                if len(self.waiting) < self.max_workers or name in self.waiting:
+                    self.waiting[name] = time.time()
+                return None
+            self.waiting.pop(name, None)
+            same = run_id == self.run_id
+            record = self.workers.join(self.config, name, url, worker_id if same else None)
+            return {
+                "run_id": self.run_id,
+                "worker_id": record.worker_id,
+                "config": self.config.model_dump(),
+                "exploration": dict(record.exploration or {}),
+            }
+
+    def waiting_workers(self, within_s: float) -> list[str]:
+        """The workers that asked to join, with no run to join, in the last `within_s` s."""
+        with self.lock:
+            since = time.time() - within_s
+            self.waiting = {n: t for n, t in self.waiting.items() if t >= since}
+            return sorted(self.waiting)
+
     def worker_done(self, worker_id: str, error: str | None, run_id: str | None = None) -> str:
         with self.lock:
             self.check_same_run(run_id)
@@ -231,7 +274,7 @@ class RunLedger(Reports):
                 self._finish_if_no_worker_left()
 
     def _finish_if_no_worker_left(self) -> None:
-        if self.workers.active() == 0:
+        if not self.waits_for_workers and self.workers.active() == 0:
             self.finish("no worker is running any more")
 
     def active_workers(self) -> int:
@@ -268,6 +311,8 @@ class RunLedger(Reports):
                 "state": self.run_state,
                 "run_id": self.run_id,
                 "finish_reason": self.finish_reason,
+                "waits_for_workers": self.waits_for_workers,
+                "waiting_workers": self.waiting_workers(JOIN_SEEN_S),
                 "env_id": self.config.env_id if self.config else None,
                 "global_episode": stats.global_episode,
                 "global_steps": stats.global_steps,
@@ -296,6 +341,7 @@ class RunLedger(Reports):
                 "stats": self.stats.to_json(),
                 "evaluations": self.evals.to_json(),
                 "workers": self.workers.to_json(),
+                "waits_for_workers": self.waits_for_workers,
             }
 
     def rows_saved(self, last_episode: int | None, last_evaluation: int | None = None) -> None:
@@ -327,3 +373,4 @@ class RunLedger(Reports):
             self.workers = Registry.from_json(
                 state.get("workers", []), self.events, self.max_workers
             )
+            self.waits_for_workers = bool(state.get("waits_for_workers", False))

@@ -63,6 +63,21 @@ class StatusCollector(Collector):
         for state in WORKER_STATES:
             workers.add_metric([state], states.get(state, 0))
         yield workers
+        # Who joined and who left: origin joined (POST /join), launched (started by the master)
+        # or registered (POST /worker_started), by state (done: it left; lost: it vanished).
+        members = GaugeMetricFamily(
+            "a3c_workers_by_origin", "Workers by how they came and their state.",
+            labels=["origin", "state"],
+        )
+        for (origin, state), n in sorted(
+            Counter((w.get("origin") or "registered", w["state"]) for w in s["workers"]).items()
+        ):
+            members.add_metric([origin, state], n)
+        yield members
+        yield GaugeMetricFamily(
+            "a3c_workers_waiting", "Workers that asked to join while no run was running.",
+            value=len(s.get("waiting_workers") or []),
+        )
         # Not a3c_worker_env_steps_per_second: each worker exports that one itself, and a sum()
         # over both would count every worker twice. No name is exported by both services.
         speed = GaugeMetricFamily(

@@ -16,6 +16,10 @@ if TYPE_CHECKING:
 
 WorkerState = Literal["starting", "running", "done", "lost", "failed"]
 ACTIVE = ("starting", "running")
+# How a worker came into the run: started by the master (workers.txt, POST /train's `workers`),
+# registered by itself under its own id (POST /worker_started), or joined by itself and given an
+# id and the run (POST /join, a worker with A3C_MASTER_URL).
+WorkerOrigin = Literal["launched", "registered", "joined"]
 # API.md's avg = 0.99*avg + 0.01*r, with these very constants (1 - 0.99 is not 0.01 in floats), so
 # anyone who folds the history again gets exactly the master's value.
 MOVING_AVERAGE_DECAY, MOVING_AVERAGE_WEIGHT = 0.99, 0.01
@@ -50,6 +54,10 @@ class WorkerRecord:
     exploration: dict[str, float] | None = None
     # When `env_steps` was last reported (wall clock): how fast it may grow (master/limits.py).
     stats_at: float = 0.0
+    origin: WorkerOrigin = "registered"
+    # What the worker calls itself (a joined worker's A3C_WORKER_NAME: its host and port, or its
+    # pod's name), so that /status says which host or pod an id is.
+    name: str | None = None
 
     def seen_seq(self, seq: int) -> bool:
         """Episode-report number `seq` was taken before (this is a retry)."""

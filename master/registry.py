@@ -38,7 +38,6 @@ class Registry:
         """The workers the master is about to start, `w1`, `w2`, ... in the order of the URLs,
         each with the exploration settings of its place in that order."""
         now = time.time()
-        count = len(worker_urls)
         return cls(
             events,
             {
@@ -48,8 +47,9 @@ class Registry:
                     "starting",
                     now,
                     launching=True,
-                    exploration=derive(config, i - 1, count).model_dump(),
+                    exploration=derive(config, i - 1).model_dump(),
                     stats_at=now,
+                    origin="launched",
                 )
                 for i, url in enumerate(worker_urls, start=1)
             },
@@ -102,6 +102,40 @@ class Registry:
         record.error = None
         if was not in ("running", "lost"):  # a lost one said it came back already
             self.events.worker_joined(record)
+
+    def join(
+        self, config: TrainConfig, name: str, url: str | None, worker_id: str | None
+    ) -> WorkerRecord:
+        """A worker that joins by itself (POST /join): back under `worker_id` if this run holds
+        it (it joined before the master restarted, or before its own trainer gave up), else under
+        the next free id `wN`, with the exploration settings of its place N - 1 in the run."""
+        record = self.records.get(worker_id) if worker_id else None
+        if record is None:
+            if len(self.records) >= self.max_workers:
+                raise StateConflict(
+                    f"this run's registry is full: it holds {len(self.records)} workers "
+                    "(A3C_MAX_WORKERS on the master), so no new worker can join"
+                )
+            number = len(self.records) + 1
+            while f"w{number}" in self.records:
+                number += 1
+            now = time.time()
+            record = WorkerRecord(
+                f"w{number}",
+                url,
+                "starting",
+                now,
+                exploration=derive(config, number - 1).model_dump(),
+                stats_at=now,
+                origin="joined",
+                name=name,
+            )
+            self.records[record.worker_id] = record
+        # `starting` until its first message: its POST /worker_started logs it as joined.
+        record.error = None
+        record.name, record.url = name, url or record.url
+        record.state, record.last_seen = "starting", time.time()
+        return record
 
     def end(self, worker_id: str, error: str | None, running: bool) -> str:
         """The worker said it is done, or failed with `error`; returns its new state."""

@@ -19,8 +19,9 @@ from a3c_http.service import JSON_BODY, ErrorBody, conflict, protected_router
 from master.deps import State
 from master.launcher import WorkerListError, normalize_url, parse_workers, read_workers_file
 from master.launcher import start_workers as launch
+from master.ledger import JOIN_RETRY_S
 from master.persistence import FolderUnwritable
-from master.schemas import OTHER_RUN, EpisodeIn, HeartbeatIn, Seq, TrainIn
+from master.schemas import OTHER_RUN, EpisodeIn, HeartbeatIn, JoinIn, Seq, TrainIn
 from master.state import ModelTooLarge
 
 router = protected_router(tags=["run"])
@@ -72,11 +73,14 @@ def unreachable_master(master_url: str, urls: list[str]) -> str | None:
 )
 def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
     settings = state.settings
+    # The default workers file may be absent or empty: the run waits for workers that join. One
+    # named by A3C_WORKERS_FILE must be there.
+    default_file = "workers_file" not in settings.model_fields_set
     try:
         urls = (
-            parse_workers(body.workers, "workers")
+            parse_workers(body.workers, "workers", allow_none=True)
             if body.workers is not None
-            else read_workers_file(settings.workers_file)
+            else read_workers_file(settings.workers_file, missing_ok=default_file)
         )
     except WorkerListError as exc:
         raise HTTPException(422, str(exc)) from None
@@ -110,6 +114,15 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
             422, f"env_id/env_kwargs: cannot build {config.env_id!r}: {exc}"
         ) from None
     workers = dict(zip(worker_ids, urls, strict=True))
+    if not workers:
+        note = (
+            "no worker to start: the run waits for workers that join by themselves (a3c-worker "
+            f"with A3C_MASTER_URL={master_url})"
+        )
+        return JSONResponse(
+            {"data": {"run_id": run_id, "master_url": master_url, "workers": [], "note": note}},
+            status_code=202,
+        )
     results = launch(
         state.ledger,
         workers,
@@ -132,6 +145,18 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
         return JSONResponse({"detail": detail, "data": data}, status_code=503)
     state.check_liveness()
     return JSONResponse({"data": data}, status_code=202)
+
+
+@router.post("/join", responses={**JSON_BODY, **conflict("this run's registry is full")})
+def join(body: JoinIn, request: Request, state: State) -> dict[str, Any]:
+    """A worker joins by itself (a worker with A3C_MASTER_URL, at its start, after a run and
+    after a restart of either): `run` is what POST /start_worker would have told it (its
+    `worker_id`, the `run_id`, the `config`, its `exploration`, and `push_url` with fronts), or
+    null while no run is running; it asks again after `retry_s` seconds."""
+    run = state.join(body.name, body.url, body.run_id, body.worker_id)
+    if run is not None and state.fronts is not None:
+        run["push_url"] = state.fronts.url_for(str(request.base_url))
+    return {"data": {"run": run, "retry_s": JOIN_RETRY_S}}
 
 
 @router.post("/stop")

@@ -96,6 +96,31 @@ class WorkerStartedIn(Strict):
     run_id: RunId = None
 
 
+class JoinIn(Strict):
+    """POST /join: a worker that joins by itself (A3C_MASTER_URL)."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9._:@/-]+$",
+        description="What the worker calls itself (A3C_WORKER_NAME: by default its host name and "
+        "port, in Kubernetes its pod's name), shown in /status beside the id the master gives it.",
+    )
+    url: str | None = Field(
+        None,
+        max_length=2048,
+        pattern=r"^https?://",
+        description="Where the worker can be reached (A3C_WORKER_URL), shown in /status; the "
+        "master never calls a worker that joined.",
+    )
+    run_id: RunId = None
+    worker_id: WorkerId | None = Field(
+        None,
+        description="The id it had in `run_id`: the same run, still running, takes it back under "
+        "that id (after a restart of the master, or of its trainer).",
+    )
+
+
 class WorkerDoneIn(Strict):
     worker_id: WorkerId
     error: str | None = Field(None, max_length=20_000)
@@ -156,7 +181,11 @@ class TrainIn(TrainConfig):
     model_config = ConfigDict(strict=True)
 
     workers: list[str] | None = Field(
-        None, max_length=1024, description="Worker URLs; default: the lines of A3C_WORKERS_FILE."
+        None,
+        max_length=1024,
+        description="Worker URLs for the master to start; default: the lines of "
+        "A3C_WORKERS_FILE, none when that file does not exist. [] or none: the run waits for "
+        "workers that join by themselves (POST /join); any run takes them too.",
     )
     master_url: str | None = Field(
         None,

@@ -194,6 +194,11 @@ class ClusterState:
     def worker_started(self, worker_id: str, url: str | None, run_id: str | None = None) -> None:
         self._saving_a_finish(self.ledger.worker_started(worker_id, url, run_id))
 
+    def join(
+        self, name: str, url: str | None, run_id: str | None, worker_id: str | None
+    ) -> dict[str, Any] | None:
+        return self._saving_a_finish(self.ledger.join(name, url, run_id, worker_id))
+
     def worker_done(self, worker_id: str, error: str | None, run_id: str | None = None) -> str:
         return self._saving_a_finish(self.ledger.worker_done(worker_id, error, run_id))
 

@@ -30,22 +30,23 @@ from worker.trainer import Progress, Trainer
 # -- the derivation -------------------------------------------------------------------------------
 
 
-def test_derive_spreads_linearly_from_the_config_to_the_max() -> None:
+def test_derive_spreads_each_worker_by_its_index_alone_ends_first() -> None:
     cfg = TrainConfig(entropy_coef=0.01, entropy_coef_max=0.05, log_std_spread=1.0)
-    first, middle, last = (derive(cfg, k, 3) for k in range(3))
-    # The ends exactly, not up to rounding.
+    first, second, third = (derive(cfg, k) for k in range(3))
+    # The ends exactly, not up to rounding: the first two workers, however many join later.
     assert first == Exploration(entropy_coef=0.01, log_std_offset=0.0)
-    assert last == Exploration(entropy_coef=0.05, log_std_offset=1.0)
-    assert middle.entropy_coef == pytest.approx(0.03) and middle.log_std_offset == 0.5
-    assert derive(cfg, 0, 1) == first  # a lone worker is the first
-    with pytest.raises(ValueError, match="index 3"):
-        derive(cfg, 3, 3)
+    assert second == Exploration(entropy_coef=0.05, log_std_offset=1.0)
+    assert third.entropy_coef == pytest.approx(0.03) and third.log_std_offset == 0.5
+    # The next ones halve the gaps: 9 workers sit on the eighths, each once.
+    assert sorted(derive(cfg, k).log_std_offset for k in range(9)) == [k / 8 for k in range(9)]
+    with pytest.raises(ValueError, match="index -1"):
+        derive(cfg, -1)
 
 
 def test_without_a_spread_every_worker_gets_the_configs_entropy_coef() -> None:
     cfg = TrainConfig(entropy_coef=0.02)
     same = Exploration(entropy_coef=0.02, log_std_offset=0.0)
-    assert [derive(cfg, k, 4) for k in range(4)] == [same] * 4
+    assert [derive(cfg, k) for k in range(4)] == [same] * 4
 
 
 # -- the widened policy ---------------------------------------------------------------------------
@@ -162,8 +163,8 @@ def test_train_gives_each_worker_its_exploration_in_status_and_start_request(
         workers = c.get("/status").json()["workers"]
     assert [w["worker_id"] for w in workers] == ["w1", "w2", "w3"]
     shown = [w["exploration"] for w in workers]
-    assert [e["entropy_coef"] for e in shown] == pytest.approx([0.01, 0.03, 0.05])
-    assert [e["log_std_offset"] for e in shown] == [0.0, 0.25, 0.5]
+    assert [e["entropy_coef"] for e in shown] == pytest.approx([0.01, 0.05, 0.03])
+    assert [e["log_std_offset"] for e in shown] == [0.0, 0.5, 0.25]
     # Each worker was sent what /status shows of it.
     assert [s.starts()[0]["body"]["exploration"] for s in standins] == shown
     # Saved with the registry: a master resumed on the run folder shows the same.

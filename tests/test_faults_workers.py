@@ -9,10 +9,11 @@ from __future__ import annotations
 import re
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
-from a3c_http.localcluster import LocalCluster, ServiceProcess, wait_for
+from a3c_http.localcluster import LocalCluster, ServiceProcess, free_port, wait_for
 from a3c_http.standin import StandInWorker
 from tests.conftest import PATIENT
 from tests.faultproxy import FaultProxy
@@ -188,3 +189,45 @@ def test_killed_workers_are_lost_and_the_run_ends_without_them(cluster: LocalClu
     print(f"\n[killed worker] marked lost {seconds_to_lost:.1f} s after SIGKILL (timeout 2 s)")
     assert final["finish_reason"] == "no worker is running any more"
     assert {w["state"] for w in final["workers"]} == {"lost"}
+
+
+def test_a_worker_with_the_masters_url_joins_a_running_run_and_leaves_on_sigterm(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Workers that join by themselves (worker/joiner.py) beside the ones the master started:
+    one waits while no run runs, joins the run, trains in it, and on SIGTERM says it is done."""
+    joiner = ServiceProcess(
+        "worker.app:app",
+        free_port(),
+        tmp_path / "joiner.log",
+        env={"A3C_MASTER_URL": cluster.master.url, "A3C_WORKER_NAME": "joiner-1"},
+        token=TOKEN,
+    )
+    joiner.start()
+    try:
+        joiner.wait_healthy()
+        wait_for(lambda: "joiner-1" in cluster.status()["waiting_workers"], 30,
+                 "the worker to ask to join while no run runs")
+        first, _ = start_fast_failing_run(cluster)
+
+        def joined() -> dict | None:
+            mine = [w for w in cluster.status()["workers"] if w["name"] == "joiner-1"]
+            return mine[0] if mine and mine[0]["episodes"] > 0 else None
+
+        record_ = wait_for(joined, 60, "the worker to join the run and report episodes")
+        assert record_["origin"] == "joined" and record_["state"] == "running"
+        assert cluster.worker_status(joiner)["worker_id"] == record_["worker_id"]
+        joiner.signal(signal.SIGTERM)
+        # uvicorn ends by raising the signal again, once its shutdown is done
+        assert joiner.proc.wait(timeout=30) in (0, -signal.SIGTERM)
+        left = wait_for(
+            lambda: (s := cluster.status()) and [
+                w for w in s["workers"] if w["name"] == "joiner-1" and w["state"] == "done"
+            ],
+            30,
+            "the master to show the worker that left as done",
+        )
+        assert len(left) == 1
+        assert record(cluster.status(), first.url)["state"] == "running"  # the run goes on
+    finally:
+        joiner.stop()

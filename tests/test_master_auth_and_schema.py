@@ -83,6 +83,7 @@ def test_malformed_json_without_token_is_401_not_422(tmp_path: Path) -> None:
 # The operations that may answer 409, and only those declare it.
 CONFLICT_OPERATIONS = {
     ("POST", "/train"),
+    ("POST", "/join"),
     ("POST", "/worker_started"),
     ("POST", "/worker_done"),
     ("POST", "/episode"),

@@ -261,3 +261,90 @@ def test_start_timeout_gives_starting_workers_longer(
     clock.now += 18
     assert worker_states(client) == {"w1": "lost", "w2": "lost"}
     assert "start_timeout_s=30" in status(client)["workers"][1]["error"]
+
+
+# -- workers that join by themselves (POST /join) ----------------------------------------------
+
+
+def join(c: TestClient, name: str, **fields: object) -> dict:
+    r = c.post("/join", json={"name": name, **fields})
+    assert r.status_code == 200, r.text
+    return r.json()["data"]
+
+
+def test_a_run_without_workers_waits_for_joiners_who_get_ids_configs_and_their_exploration(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock(monkeypatch)
+    assert join(client, "pod-a") == {"run": None, "retry_s": routes_run.JOIN_RETRY_S}
+    assert status(client)["waiting_workers"] == ["pod-a"]
+    data = start_run(
+        client, workers=[], entropy_coef=0.01, entropy_coef_max=0.03, heartbeat_timeout_s=5
+    )
+    assert data["workers"] == [] and "waits for workers that join" in data["note"]
+    clock.now += 60  # nobody for longer than any timeout: the run waits on
+    assert status(client)["state"] == "running" and status(client)["waits_for_workers"]
+
+    first = join(client, "pod-a", url="http://10.0.0.7:8001")["run"]
+    second = join(client, "pod-b")["run"]
+    assert (first["worker_id"], second["worker_id"]) == ("w1", "w2")
+    assert first["run_id"] == second["run_id"] == data["run_id"]
+    assert first["config"]["entropy_coef_max"] == 0.03
+    assert [first["exploration"]["entropy_coef"], second["exploration"]["entropy_coef"]] == [
+        0.01, 0.03,
+    ]  # the ends of the range, from their order alone
+    shown = {w["worker_id"]: w for w in status(client)["workers"]}
+    assert shown["w1"]["origin"] == "joined" and shown["w1"]["name"] == "pod-a"
+    assert shown["w1"]["url"] == "http://10.0.0.7:8001" and status(client)["waiting_workers"] == []
+
+    # One leaves (SIGTERM: it says it is done), one vanishes: the run still waits for others.
+    client.post("/worker_done", json={"worker_id": "w1", "run_id": data["run_id"]})
+    clock.now += 6
+    assert worker_states(client) == {"w1": "done", "w2": "lost"}
+    assert status(client)["state"] == "running"
+    metrics = client.get("/metrics").text  # who joined and who left, for Prometheus
+    assert 'a3c_workers_by_origin{origin="joined",state="done"} 1.0' in metrics
+    assert 'a3c_workers_by_origin{origin="joined",state="lost"} 1.0' in metrics
+    # w2 comes back under its id (a restarted trainer, or master); a new pod gets a new id.
+    again = join(client, "pod-b", run_id=data["run_id"], worker_id="w2")["run"]
+    assert again["worker_id"] == "w2" and again["exploration"] == second["exploration"]
+    assert join(client, "pod-c", run_id="an-old-run", worker_id="w2")["run"]["worker_id"] == "w3"
+    assert worker_states(client) == {"w1": "done", "w2": "starting", "w3": "starting"}
+    client.post("/heartbeat", json={"worker_id": "w3"})
+    assert worker_states(client)["w3"] == "running"
+
+
+def test_launched_and_joined_workers_share_a_run(client: TestClient, launched: list) -> None:
+    start_run(client)  # w1, w2 from the list
+    joined = join(client, "late")["run"]
+    assert joined["worker_id"] == "w3"
+    origins = {w["worker_id"]: w["origin"] for w in status(client)["workers"]}
+    assert origins == {"w1": "launched", "w2": "launched", "w3": "joined"}
+
+
+def test_the_default_workers_file_may_be_missing_a_named_one_may_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no workers.txt here
+    default = type(make_settings(tmp_path))(run_dir=tmp_path / "run")  # A3C_WORKERS_FILE unset
+    with master(default) as c:
+        r = c.post("/train", json={"master_url": "http://127.0.0.1:33333"})
+        assert r.status_code == 202 and r.json()["data"]["workers"] == [], r.text
+        c.post("/stop")
+    with master(make_settings(tmp_path)) as c:  # names tmp_path/workers.txt, which is absent
+        r = c.post("/train", json={"master_url": "http://127.0.0.1:33333"})
+        assert r.status_code == 422 and "cannot read the workers file" in r.text
+
+
+def test_a_resumed_run_still_waits_and_knows_who_joined(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path)
+    with master(settings) as c:
+        run_id = start_run(c, workers=[])["run_id"]
+        assert join(c, "pod-a")["run"]["worker_id"] == "w1"
+    with master(settings) as c:  # the same folder: the run is taken up
+        s = status(c)
+        assert s["run_id"] == run_id and s["waits_for_workers"]
+        assert [(w["worker_id"], w["origin"], w["name"]) for w in s["workers"]] == [
+            ("w1", "joined", "pod-a")
+        ]
+        assert join(c, "pod-a", run_id=run_id, worker_id="w1")["run"]["worker_id"] == "w1"

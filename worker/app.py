@@ -1,5 +1,6 @@
 """A worker: `uvicorn worker.app:app --port 8001`. It waits for `POST /start_worker` from the
-master, then trains in a background thread until the run ends; it can serve one run after another.
+master, or with A3C_MASTER_URL joins the master's runs itself (worker/joiner.py), then trains in a
+background thread until the run ends; it can serve one run after another.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from a3c_http.exploration import Exploration
 from a3c_http.protocol import METRICS_CONTENT_TYPE as METRICS_TYPE
 from a3c_http.service import JSON_BODY, conflict, install_common, protected_router
 from a3c_http.settings import WorkerSettings
+from worker.joiner import Joiner
 from worker.metrics import exposition
 from worker.trainer import Progress, Trainer
 
@@ -60,13 +62,14 @@ class WorkerService:
         self.master_url: str | None = None
         self.run_id: str | None = None
         self.error: str | None = None
+        self.master_gone = False  # the last run ended because the master could not be reached
         self.exploration: Exploration | None = None
         self.progress = Progress()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._client: MasterClient | None = None
 
-    def start(self, body: StartIn, own_url: str) -> None:
+    def start(self, body: StartIn, own_url: str | None) -> None:
         with self._lock:
             if self.state in ("running", "stopping"):
                 raise HTTPException(
@@ -75,7 +78,7 @@ class WorkerService:
             self.state = "running"
             self.worker_id, self.master_url = body.worker_id, body.master_url
             self.run_id = body.run_id
-            self.error = None
+            self.error, self.master_gone = None, False
             self.exploration = (body.exploration or Exploration()).resolved(body.config)
             self.progress = Progress()
             self._stop = threading.Event()
@@ -136,6 +139,7 @@ class WorkerService:
             entropy_coef=exploration.entropy_coef,
         )
         error: str | None = None
+        master_gone = False
         unexpected: Exception | bool = False  # the traceback to log with the error, if any
         try:
             torch.set_num_threads(self.settings.torch_threads)  # this thread's intra-op threads
@@ -152,6 +156,7 @@ class WorkerService:
             ).run()
         except MasterUnavailable as exc:
             error = f"{exc} (gave up after A3C_MASTER_RETRY_S={self.master_retry_s:g} s)"
+            master_gone = True
         except A3CError as exc:
             error = str(exc)
         except Exception as exc:  # an environment or model error: report it, keep serving
@@ -159,7 +164,7 @@ class WorkerService:
         # Our own state first: whoever sees the master's record of this end must see ours too.
         with self._lock:
             self.state = "failed" if error else "done"
-            self.error = error
+            self.error, self.master_gone = error, master_gone
         if error:  # with a traceback only for what nobody expected (not a master that is gone)
             events.error("worker_failed", "worker failed", exc_info=unexpected, error=error)
         else:
@@ -183,6 +188,11 @@ class WorkerService:
             if self.state == "running":
                 self.state = "stopping"
             self._stop.set()
+
+    def busy(self) -> bool:
+        """Whether a run holds the slot (its trainer has not ended yet)."""
+        thread = self._thread
+        return self.state in ("running", "stopping") or (thread is not None and thread.is_alive())
 
     def join(self, timeout: float) -> None:
         thread = self._thread
@@ -231,9 +241,17 @@ def create_app(token: str | None = None, settings: WorkerSettings | None = None)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        joiner = Joiner(service) if settings.master_url else None
+        if joiner is not None:  # A3C_MASTER_URL: this worker joins the master's runs itself
+            joiner.start()
+        app.state.joiner = joiner
         yield
-        # On SIGTERM: tell the trainer to stop and give it time to send POST /worker_done.
+        # On SIGTERM: stop joining, tell the trainer to stop and give it time to send
+        # POST /worker_done (the master then shows this worker as done: it left).
         service.stop()
+        if joiner is not None:
+            joiner.close()
+        service.stop()  # a run the joiner started meanwhile
         service.join(timeout=15)
 
     # FastAPI's /docs and /redoc load from a CDN: install_common serves /docs from the package.

@@ -136,7 +136,8 @@
     for (const w of status.workers || []) {
       const row = workers.insertRow();
       row.dataset.workerId = w.worker_id;
-      cell(row, w.worker_id);
+      cell(row, w.name ? `${w.worker_id} (${w.name})` : w.worker_id);
+      cell(row, w.origin || "");
       cell(row, w.state, `state-${w.state}`);
       cell(row, number(w.episodes, 0), "num");
       cell(row, number(Math.max(w.env_steps || 0, w.steps || 0), 0), "num");
@@ -146,6 +147,9 @@
       cell(row, w.error || "", "error");
     }
     const scalars = Object.entries(status).filter(([k, v]) => k !== "config" && k !== "workers" && (v === null || typeof v !== "object"));
+    const waiting = status.waiting_workers || [];
+    $("#waiting").textContent = waiting.length ? `Waiting for a run: ${waiting.join(", ")}` : "";
+    $("#waiting").hidden = !waiting.length;
     keyValues($("#run"), scalars.map(([k, v]) => [k, v === null ? "–" : v]));
     keyValues($("#config"), Object.entries(config));
     $("#stop").disabled = status.state !== "running";

@@ -1,0 +1,130 @@
+"""A worker that joins by itself: with A3C_MASTER_URL set, the worker asks the master for a run
+(`POST /join`) from its start on, and again after each run and whenever its trainer gave up on a
+master that went away. The master answers with the running run (its id, its config, and this
+worker's id and exploration settings) or with none, and the worker asks again `retry_s` later.
+It leaves on SIGTERM (its trainer says `POST /worker_done`) or by vanishing (the master marks it
+lost after `heartbeat_timeout_s`).
+
+After a restart of the master the worker's trainer goes on with the run the master resumed (its
+calls are retried for A3C_MASTER_RETRY_S); past that, the trainer ends and the worker joins again
+under the id it had, which the resumed run still holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from typing import TYPE_CHECKING, Any
+
+from fastapi import HTTPException
+
+from a3c_http.client import A3CError, MasterClient, MasterUnavailable, Unauthorized
+
+if TYPE_CHECKING:
+    from worker.app import WorkerService
+
+log = logging.getLogger("a3c.worker")
+
+# How long one ask may be retried before the loop notes the master unreachable and asks again;
+# how long it waits after a trainer failed or the master refused the ask, at most.
+ASK_DEADLINE_S = 10.0
+MAX_PAUSE_S = 30.0
+
+
+def default_name() -> str:
+    """The host's name and the process id: unique on a host, and a pod's host name is the pod's
+    name."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Joiner:
+    """The loop that joins `service` (the worker's one training slot) to the runs of the master
+    at `settings.master_url`."""
+
+    def __init__(self, service: WorkerService) -> None:
+        settings = service.settings
+        assert settings.master_url is not None
+        self.service = service
+        self.master_url = settings.master_url.rstrip("/")
+        self.name = settings.worker_name or default_name()
+        self.url = settings.worker_url
+        self._closing = threading.Event()
+        self._client = MasterClient(
+            self.master_url,
+            service.token,
+            retry_deadline_s=ASK_DEADLINE_S,
+            stop=self._closing,
+            max_reply_bytes=settings.max_body_bytes,
+            proxy_from_env=settings.proxy_from_env,
+        )
+        self._thread = threading.Thread(target=self._loop, name="a3c-joiner", daemon=True)
+        self.last: tuple[str | None, str | None] = (None, None)  # run id, worker id there
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop asking (the caller stops a run in progress)."""
+        self._closing.set()
+        self._thread.join(timeout=ASK_DEADLINE_S + 5)
+        self._client.close()
+
+    def _loop(self) -> None:
+        pause = 0.0
+        ours = False  # whether the slot runs, or ran last, a run this loop joined
+        unreachable = False
+        while not self._closing.wait(pause):
+            pause = 0.0
+            if self.service.busy():
+                self.service.join(1.0)
+                continue
+            if ours:  # that run ended: join the next at once, unless the trainer failed here
+                ours = False
+                if self.service.state == "failed" and not self.service.master_gone:
+                    pause = MAX_PAUSE_S  # an error of this host: not in a tight loop
+                    continue
+            try:
+                reply = self._client.join(self.name, self.url, *self.last)
+            except MasterUnavailable as exc:
+                if not unreachable:
+                    log.warning("cannot reach the master at %s to join: %s", self.master_url, exc)
+                unreachable, pause = True, 2.0
+                continue
+            except (Unauthorized, A3CError) as exc:  # 401, 409 (its registry is full), 422
+                if not self._closing.is_set():
+                    log.error("the master at %s did not let this worker join: %s",
+                              self.master_url, exc)
+                pause = MAX_PAUSE_S
+                continue
+            unreachable = False
+            run = reply.get("run")
+            if run is None:
+                pause = float(reply.get("retry_s") or 2.0)
+            else:
+                ours = self._train(run)
+
+    def _train(self, run: dict[str, Any]) -> bool:
+        """Start the trainer on the run the master gave; whether it started."""
+        from worker.app import StartIn
+
+        try:
+            body = StartIn(
+                master_url=self.master_url,
+                push_url=run.get("push_url"),
+                worker_id=run["worker_id"],
+                run_id=run["run_id"],
+                config=run["config"],
+                exploration=run.get("exploration") or None,
+            )
+        except (KeyError, ValueError) as exc:
+            log.error("the master's run cannot be trained here: %s", exc)
+            return False
+        try:
+            self.service.start(body, self.url)
+        except HTTPException:  # a POST /start_worker took the slot first
+            return False
+        self.last = (body.run_id, body.worker_id)
+        log.info("joined run %s of %s as %s", body.run_id, self.master_url, body.worker_id)
+        return True
