@@ -210,7 +210,11 @@ class RunLedger(Reports):
         settings, or None while no run is running (it asks again). `run_id`/`worker_id`: the run
         it trained in before and its id there; the same run takes it back under that id."""
         with self.lock:
-            if self.run_state != "running" or self.config is None:
+            # While the master still waits for the workers it starts to accept, a worker that is
+            # one of them (listed in workers.txt, and also given A3C_MASTER_URL) must not join
+            # under a second id: the joiners wait for the launch to end.
+            launching = any(r.launching for r in self.workers.records.values())
+            if self.run_state != "running" or self.config is None or launching:
                 if len(self.waiting) < self.max_workers or name in self.waiting:
                     self.waiting[name] = time.time()
                 return None

@@ -316,6 +316,10 @@ def test_a_run_without_workers_waits_for_joiners_who_get_ids_configs_and_their_e
 
 def test_launched_and_joined_workers_share_a_run(client: TestClient, launched: list) -> None:
     start_run(client)  # w1, w2 from the list
+    master_state = client.app.state.cluster
+    master_state.ledger.workers.records["w2"].launching = True  # as while POST /start_worker
+    assert join(client, "late")["run"] is None  # is on its way: w2 may be this very worker
+    master_state.ledger.worker_accepted("w2")
     joined = join(client, "late")["run"]
     assert joined["worker_id"] == "w3"
     origins = {w["worker_id"]: w["origin"] for w in status(client)["workers"]}
