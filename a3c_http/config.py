@@ -59,7 +59,10 @@ class TrainConfig(BaseModel):
         "frames a step max-pooled, 84x84 grayscale); the environment is made with frameskip=1.",
     )
     frame_stack: int = Field(
-        1, ge=1, le=16, description="Observations stacked as channels (FrameStackObservation)."
+        1,
+        ge=1,
+        le=16,
+        description="Observations stacked as channels (as gymnasium's FrameStackObservation).",
     )
     clip_reward: bool = Field(
         False,

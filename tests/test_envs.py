@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation, RecordEpisodeStatistics
@@ -22,7 +23,7 @@ def test_an_atari_preset_gets_the_papers_frames() -> None:
     env = env_for(config)
     try:
         assert isinstance(env, RecordEpisodeStatistics)  # outermost: true returns, every life
-        assert isinstance(env.env, FrameStackObservation)
+        assert isinstance(env.env, envs.StackFrames)
         assert isinstance(env.env.env, AtariPreprocessing)
         assert env.unwrapped._frameskip == 1  # the wrapper skips (and max-pools) the frames
         obs, info = env.reset(seed=0)
@@ -54,3 +55,18 @@ def test_a_family_whose_package_is_missing_says_which_extra_installs_it(
     message = str(caught.value)
     assert "ALE/Pong-v5 needs the packages of the atari extra" in message
     assert "./scripts/setup_venv.sh atari" in message
+
+
+def test_stack_frames_gives_what_gymnasiums_frame_stack_gives() -> None:
+    ours, theirs = (wrap(gym.make("CartPole-v1"), 3) for wrap in (envs.StackFrames,
+                                                                   FrameStackObservation))
+    assert ours.observation_space == theirs.observation_space
+    for episode in range(2):  # the second begins after a reset: no frame of the first is left
+        a, _ = ours.reset(seed=episode)
+        b, _ = theirs.reset(seed=episode)
+        for step in range(12):
+            assert np.array_equal(a, b), (episode, step)
+            a = ours.step(step % 2)[0]
+            b = theirs.step(step % 2)[0]
+    ours.close()
+    theirs.close()
