@@ -385,3 +385,22 @@ def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     if name not in gym.registry:
         raise ValueError(unknown_env(name, module or None))
     return gym.spec(name)
+
+
+# What a field added since a run was saved meant before it existed: a run folder of an earlier
+# version resumes with the network and optimizer it was saved with (a shared torso and Adam), its
+# tensors on the wire as they were (float32), and no preset fills in what that version did not
+# know.
+_BEFORE_THE_FIELD = {
+    "preset": None,
+    "shared_torso": True,
+    "optimizer": "adam",
+    "wire_dtype": "float32",
+}
+
+
+def saved_config(data: dict[str, Any]) -> TrainConfig:
+    """The config of a saved run, as it was saved (also by an earlier version): the master
+    resuming it (master/resume.py), evaluation and export (a3c_http/export.py) read it here."""
+    fields = {k: v for k, v in data.items() if k != "run_id"}
+    return TrainConfig(**{**_BEFORE_THE_FIELD, **fields})
