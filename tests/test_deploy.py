@@ -630,7 +630,7 @@ def test_compose_keeps_the_run_folder_on_a_named_volume() -> None:
 
 
 def test_the_readme_section_names_what_the_files_name() -> None:
-    start = README.index("### Containers and Kubernetes")
+    start = README.index("\n## Containers and Kubernetes")
     assert start < README.index("## Configuration reference")
     section = README[start : README.index("## Configuration reference")]
     resources = base()

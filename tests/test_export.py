@@ -193,9 +193,9 @@ def test_the_recurrent_state_goes_in_and_out(tmp_path: Path) -> None:
     meta = export(tmp_path / "run", tmp_path / "policy.pt", "torchscript")
     assert meta["inputs"] == ["obs", "h", "c"]
     assert meta["outputs"] == ["action", "h_out", "c_out"]
-    assert meta["observation"] == {"shape": [10, 10, 4], "dtype": "bool", "input_dtype": "bool"}
+    assert meta["observation"] == {"shape": [4, 10, 10, 4], "dtype": "bool", "input_dtype": "bool"}
     policy = torch.jit.load(str(tmp_path / "policy.pt"))
-    obs = torch.rand(5, 3, 10, 10, 4) < 0.2  # 5 steps of 3 environments
+    obs = torch.rand(5, 3, 4, 10, 10, 4) < 0.2  # 5 steps of 3 environments, 4 frames each
     h = c = torch.zeros(3, 32)
     state = model.initial_state(3)
     with torch.no_grad():
