@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from a3c_http import wire
 from a3c_http.config import TrainConfig
+from a3c_http.configfile import saved_config
 from a3c_http.flatnet import non_finite_optimizer_state
 from a3c_http.model import ActorCritic, model_for
 from a3c_http.store import DB, RunStore, Snapshot, find_non_finite
@@ -43,24 +44,6 @@ VERSIONS_SKIPPED_AFTER_A_CRASH = 1_000_000
 # versions for every second since the last successful save, so that a long save outage (a full
 # disk, saves failing for hours while updates go on) is passed too.
 UPDATES_PER_S_BOUND = 100_000
-
-# What a field added since a run was saved meant before it existed: a run folder of an earlier
-# version resumes with the network and optimizer it was saved with (a shared torso and Adam), its
-# tensors on the wire as they were (float32), and no preset fills in what that version did not
-# know.
-_BEFORE_THE_FIELD = {
-    "preset": None,
-    "shared_torso": True,
-    "optimizer": "adam",
-    "wire_dtype": "float32",
-}
-
-
-def saved_config(data: dict[str, Any]) -> TrainConfig:
-    """The config of a saved run, as it was saved (also by an earlier version)."""
-    fields = {k: v for k, v in data.items() if k != "run_id"}
-    return TrainConfig(**{**_BEFORE_THE_FIELD, **fields})
-
 
 def versions_to_skip(saved_at: float | None, now: float) -> int:
     """How far the model version jumps when a run whose last successful save was at `saved_at`
