@@ -1,11 +1,9 @@
-"""Reading workers.txt and starting the workers of a run over HTTP."""
+"""Starting the workers of a run over HTTP (their list: a3c_http/workerlist.py)."""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
@@ -15,73 +13,6 @@ from master.ledger import RunLedger
 
 # A worker answers POST /start_worker with a few hundred bytes of JSON: a larger reply is not one.
 START_REPLY_BYTES = 1024 * 1024
-
-
-class WorkerListError(ValueError):
-    """workers.txt, or the `workers` of POST /train, holds something that is not a worker URL."""
-
-
-def normalize_url(entry: str, default_port: bool = False) -> str:
-    """`host:port` or `http(s)://host:port` -> `http(s)://host:port`. With `default_port`, a URL
-    without a port gets its scheme's (80 or 443)."""
-    text = entry.strip()
-    if "://" not in text:
-        text = "http://" + text
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https"):
-        raise WorkerListError(f"{entry!r}: the scheme must be http or https")
-    try:
-        port = parts.port
-    except ValueError:
-        raise WorkerListError(f"{entry!r}: the port is not a number from 1 to 65535") from None
-    if port is None and default_port:
-        port = 443 if parts.scheme == "https" else 80
-    if not parts.hostname or port is None:
-        raise WorkerListError(f"{entry!r}: expected host:port, e.g. 127.0.0.1:8001")
-    if parts.path not in ("", "/") or parts.query:
-        raise WorkerListError(f"{entry!r}: expected only a scheme, a host and a port")
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    return f"{parts.scheme}://{host}:{port}"
-
-
-def parse_workers(entries: list[str], source: str, allow_none: bool = False) -> list[str]:
-    """The worker URLs of `entries` (lines, `#` comments); with `allow_none`, an empty list for
-    none (a run for workers that join), else a WorkerListError."""
-    urls: list[str] = []
-    for number, raw in enumerate(entries, start=1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        try:
-            url = normalize_url(line)
-        except WorkerListError as exc:
-            raise WorkerListError(f"{source} entry {number}: {exc}") from None
-        if url in urls:
-            raise WorkerListError(f"{source} entry {number}: {url} is listed twice")
-        urls.append(url)
-    if not urls and not allow_none:
-        raise WorkerListError(f"{source} lists no worker")
-    return urls
-
-
-def read_workers_file(path: Path, missing_ok: bool = False) -> list[str]:
-    """The worker URLs of a workers file; with `missing_ok`, none when the file does not exist
-    or lists none (the master's default file: the run waits for workers that join)."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        if missing_ok:
-            return []
-        raise WorkerListError(
-            f"cannot read the workers file {path} (no such file); set A3C_WORKERS_FILE or "
-            'pass "workers": ["host:port", ...] in the body'
-        ) from None
-    except OSError as exc:
-        raise WorkerListError(
-            f"cannot read the workers file {path} ({exc.strerror}); set A3C_WORKERS_FILE or "
-            'pass "workers": ["host:port", ...] in the body'
-        ) from None
-    return parse_workers(text.splitlines(), str(path), allow_none=missing_ok)
 
 
 def _start_one(client: httpx.Client, url: str, body: dict[str, Any]) -> str | None:

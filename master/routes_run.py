@@ -16,8 +16,8 @@ from a3c_http.exploration import ExplorationError
 from a3c_http.model import UnsupportedSpace
 from a3c_http.protocol import METRICS_CONTENT_TYPE as METRICS_TYPE
 from a3c_http.service import JSON_BODY, ErrorBody, conflict, protected_router
+from a3c_http.workerlist import WorkerListError, normalize_url, parse_workers, read_workers_file
 from master.deps import State
-from master.launcher import WorkerListError, normalize_url, parse_workers, read_workers_file
 from master.launcher import start_workers as launch
 from master.ledger import JOIN_RETRY_S
 from master.persistence import FolderUnwritable

@@ -1,5 +1,5 @@
-"""The quickstart's progress line, the reward plot on made-up data, and the evaluation of a saved
-run."""
+"""The quickstart's progress line (a3c-train), the reward plot on made-up data (a3c-plot), and the
+evaluation of a saved run (a3c-evaluate, also through its script in a process of its own)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from a3c_http.cli.evaluate import play
+from a3c_http.cli.plot import PlotError, plot
+from a3c_http.cli.train import progress_line, refusal, resume_note
 from a3c_http.config import TrainConfig
 from a3c_http.settings import Settings
 from a3c_http.store import RunStore, Snapshot
 from master.state import ClusterState
-from scripts.evaluate import main as evaluate_main
-from scripts.plot_rewards import plot
-from scripts.run_local import progress_line, refusal, resume_note
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,7 +92,7 @@ def test_plot_compares_several_runs_in_one_figure(tmp_path: Path) -> None:
     runs = [saved_run(tmp_path / "a", "r1"), saved_run(tmp_path / "b", "r2")]
     out = plot(runs)
     assert out == runs[0] / "compare.png" and png(out) > 10_000
-    with pytest.raises(SystemExit, match="no episodes"):
+    with pytest.raises(PlotError, match="no episodes"):
         plot([runs[0], tmp_path / "empty"])
 
 
@@ -109,14 +109,14 @@ def test_evaluate_plays_a_saved_run_and_ends_with_its_json_line(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     version = run_with_weights(tmp_path / "run")
-    summary = evaluate_main([str(tmp_path / "run"), "--episodes", "3"])
+    summary = play([str(tmp_path / "run"), "--episodes", "3"])
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert last == summary
     assert last["episodes"] == 3 and len(last["returns"]) == 3
     assert last["env_id"] == "CartPole-v1" and last["model_version"] == version
     assert last["mean_return"] == pytest.approx(sum(last["returns"]) / 3)
     with pytest.raises(SystemExit, match="no run folder"):
-        evaluate_main([str(tmp_path / "elsewhere")])
+        play([str(tmp_path / "elsewhere")])
 
 
 @pytest.mark.integration  # a process of its own: SDL's first start is what is judged
@@ -143,4 +143,4 @@ def test_evaluate_video_names_the_extra_when_rendering_needs_a_missing_package(
     run_with_weights(tmp_path / "run")
     monkeypatch.setitem(sys.modules, "pygame", None)  # `import pygame` now fails, as without it
     with pytest.raises(SystemExit, match=r"pygame.*setup_venv\.sh video"):
-        evaluate_main([str(tmp_path / "run"), "--episodes", "1", "--video", str(tmp_path / "v")])
+        play([str(tmp_path / "run"), "--episodes", "1", "--video", str(tmp_path / "v")])

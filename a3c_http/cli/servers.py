@@ -1,0 +1,81 @@
+"""`a3c-master` and `a3c-worker`: `uvicorn master.app:app` and `uvicorn worker.app:app` with the
+flags the README documents, the master on port 33333 and a worker on 8001 unless told otherwise.
+
+Everything else is set as for uvicorn itself, through the A3C_* environment variables (the
+README's configuration reference). The app is imported from the installed packages, never from
+the current directory (as `uvicorn` would with its default `--app-dir .`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import uvicorn
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def parser(prog: str, what: str, port: int) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=f"Run {what} (uvicorn); its settings are the A3C_* environment variables.",
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (127.0.0.1); a private interface, or 0.0.0.0 in a container, "
+        "only with A3C_TOKEN set",
+    )
+    p.add_argument("--port", type=int, default=port, help=f"port to bind ({port})")
+    p.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=None,
+        help="uvicorn's own log level (info); our loggers take A3C_LOG_LEVEL",
+    )
+    p.add_argument(
+        "--http",
+        choices=("auto", "h11", "httptools"),
+        default="auto",
+        help="uvicorn's HTTP implementation (auto: httptools where installed)",
+    )
+    p.add_argument(
+        "--forwarded-allow-ips",
+        default=None,
+        metavar="IPS",
+        help="comma-separated addresses of proxies whose X-Forwarded-* headers are trusted "
+        "(uvicorn's default: $FORWARDED_ALLOW_IPS, else 127.0.0.1)",
+    )
+    p.add_argument(
+        "--timeout-graceful-shutdown",
+        type=int,
+        default=None,
+        metavar="S",
+        help="on SIGTERM, wait at most this many seconds for open requests (default: until "
+        "they end)",
+    )
+    return p
+
+
+def serve(app: str, prog: str, what: str, port: int, argv: list[str] | None) -> int:
+    args = parser(prog, what, port).parse_args(argv)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        http=args.http,
+        forwarded_allow_ips=args.forwarded_allow_ips,
+        timeout_graceful_shutdown=args.timeout_graceful_shutdown,
+    )
+    return 0
+
+
+def master(argv: list[str] | None = None) -> int:
+    """`a3c-master`: the master service."""
+    return serve("master.app:app", "a3c-master", "the a3c-http master", 33333, argv)
+
+
+def worker(argv: list[str] | None = None) -> int:
+    """`a3c-worker`: a worker service."""
+    return serve("worker.app:app", "a3c-worker", "an a3c-http worker", 8001, argv)

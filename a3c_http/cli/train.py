@@ -1,0 +1,433 @@
+"""`a3c-train`: the main job. On this host: a master and the workers of workers.txt, training until
+the run finishes, with progress on screen and a reward plot at the end. With `--master URL`: a run
+on a master that is already running (and its workers, listed there or joining by themselves),
+followed the same way.
+
+    a3c-train [--env Acrobot-v1] [--config run.toml] [--port 33333] [--time-cap 840]
+    a3c-train --master http://10.0.0.10:33333 --config run.toml
+    a3c-train --env Acrobot-v1 --print-config > run.toml
+
+The run's config: the defaults, under them the preset of its env_id, then each --config in turn
+(a .toml or .json file, a run folder's config.json, or an inline JSON object; a later one's fields
+replace an earlier one's), then --env, which replaces env_id alone. The master validates it.
+
+Exit code: 0 when the run was solved (mean return of the last 100 episodes >= target_return),
+1 when it finished unsolved, hit the time cap or was interrupted, 2 when no run started (a bad
+config, a master that refused it or could not be reached: one line that says what is wrong).
+Every process it started is ended, also on Ctrl-C; a run on another master that it started is
+stopped then (POST /stop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from pydantic import ValidationError
+
+from a3c_http import configfile
+from a3c_http.config import TrainConfig
+from a3c_http.edge import is_loopback
+from a3c_http.localcluster import LocalCluster
+from a3c_http.workerlist import WorkerListError, normalize_url, read_workers_file
+
+# Without a workers file: what the checkout's workers.txt lists.
+DEFAULT_WORKERS = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+# The time cap of a run on this host, the quickstart's (CartPole-v1 solves in 15 to 25 s).
+LOCAL_TIME_CAP_S = 840.0
+
+
+def _fmt(value: float | None, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def progress_line(status: dict, previous: dict | None) -> str:
+    """One line of progress; the rate is measured between this status and the previous one."""
+    rate = 0.0
+    if previous is not None:
+        dt = status["elapsed_s"] - previous["elapsed_s"]
+        if dt > 0:
+            rate = (status["global_steps"] - previous["global_steps"]) / dt
+    workers = status.get("workers", [])
+    states: dict[str, int] = {}
+    for w in workers:
+        states[w["state"]] = states.get(w["state"], 0) + 1
+    ws = ", ".join(f"{n} {s}" for s, n in sorted(states.items())) or "none"
+    return (
+        f"[{status['elapsed_s']:6.0f} s] episodes {status['global_episode']:>6}  "
+        f"steps {status['global_steps']:>9,}  mean100 {_fmt(status['mean_return_100']):>6}  "
+        f"best {_fmt(status['best_score'], '.0f'):>4}  env steps/s {rate:>7,.0f}  "
+        f"updates {status['updates_applied']:>6}  workers: {ws}"
+    )
+
+
+def refusal(reply: httpx.Response) -> str:
+    """The line to print when POST /train started no run: the master's `detail`, readable."""
+    try:
+        detail = reply.json().get("detail")
+    except ValueError:
+        detail = None
+    if not isinstance(detail, str):
+        return f"error: POST /train answered {reply.status_code}: {reply.text}"
+    if reply.status_code == 422:
+        return f"error: the master refused the config: {detail}"
+    return f"error: {detail}"
+
+
+def resume_note(status: dict) -> str | None:
+    """One line when the master could not resume the run in its folder: the new run this command
+    starts moves that run to the archive."""
+    problem = status.get("resume_error")
+    if not problem:
+        return None
+    return f"note: {problem['error']} (the new run starts now)"
+
+
+class Stopped(Exception):
+    pass
+
+
+def _on_signal(signum, frame):  # noqa: ANN001
+    raise Stopped(signal.Signals(signum).name)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="a3c-train",
+        description="Train until the run finishes: a master and the local workers of "
+        "workers.txt, or a run on a running master (--master).",
+    )
+    p.add_argument(
+        "--env",
+        default=None,
+        help="the gymnasium environment to train (default CartPole-v1); its preset "
+        "(a3c_http/presets.py) fills what the config does not give. Replaces the env_id of "
+        "--config and nothing else",
+    )
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="FILE|JSON",
+        help="training config fields: a .toml or .json file (a run folder's config.json too) "
+        "or a JSON object, e.g. '{\"seed\": 1}'; repeated, later ones win field by field",
+    )
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the full config the run would get (defaults, preset, --config, --env) as "
+        "TOML that --config reads, and exit",
+    )
+    p.add_argument(
+        "--master",
+        default=None,
+        metavar="URL",
+        help="start the run on this running master (token: A3C_TOKEN) instead of starting a "
+        "master and workers here",
+    )
+    p.add_argument(
+        "--time-cap",
+        type=float,
+        default=None,
+        help=f"seconds of training before the run is stopped (default {LOCAL_TIME_CAP_S:.0f}; "
+        "none with --master: the run's max_steps or max_episodes end it)",
+    )
+    p.add_argument("--every", type=float, default=5.0, help="seconds between progress lines")
+    here = p.add_argument_group("a run on this host (without --master)")
+    here.add_argument("--host", default="127.0.0.1", help="master bind address")
+    here.add_argument("--port", type=int, default=33333, help="master port")
+    here.add_argument(
+        "--workers-file",
+        type=Path,
+        default=None,
+        help="the workers (default $A3C_WORKERS_FILE, else workers.txt; without either, two "
+        "workers on 127.0.0.1:8001 and :8002)",
+    )
+    here.add_argument(
+        "--run-dir", type=Path, default=Path(os.environ.get("A3C_RUN_DIR", "runs/latest"))
+    )
+    return p
+
+
+def run_config(sources: list[str], env: str | None) -> dict[str, Any]:
+    """The body of POST /train: each --config in turn, then --env."""
+    body: dict[str, Any] = {}
+    for source in sources:
+        body.update(configfile.load(source))
+    if env:
+        body["env_id"] = env
+    return body
+
+
+def printed_config(body: dict[str, Any]) -> str:
+    """The full config the master would run `body` with, as TOML (with its `workers` and
+    `master_url`, if it gives them). An unset seed stays unset: the master draws one per run."""
+    fields = {k: v for k, v in body.items() if k not in configfile.BODY_FIELDS}
+    try:
+        config = TrainConfig(**fields)
+        config = config.resolved().model_copy(update={"seed": config.seed})
+    except ValidationError as exc:
+        raise ValueError(
+            "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}"
+                for e in exc.errors()
+            )
+        ) from None
+    header = (
+        f'a3c-train\'s config for {config.env_id}, every field (README: "Training config").\n'
+        "Run it with: a3c-train --config FILE"
+    )
+    if config.seed is None:
+        header += "\nNo seed: each run draws its own (seed = N repeats a run)."
+    extra = {k: body[k] for k in configfile.BODY_FIELDS if body.get(k) is not None}
+    return configfile.config_toml(config, header, extra)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        body = run_config(args.config, args.env)
+        if args.print_config:
+            print(printed_config(body), end="")
+            return 0
+    except (ValueError, configfile.TomlError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    before = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if args.master:
+            return on_master(args.master, body, args.time_cap, args.every)
+        time_cap = LOCAL_TIME_CAP_S if args.time_cap is None else args.time_cap
+        return on_this_host(args, body, time_cap)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def _workers(workers_file: Path | None) -> tuple[list[str], Path | None]:
+    """The worker URLs and the file the master reads them from (None: LocalCluster writes one)."""
+    named = workers_file or (
+        Path(os.environ["A3C_WORKERS_FILE"]) if os.environ.get("A3C_WORKERS_FILE") else None
+    )
+    if named is None and not Path("workers.txt").exists():
+        print("note: no workers.txt here: two workers on 127.0.0.1:8001 and :8002")
+        return DEFAULT_WORKERS, None
+    path = named or Path("workers.txt")
+    return read_workers_file(path), path
+
+
+def on_this_host(args: argparse.Namespace, body: dict[str, Any], time_cap: float) -> int:
+    """A master and the local workers of the workers file, a run, its progress, a plot."""
+    try:
+        urls, workers_file = _workers(args.workers_file)
+    except WorkerListError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    logs = args.run_dir.parent / "logs"
+    token = os.environ.get("A3C_TOKEN") or None
+    local: list[tuple[str, int]] = []
+    for url in urls:
+        parts = urlsplit(url)
+        if is_loopback(parts.hostname):
+            local.append((parts.hostname, parts.port))
+        else:
+            print(f"note: {url} is not on this host; it must already be running there")
+    cluster = LocalCluster(
+        args.run_dir,
+        logs,
+        local,
+        master_port=args.port,
+        host=args.host,
+        token=token,
+        workers_file=workers_file,
+    )
+    busy = cluster.busy_ports()
+    if busy:
+        print(
+            f"error: port already in use: {', '.join(busy)} (another run? stop it, or change "
+            "the ports in workers.txt / --port)",
+            file=sys.stderr,
+        )
+        return 2
+    data = None
+    solved = False
+    try:
+        print(
+            f"starting the master on {cluster.master.url} and {len(local)} local worker(s); "
+            f"logs in {logs}/"
+        )
+        cluster.start()
+        data = start_run(cluster.http, cluster.master.url, body, replace_running=True)
+        if data is None:
+            return 2  # the reason is printed; `finally` ends the processes
+        print(f"run folder {args.run_dir}")
+        status = follow(cluster.http, cluster.master.url, data["run_id"], time_cap, args.every)
+        solved = bool(status["solved"])
+    except Stopped as exc:
+        print(f"\n{exc}: stopping every process this command started")
+    except (httpx.HTTPError, RuntimeError, TimeoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if cluster.master.running():
+            # Leave the run folder finished, not "running" for the next master to resume.
+            with contextlib.suppress(httpx.HTTPError):
+                cluster.http.post(f"{cluster.master.url}/stop", json={}, timeout=10)
+        cluster.close()
+    if data is None:  # interrupted, or the master or a worker did not come up
+        return 2
+    from a3c_http.cli.plot import PlotError, plot
+
+    try:
+        print(f"reward plot: {plot(args.run_dir)}")
+    except PlotError as exc:
+        print(f"no plot: {exc}")
+    print(f"watch it play: {evaluate_command()} {args.run_dir} --episodes 10")
+    print("SOLVED" if solved else "not solved")
+    return 0 if solved else 1
+
+
+def evaluate_command() -> str:
+    """How to run a3c-evaluate here: by name where it is on PATH, else the one beside this
+    Python (a venv not activated), else the checkout's script."""
+    beside = Path(sys.executable).parent / "a3c-evaluate"
+    if not beside.exists():
+        return f"{_shown(Path(sys.executable))} scripts/evaluate.py"
+    if shutil.which("a3c-evaluate") == str(beside):
+        return "a3c-evaluate"
+    return _shown(beside)
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the current directory when it lies below it."""
+    with contextlib.suppress(ValueError):
+        return str(path.relative_to(Path.cwd()))
+    return str(path)
+
+
+def on_master(
+    url: str,
+    body: dict[str, Any],
+    time_cap: float | None,
+    every: float,
+    transport: httpx.BaseTransport | None = None,
+) -> int:
+    """A run on the running master at `url`, followed until it finishes (`transport`: how to
+    reach it, if not over the network)."""
+    try:
+        url = normalize_url(url, default_port=True) if "://" in url else ""
+    except WorkerListError:
+        url = ""
+    if not url:
+        print("error: --master: expected a URL such as http://10.0.0.10:33333", file=sys.stderr)
+        return 2
+    token = os.environ.get("A3C_TOKEN") or None
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with httpx.Client(headers=headers, timeout=30, trust_env=False, transport=transport) as http:
+        return follow_on_master(http, url, body, time_cap, every)
+
+
+def follow_on_master(
+    http: httpx.Client, url: str, body: dict[str, Any], time_cap: float | None, every: float
+) -> int:
+    """Start a run of `body` on the master at `url` through `http` and follow it: the exit code.
+    A run already running there is left alone (exit 2); the run this started is stopped when
+    this is interrupted."""
+    data = None
+    status: dict[str, Any] = {}
+    try:
+        data = start_run(http, url, body, replace_running=False)
+        if data is None:
+            return 2
+        status = follow(http, url, data["run_id"], time_cap, every)
+    except Stopped as exc:
+        print(f"\n{exc}: stopping the run" if data else f"\n{exc}")
+    except httpx.HTTPError as exc:
+        print(f"error: {url}: {exc}", file=sys.stderr)
+    finally:
+        if data is not None and not status:
+            with contextlib.suppress(httpx.HTTPError):
+                http.post(f"{url}/stop", json={}, timeout=10)
+    if data is None:
+        return 2
+    solved = bool(status.get("solved"))
+    print("SOLVED" if solved else "not solved")
+    return 0 if solved else 1
+
+
+def start_run(
+    http: httpx.Client, url: str, body: dict[str, Any], replace_running: bool
+) -> dict | None:
+    """POST /train: the reply's `data`, or None (the reason printed) when no run started. With
+    `replace_running`, a run left running in the master's folder is stopped first."""
+    status = _status(http, url)
+    note = resume_note(status)
+    if note:
+        print(note)
+    reply = http.post(f"{url}/train", json=body)
+    if reply.status_code == 409 and replace_running:
+        # The run folder holds a run left running (an earlier a3c-train was killed): the master
+        # resumed it; end it (it is archived) and start the new one.
+        print(f"note: {reply.json()['detail']}; stopping that run and starting a new one")
+        http.post(f"{url}/stop", json={})
+        reply = http.post(f"{url}/train", json=body)
+    if reply.status_code != 202:
+        print(refusal(reply), file=sys.stderr)
+        return None
+    data = reply.json()["data"]
+    print(f"run {data['run_id']} started on {url}")
+    print(f"dashboard: {url}/ (open it in a browser to watch the run)")
+    for w in data.get("workers", []):
+        print(
+            f"  {w['worker_id']} {w['url']}: "
+            + ("started" if w["started"] else f"NOT started: {w['error']}")
+        )
+    return data
+
+
+def _status(http: httpx.Client, url: str) -> dict:
+    reply = http.get(f"{url}/status")
+    reply.raise_for_status()
+    return reply.json()
+
+
+def follow(http: httpx.Client, url: str, run_id: str, time_cap: float | None, every: float) -> dict:
+    """Progress lines every `every` seconds until run `run_id` is no longer running (stopped at
+    `time_cap`, when given); its last status, after a summary."""
+    started = time.monotonic()
+    status = _status(http, url)
+    previous = status
+    # On a terminal the progress line is rewritten in place; into a file, one line each time.
+    in_place = sys.stdout.isatty()
+    while status["state"] == "running" and status.get("run_id") == run_id:
+        if time_cap is not None and time.monotonic() - started > time_cap:
+            print(f"\ntime cap of {time_cap:.0f} s reached: stopping the run")
+            http.post(f"{url}/stop", json={})
+            break
+        time.sleep(every)  # the pace of the progress line, not a synchronisation
+        status = _status(http, url)
+        line = progress_line(status, previous)
+        print(f"\r\033[K{line}" if in_place else line, end="" if in_place else "\n", flush=True)
+        previous = status
+    if in_place:
+        print()
+    status = _status(http, url)
+    if status.get("run_id") != run_id:
+        print(f"run {run_id} is no longer the master's run (it runs {status.get('run_id')})")
+        return {**status, "solved": False}
+    print(f"run finished: {status.get('finish_reason')}")
+    print(
+        f"  episodes {status['global_episode']}, env steps {status['global_steps']:,}, "
+        f"mean return of the last 100: {_fmt(status['mean_return_100'])}, "
+        f"time {status['elapsed_s']:.0f} s"
+    )
+    return status
