@@ -219,6 +219,7 @@ print(total)
 """
 
 
+@pytest.mark.integration  # a child process: plain PyTorch, where a3c_http cannot be imported
 def test_the_readmes_example_plays_it_in_plain_pytorch(tmp_path: Path) -> None:
     """In a process where this project cannot be imported: the file is all it needs."""
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()

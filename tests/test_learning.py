@@ -69,7 +69,7 @@ def test_only_a_recurrent_policy_remembers_the_cue(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(evaluation, "MAX_PARALLEL_ENVS", 3)
     weights = wire.encode(lstm.model.state_dict())
     assert evaluate(config, weights, episodes=12).mean_return >= 0.8
-    feed_forward = train(TrainConfig(**base, core="none"), max_steps=30_000)
+    feed_forward = train(TrainConfig(**base, core="none"), max_steps=20_000)
     assert not feed_forward.solved
     assert feed_forward.mean_return_100 is not None and feed_forward.mean_return_100 < 0.5
 

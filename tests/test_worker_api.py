@@ -201,20 +201,12 @@ def test_unreachable_master_fails_the_worker(client: TestClient) -> None:
     assert status["state"] == "failed"
     assert status["worker_id"] == "w7"
     assert status["master_url"] == f"http://127.0.0.1:{port}"
-    assert status["error"]
     assert "worker_started" in status["error"]  # the call that could not reach the master
+    assert f"127.0.0.1:{port}" in status["error"] or "master" in status["error"].lower()
     # A failed worker can be started again.
     again = client.post("/start_worker", json=start_body(port, worker_id="w8"))
     assert again.status_code == 202
     assert wait_for(client, lambda s: s["state"] == "failed")["worker_id"] == "w8"
-
-
-def test_unreachable_master_error_mentions_the_master(client: TestClient) -> None:
-    port = free_port()
-    assert client.post("/start_worker", json=start_body(port)).status_code == 202
-    status = wait_for(client, lambda s: s["state"] == "failed")
-    error = status["error"].lower()
-    assert "master" in error or f"127.0.0.1:{port}" in error, status["error"]
 
 
 def test_second_start_while_running_is_409_and_stop_ends_it(
