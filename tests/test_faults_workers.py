@@ -231,3 +231,4 @@ def test_a_worker_with_the_masters_url_joins_a_running_run_and_leaves_on_sigterm
         assert record(cluster.status(), first.url)["state"] == "running"  # the run goes on
     finally:
         joiner.stop()
+        cluster.stop_run()  # an endless run: the tests after this one may not stop it
