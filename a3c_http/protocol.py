@@ -7,6 +7,9 @@ from __future__ import annotations
 # The default of A3C_MAX_BODY_BYTES: the largest request body a service reads, and the largest reply
 # a worker reads from its master.
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+# A worker's id, and the name a worker that joins gives itself: what a header, a log line and a
+# URL's query carry as they are.
+WORKER_ID_PATTERN = r"^[A-Za-z0-9._:@/-]+$"
 # Tensors (weights and gradients) travel as one safetensors file in the body.
 CONTENT_TYPE = "application/octet-stream"
 

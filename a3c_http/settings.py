@@ -14,7 +14,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from a3c_http.logs import LogFormat, LogLevel
 from a3c_http.outbound import environment_proxies
-from a3c_http.protocol import DEFAULT_MAX_BODY_BYTES
+from a3c_http.protocol import DEFAULT_MAX_BODY_BYTES, WORKER_ID_PATTERN
 
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024
 
@@ -151,7 +151,7 @@ class WorkerSettings(_FromEnv):
     # for /status only, where it can be reached.
     master_url: str | None = Field(None, pattern=r"^https?://[^\s/]+/?$")
     worker_name: str | None = Field(None, min_length=1, max_length=128,
-                                    pattern=r"^[A-Za-z0-9._:@/-]+$")
+                                    pattern=WORKER_ID_PATTERN)
     worker_url: str | None = Field(None, max_length=2048, pattern=r"^https?://\S+$")
     # Gradient pushes go from a child process (a3c_http/pushproc.py), not from threads of the
     # training process, whose rollouts they would slow; false: from threads.

@@ -18,6 +18,7 @@ from a3c_http.protocol import (
     SEQ_HEADER,
     VERSION_HEADER,
     WORKER_ID_HEADER,
+    WORKER_ID_PATTERN,
 )
 from a3c_http.service import conflict
 from master.limits import MAX_ABS_RETURN, MAX_LENGTH
@@ -26,7 +27,7 @@ Finite = Annotated[float, Field(allow_inf_nan=False)]
 # An episode's return, or a statistic of returns (master/limits.py MAX_ABS_RETURN): one report of
 # 1e308 once made the best score, and a hundred would have solved the run.
 Return = Annotated[float, Field(ge=-MAX_ABS_RETURN, le=MAX_ABS_RETURN, allow_inf_nan=False)]
-WorkerId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/-]+$")]
+WorkerId = Annotated[str, Field(min_length=1, max_length=128, pattern=WORKER_ID_PATTERN)]
 RunId = Annotated[str | None, Field(None, max_length=64)]
 # The 409 of the worker messages: they carry a `run_id`, and only registered workers send them.
 OTHER_RUN = conflict(
@@ -102,7 +103,7 @@ class JoinIn(Strict):
     name: str = Field(
         min_length=1,
         max_length=128,
-        pattern=r"^[A-Za-z0-9._:@/-]+$",
+        pattern=WORKER_ID_PATTERN,
         description="What the worker calls itself (A3C_WORKER_NAME: by default its host name and "
         "port, in Kubernetes its pod's name), shown in /status beside the id the master gives it.",
     )

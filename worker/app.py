@@ -20,6 +20,7 @@ from a3c_http.client import A3CError, MasterClient, MasterUnavailable
 from a3c_http.config import TrainConfig
 from a3c_http.exploration import Exploration
 from a3c_http.protocol import METRICS_CONTENT_TYPE as METRICS_TYPE
+from a3c_http.protocol import WORKER_ID_PATTERN
 from a3c_http.service import JSON_BODY, conflict, install_common, protected_router
 from a3c_http.settings import WorkerSettings
 from worker.joiner import Joiner
@@ -39,7 +40,7 @@ class StartIn(BaseModel):
         description="Where to send gradient pushes: the master's fronts (A3C_FRONTS); unset: "
         "master_url.",
     )
-    worker_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/-]+$")
+    worker_id: str = Field(min_length=1, max_length=128, pattern=WORKER_ID_PATTERN)
     config: TrainConfig = Field(default_factory=TrainConfig)
     run_id: str | None = Field(None, max_length=64)
     exploration: Exploration | None = Field(
