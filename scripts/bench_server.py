@@ -23,6 +23,7 @@ from a3c_http.a3c import gradients, rollout_loss
 from a3c_http.client import MasterClient
 from a3c_http.config import TrainConfig
 from a3c_http.delayproxy import DelayProxy
+from a3c_http.envs import MissingDependency, register_family
 from a3c_http.localcluster import LocalCluster, cpu_delta, free_port
 from a3c_http.model import ActorCritic, model_for
 from a3c_http.rollout import RolloutCollector
@@ -96,6 +97,11 @@ def master(
         host = cluster.master.host
         port = cluster.status()["fronts"]["port"] if fronts else cluster.master.port
         for name, (hidden, dtype, extra) in MASTER_RUNS.items():
+            try:  # the Atari model needs the atari extra (./scripts/setup_venv.sh atari)
+                register_family(str(extra.get("env_id", "CartPole-v1")))
+            except MissingDependency as exc:
+                say(f"  {name} model: skipped ({exc})")
+                continue
             run_id, config = start_run(cluster, worker, hidden, dtype, **extra)
             bodies = ready_bodies(wire.Layout.of(model_for(config), dtype))
             count = n_params(config)
