@@ -104,11 +104,13 @@ def require_env(env_id: str) -> None:
         if env_id not in gym.registry:
             minatar.gym.register_envs()
     elif env_id.startswith("a3c_http/"):
-        import a3c_http.envs  # noqa: F401  (registers the project's own tasks)
+        from a3c_http.envs import register_family
+
+        register_family(env_id)  # the project's own tasks (a3c_http/tasks.py)
     if env_id not in gym.registry:
         raise RuntimeError(
             f"{env_id} is not a registered gymnasium environment"
-            + (" (importing a3c_http.envs did not register it: this checkout has no such task)"
+            + (" (a3c_http/tasks.py did not register it: this checkout has no such task)"
                if env_id.startswith("a3c_http/") else "")
         )
 
