@@ -119,6 +119,28 @@ class WorkerService:
             )
             self._thread.start()
 
+    def take(self, run: dict[str, Any], master_url: str, own_url: str | None) -> bool:
+        """Train in `run`, as a master's POST /join gave it (worker/joiner.py); whether it
+        started (not when the slot is taken, or the run is not one this worker can train)."""
+        try:
+            body = StartIn(
+                master_url=master_url,
+                push_url=run.get("push_url"),
+                worker_id=run["worker_id"],
+                run_id=run["run_id"],
+                config=run["config"],
+                exploration=run.get("exploration") or None,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            logging.getLogger("a3c.worker").error("the master's run cannot be trained here: %s",
+                                                  exc)
+            return False
+        try:
+            self.start(body, own_url)
+        except HTTPException:  # a POST /start_worker took the slot first
+            return False
+        return True
+
     def _train(
         self,
         body: StartIn,

@@ -16,14 +16,10 @@ import logging
 import os
 import socket
 import threading
-from typing import TYPE_CHECKING, Any
-
-from fastapi import HTTPException
+from typing import Any, Protocol
 
 from a3c_http.client import A3CError, MasterClient, MasterUnavailable, Unauthorized
-
-if TYPE_CHECKING:
-    from worker.app import WorkerService
+from a3c_http.settings import WorkerSettings
 
 log = logging.getLogger("a3c.worker")
 
@@ -39,11 +35,26 @@ def default_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+class Slot(Protocol):
+    """What the joiner needs of the worker's one training slot (worker/app.py WorkerService)."""
+
+    settings: WorkerSettings
+    token: str | None
+    state: str
+    master_gone: bool
+
+    def busy(self) -> bool: ...
+
+    def join(self, timeout: float) -> None: ...
+
+    def take(self, run: dict[str, Any], master_url: str, own_url: str | None) -> bool: ...
+
+
 class Joiner:
     """The loop that joins `service` (the worker's one training slot) to the runs of the master
     at `settings.master_url`."""
 
-    def __init__(self, service: WorkerService) -> None:
+    def __init__(self, service: Slot) -> None:
         settings = service.settings
         assert settings.master_url is not None
         self.service = service
@@ -107,24 +118,8 @@ class Joiner:
 
     def _train(self, run: dict[str, Any]) -> bool:
         """Start the trainer on the run the master gave; whether it started."""
-        from worker.app import StartIn
-
-        try:
-            body = StartIn(
-                master_url=self.master_url,
-                push_url=run.get("push_url"),
-                worker_id=run["worker_id"],
-                run_id=run["run_id"],
-                config=run["config"],
-                exploration=run.get("exploration") or None,
-            )
-        except (KeyError, ValueError) as exc:
-            log.error("the master's run cannot be trained here: %s", exc)
+        if not self.service.take(run, self.master_url, self.url):
             return False
-        try:
-            self.service.start(body, self.url)
-        except HTTPException:  # a POST /start_worker took the slot first
-            return False
-        self.last = (body.run_id, body.worker_id)
-        log.info("joined run %s of %s as %s", body.run_id, self.master_url, body.worker_id)
+        self.last = (run["run_id"], run["worker_id"])
+        log.info("joined run %s of %s as %s", run["run_id"], self.master_url, run["worker_id"])
         return True
