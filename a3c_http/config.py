@@ -48,7 +48,8 @@ class TrainConfig(BaseModel):
     preset: str | None = Field(
         None,
         description="The per-task preset (a3c_http/presets.py) whose values fill every field the "
-        "body does not give. Absent: env_id's preset, if it has one; null: none.",
+        "body does not give. Absent: env_id's preset, if it has one, else its family's (ALE/*: "
+        "every Atari game); null: none.",
     )
     env_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments for gymnasium.make(env_id, ...)."

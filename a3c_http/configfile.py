@@ -25,7 +25,7 @@ from typing import Any
 
 from a3c_http.config import TrainConfig, saved_config, saved_fields
 from a3c_http.hints import unknown_field
-from a3c_http.presets import PRESETS
+from a3c_http.presets import preset_of
 
 # The other fields of POST /train's body (master/schemas.py, TrainIn): where the workers are and
 # how they reach the master.
@@ -142,7 +142,7 @@ def _absent_is_none(config: TrainConfig, name: str) -> bool:
     """Whether leaving `name` out of a file gives None: its default is None, and for `preset`,
     env_id has no preset of its own (which an absent preset takes)."""
     if name == "preset":
-        return config.env_id not in PRESETS
+        return preset_of(config.env_id) is None
     return TrainConfig.model_fields[name].default is None
 
 

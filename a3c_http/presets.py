@@ -3,12 +3,35 @@ cluster (a master and 2 workers), measured by scripts/bench_learn.py.
 
 `POST /train {"env_id": "Acrobot-v1"}` takes that environment's preset for every field the body
 does not give; the resolved config (and the preset's name, in its `preset` field) is what /status
-and config.json show. CartPole-v1's preset is the default config itself.
+and config.json show. CartPole-v1's preset is the default config itself. An environment without
+a preset of its own takes its family's, where it has one (`ALE/*`: every Atari game).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+# Atari from pixels (the atari extra) with the A3C paper's settings: 84x84 grayscale frames,
+# 4 stacked, the Nature CNN, t_max 5, RMSprop with a linearly decayed learning rate, entropy
+# 0.01; rewards clipped and a lost life an episode end, both for the loss only. 16 environments a
+# worker (the Zoo's A2C: 80 env steps an update) and bfloat16 on the wire: a master takes about
+# 160 pushes/s of this CNN on 2 cores (6 ms of CPU each), and a worker steps about 860 env
+# steps/s on one core, so 15 workers need 160 pushes/s with 80 env steps a push, twice that with
+# the default 40.
+ATARI: dict[str, Any] = {
+    "preprocess": "atari",
+    "frame_stack": 4,
+    "encoder": "nature_cnn",
+    "hidden_sizes": [],
+    "num_envs": 16,
+    "wire_dtype": "bfloat16",
+    "clip_reward": True,
+    "life_loss": True,
+    "entropy_coef": 0.01,
+    "value_coef": 0.25,
+    "lr_schedule": "linear",
+    "max_steps": 10_000_000,
+}
 
 # Each preset lists only what differs from TrainConfig's defaults (SB3's A2C settings).
 PRESETS: dict[str, dict[str, Any]] = {
@@ -57,35 +80,34 @@ PRESETS: dict[str, dict[str, Any]] = {
         for game in ("Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders")
         for version in (0, 1)
     },
-    # Atari from pixels (the atari extra) with the A3C paper's settings: 84x84 grayscale frames,
-    # 4 stacked, the Nature CNN, t_max 5, RMSprop with a linearly decayed learning rate, entropy
-    # 0.01; rewards clipped and a lost life an episode end, both for the loss only. 16
-    # environments a worker (the Zoo's A2C: 80 env steps an update) and bfloat16 on the wire: a
-    # master takes about 160 pushes/s of this CNN on 2 cores (6 ms of CPU each), and a worker
-    # steps about 860 env steps/s on one core, so 15 workers need 160 pushes/s with 80 env steps
-    # a push, twice that with the default 40.
-    **{
-        env_id: {
-            "preprocess": "atari",
-            "frame_stack": 4,
-            "encoder": "nature_cnn",
-            "hidden_sizes": [],
-            "num_envs": 16,
-            "wire_dtype": "bfloat16",
-            "clip_reward": True,
-            "life_loss": True,
-            "entropy_coef": 0.01,
-            "value_coef": 0.25,
-            "lr_schedule": "linear",
-            "max_steps": 10_000_000,
-            **extra,
-        }
-        for env_id, extra in (
-            ("ALE/Pong-v5", {"target_return": 18.0}),
-            ("ALE/Breakout-v5", {}),
-        )
-    },
+    # Pong's own target (universe-starter-agent and the A3C paper's figure); Breakout's is the
+    # family's (none).
+    "ALE/Pong-v5": {**ATARI, "target_return": 18.0},
+    "ALE/Breakout-v5": ATARI,
 }
+
+
+# The presets of whole families of environments, for an env_id without one of its own: every
+# Atari game of ale-py takes the Atari settings. name -> (env_id prefix, settings).
+FAMILY_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {"ALE/*": ("ALE/", ATARI)}
+
+
+def preset_of(env_id: Any) -> str | None:
+    """The name of `env_id`'s preset: its own, else its family's, else None."""
+    if not isinstance(env_id, str):
+        return None  # a bad env_id: its own 422
+    if env_id in PRESETS:
+        return env_id
+    return next((name for name, (prefix, _) in FAMILY_PRESETS.items()
+                 if env_id.startswith(prefix)), None)
+
+
+def preset_values(name: str) -> dict[str, Any] | None:
+    """The values of the preset called `name`, or None for no such preset."""
+    if name in PRESETS:
+        return PRESETS[name]
+    family = FAMILY_PRESETS.get(name)
+    return family[1] if family else None
 
 
 def with_preset(data: Any) -> Any:
@@ -94,13 +116,11 @@ def with_preset(data: Any) -> Any:
     of `env_id`, if there is one."""
     if not isinstance(data, dict):
         return data
-    env_id = data.get("env_id", "CartPole-v1")
-    own = env_id if isinstance(env_id, str) and env_id in PRESETS else None  # a bad env_id: 422
-    name = data.get("preset", own)
+    name = data.get("preset", preset_of(data.get("env_id", "CartPole-v1")))
     if name is None:
         return data
-    if not isinstance(name, str) or name not in PRESETS:
-        raise ValueError(
-            f"preset: unknown preset {name!r}; known: {', '.join(PRESETS)} (null for none)"
-        )
-    return {**PRESETS[name], **data, "preset": name}
+    values = preset_values(name) if isinstance(name, str) else None
+    if values is None:
+        known = ", ".join([*PRESETS, *FAMILY_PRESETS])
+        raise ValueError(f"preset: unknown preset {name!r}; known: {known} (null for none)")
+    return {**values, **data, "preset": name}

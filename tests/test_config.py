@@ -226,6 +226,12 @@ def test_an_environments_preset_fills_what_the_body_does_not_give() -> None:
     assert TrainConfig(env_id="MountainCar-v0").preset is None
     # A saved config (every field given) reads back the same.
     assert TrainConfig(**pendulum.model_dump()) == pendulum
+    # An Atari game without a preset of its own takes its family's; Pong keeps its own target.
+    invaders = TrainConfig(env_id="ALE/SpaceInvaders-v5")
+    assert invaders.preset == "ALE/*" and invaders.encoder == "nature_cnn"
+    assert invaders.frame_stack == 4 and invaders.target_return is None
+    assert TrainConfig(env_id="ALE/Pong-v5").target_return == 18.0
+    assert TrainConfig(**invaders.model_dump()) == invaders
 
 
 def test_an_unknown_preset_is_refused_by_name() -> None:
