@@ -34,6 +34,9 @@ class _FromEnv(BaseSettings):
     )
 
     token: str | None = None
+    # The token from a file (a mounted Kubernetes or Docker secret, `kubectl create secret
+    # --from-file`): its text without the white space around it, the final newline among it.
+    token_file: Path | None = None
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1024)
     # The HTTP edge (a3c_http/edge.py, a3c_http/headerbounds.py): names besides loopback ones that
     # a tokenless service answers to and whose pages may call it; the bounds on a request's head
@@ -50,6 +53,26 @@ class _FromEnv(BaseSettings):
     # Calls to the other service (a worker's to its master, the master's POST /start_worker) go
     # through the proxy HTTP_PROXY and the like name for the URL; false: straight to it.
     proxy_from_env: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _token_from_file(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not data.get("token_file"):
+            return data
+        path = Path(data["token_file"])
+        if data.get("token"):
+            raise ValueError("A3C_TOKEN and A3C_TOKEN_FILE are both set: keep one")
+        try:
+            token = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else "not text"
+            raise ValueError(f"A3C_TOKEN_FILE={str(path)!r}: cannot read it ({why})") from None
+        if not token or not _TOKEN.fullmatch(token):
+            raise ValueError(
+                f"A3C_TOKEN_FILE={str(path)!r}: the token in it must be printable ASCII without "
+                "spaces (it travels in a header)"
+            )
+        return {**data, "token": token}
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod
@@ -106,7 +129,10 @@ def _one_line(exc: ValidationError) -> str:
     """`A3C_QUEUE_MAX='0': Input should be greater than or equal to 1; A3C_...`"""
     problems = []
     for error in exc.errors():
-        name = f"A3C_{str(error['loc'][0]).upper()}" if error["loc"] else "settings"
+        if not error["loc"]:  # a check of several settings, whose message names them
+            problems.append(str(error["msg"]).removeprefix("Value error, "))
+            continue
+        name = f"A3C_{str(error['loc'][0]).upper()}"
         raw = os.environ.get(name)
         shown = f"{name}={raw!r}" if raw is not None and name not in _SECRET else name
         problems.append(f"{shown}: {error['msg']}")

@@ -234,3 +234,23 @@ def test_a_proxy_that_cannot_be_used_stops_a_service_only_when_proxies_are_asked
         WorkerSettings.from_env()
     assert str(info.value).startswith("A3C_PROXY_FROM_ENV='true': ")
     assert "ALL_PROXY='socks5://10.0.0.1:1080': only http:// and https://" in str(info.value)
+
+
+def test_a_token_file_gives_its_token_without_the_final_newline(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    secret = tmp_path / "token"
+    secret.write_text("s3cret-token\n")  # as echo and kubectl create secret --from-file leave it
+    clean_env.setenv("A3C_TOKEN_FILE", str(secret))
+    assert WorkerSettings.from_env().token == Settings.from_env().token == "s3cret-token"
+    for text, problem in (("two words\n", "printable ASCII"), ("\n", "printable ASCII")):
+        secret.write_text(text)
+        with pytest.raises(ValueError, match=problem) as info:
+            Settings.from_env()
+        assert "two words" not in str(info.value)  # a secret stays out of logs
+    clean_env.setenv("A3C_TOKEN_FILE", str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="A3C_TOKEN_FILE=.*missing.*cannot read it"):
+        Settings.from_env()
+    clean_env.setenv("A3C_TOKEN", "other")
+    with pytest.raises(ValueError, match="both set: keep one"):
+        Settings.from_env()
