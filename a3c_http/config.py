@@ -386,31 +386,3 @@ def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     if name not in gym.registry:
         raise ValueError(unknown_env(name, module or None))
     return gym.spec(name)
-
-
-# What a field added since a run was saved meant before it existed: a run folder of an earlier
-# version resumes with the network and optimizer it was saved with (a shared torso and Adam), its
-# tensors on the wire as they were (float32), and no preset fills in what that version did not
-# know.
-BEFORE_THE_FIELD: dict[str, Any] = {
-    "preset": None,
-    "shared_torso": True,
-    "optimizer": "adam",
-    "wire_dtype": "float32",
-}
-# What a saved config holds that is not a field: the run's own id (a new run gets its own).
-DERIVED_FIELDS = ("run_id",)
-
-
-def saved_fields(data: dict[str, Any]) -> dict[str, Any]:
-    """The fields of a saved run's config (config.json, or the run folder's database), without
-    its run id, and with what an earlier version meant by each field it did not save."""
-    fields = {k: v for k, v in data.items() if k not in DERIVED_FIELDS}
-    return {**BEFORE_THE_FIELD, **fields}
-
-
-def saved_config(data: dict[str, Any]) -> TrainConfig:
-    """The config of a saved run, as it was saved (also by an earlier version): the master
-    resuming it (master/resume.py), evaluation, export (a3c_http/export.py) and config files
-    (a3c_http/configfile.py) read it here."""
-    return TrainConfig(**saved_fields(data))

@@ -23,7 +23,7 @@ from datetime import date, datetime, time
 from pathlib import Path
 from typing import Any
 
-from a3c_http.config import TrainConfig, saved_config, saved_fields
+from a3c_http.config import TrainConfig
 from a3c_http.hints import unknown_field
 from a3c_http.presets import preset_of
 
@@ -33,7 +33,32 @@ BODY_FIELDS = ("workers", "master_url")
 # TOML has no null: a file lists the fields it sets to null here.
 UNSET = "unset"
 
-__all__ = ["ConfigFileError", "load", "saved_config", "saved_fields"]
+# What a field added since a run was saved meant before it existed: a run folder of an earlier
+# version resumes with the network and optimizer it was saved with (a shared torso and Adam), its
+# tensors on the wire as they were (float32), and no preset fills in what that version did not
+# know.
+BEFORE_THE_FIELD: dict[str, Any] = {
+    "preset": None,
+    "shared_torso": True,
+    "optimizer": "adam",
+    "wire_dtype": "float32",
+}
+# What a saved config holds that is not a field: the run's own id (a new run gets its own).
+DERIVED_FIELDS = ("run_id",)
+
+
+def saved_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a saved run's config (config.json, or the run folder's database), without
+    its run id, and with what an earlier version meant by each field it did not save."""
+    fields = {k: v for k, v in data.items() if k not in DERIVED_FIELDS}
+    return {**BEFORE_THE_FIELD, **fields}
+
+
+def saved_config(data: dict[str, Any]) -> TrainConfig:
+    """The config of a saved run, as it was saved (also by an earlier version): the master
+    resuming it (master/resume.py), evaluation, export (a3c_http/export.py) and the config files
+    here read it so."""
+    return TrainConfig(**saved_fields(data))
 
 
 class ConfigFileError(ValueError):

@@ -43,7 +43,8 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
-from a3c_http.config import TrainConfig, saved_config
+from a3c_http.config import TrainConfig
+from a3c_http.configfile import saved_config
 from a3c_http.envs import MissingDependency, env_for
 from a3c_http.evaluation import EVAL_SEED_OFFSET, load_model
 from a3c_http.model import ActorCritic

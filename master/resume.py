@@ -29,7 +29,8 @@ import torch
 from pydantic import ValidationError
 
 from a3c_http import wire
-from a3c_http.config import TrainConfig, saved_config
+from a3c_http.config import TrainConfig
+from a3c_http.configfile import saved_config
 from a3c_http.flatnet import non_finite_optimizer_state
 from a3c_http.model import ActorCritic, model_for
 from a3c_http.store import DB, RunStore, Snapshot, find_non_finite

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from a3c_http import wire
-from a3c_http.config import TrainConfig, saved_config
+from a3c_http.config import TrainConfig
+from a3c_http.configfile import saved_config
 from a3c_http.envs import env_for
 from a3c_http.evaluation import MAX_EPISODE_STEPS, eval_seed, evaluate
 from a3c_http.export import METADATA, main, sidecar

@@ -20,7 +20,7 @@ import gymnasium as gym
 import torch
 from gymnasium.error import DependencyNotInstalled
 
-from a3c_http.config import saved_config
+from a3c_http.configfile import saved_config
 from a3c_http.envs import MissingDependency, env_for
 from a3c_http.evaluation import evaluate
 from a3c_http.store import RunStore
