@@ -18,14 +18,18 @@ from __future__ import annotations
 import json
 import math
 import re
+import sqlite3
 import tomllib
 from datetime import date, datetime, time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from a3c_http.config import TrainConfig
 from a3c_http.hints import unknown_field
 from a3c_http.presets import preset_of
+from a3c_http.store import DB, RunStore, Snapshot
 
 # The other fields of POST /train's body (master/schemas.py, TrainIn): where the workers are and
 # how they reach the master.
@@ -59,6 +63,39 @@ def saved_config(data: dict[str, Any]) -> TrainConfig:
     resuming it (master/resume.py), evaluation, export (a3c_http/export.py) and the config files
     here read it so."""
     return TrainConfig(**saved_fields(data))
+
+
+class RunFolderError(ValueError):
+    """A folder that is not a run folder with weights, or whose saved run does not read; `str()`
+    is one line that says which and why."""
+
+
+def read_run(run_dir: Path) -> tuple[TrainConfig, Snapshot]:
+    """A run folder's saved config and its last save (weights, state), for the commands that
+    use a finished or running run: `a3c-evaluate`, `a3c-export`. RunFolderError says what is
+    wrong."""
+    if not run_dir.is_dir():
+        raise RunFolderError(f"{run_dir}: no such folder")
+    if not (run_dir / DB).is_file():
+        raise RunFolderError(f"{run_dir}: not a run folder (no {DB}; e.g. runs/latest)")
+    try:
+        snap = RunStore(run_dir).load()
+    except (sqlite3.Error, OSError, ValueError) as exc:  # ValueError: a config that is not JSON
+        raise RunFolderError(f"{run_dir / DB}: cannot be read ({exc})") from None
+    if snap is None:
+        raise RunFolderError(f"{run_dir}: the run folder holds no run yet")
+    if not snap.weights:
+        raise RunFolderError(
+            f"{run_dir}: the run has no weights yet (the master saves them first)"
+        )
+    try:
+        return saved_config(snap.config), snap
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "config"
+        raise RunFolderError(
+            f"{run_dir}: its saved config does not load: {where}: {first['msg']}"
+        ) from None
 
 
 class ConfigFileError(ValueError):

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import sqlite3
 import sys
 import warnings
 from pathlib import Path
@@ -40,15 +39,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
-from pydantic import ValidationError
 from torch import nn
 
 from a3c_http.config import TrainConfig
-from a3c_http.configfile import saved_config
+from a3c_http.configfile import RunFolderError, read_run
 from a3c_http.envs import MissingDependency, env_for
 from a3c_http.evaluation import EVAL_SEED_OFFSET, load_model
 from a3c_http.model import ActorCritic
-from a3c_http.store import DB, RunStore, atomic_write
+from a3c_http.store import atomic_write
 from a3c_http.wire import WireError
 
 __all__ = ["FORMATS", "METADATA", "CannotExport", "GreedyPolicy", "describe", "export", "main"]
@@ -101,29 +99,10 @@ class GreedyPolicy(nn.Module):
 def load_run(run_dir: Path) -> tuple[TrainConfig, ActorCritic, dict[str, Any]]:
     """A run folder's config, its network with the saved weights (parameters and running
     statistics) and its state; CannotExport says what is wrong."""
-    if not run_dir.is_dir():
-        raise CannotExport(f"{run_dir}: no such folder")
-    if not (run_dir / DB).is_file():
-        raise CannotExport(f"{run_dir}: not a run folder (no {DB}; e.g. runs/latest)")
     try:
-        snap = RunStore(run_dir).load()
-    except (sqlite3.Error, OSError, ValueError) as exc:  # ValueError: a config that is not JSON
-        raise CannotExport(f"{run_dir / DB}: cannot be read ({exc})") from None
-    if snap is None:
-        raise CannotExport(f"{run_dir}: the run folder holds no run yet")
-    if not snap.weights:
-        raise CannotExport(f"{run_dir}: the run has no weights yet (the master saves them first)")
-    try:
-        config = saved_config(snap.config)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "config"
-        raise CannotExport(
-            f"{run_dir}: its saved config does not load: {where}: {first['msg']}"
-        ) from None
-    try:
+        config, snap = read_run(run_dir)
         model = load_model(config, snap.weights)
-    except MissingDependency as exc:
+    except (RunFolderError, MissingDependency) as exc:
         raise CannotExport(str(exc)) from None
     except (WireError, RuntimeError) as exc:
         raise CannotExport(f"{run_dir}: its weights do not load: {exc}") from None

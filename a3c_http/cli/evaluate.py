@@ -20,10 +20,9 @@ import gymnasium as gym
 import torch
 from gymnasium.error import DependencyNotInstalled
 
-from a3c_http.configfile import saved_config
+from a3c_http.configfile import RunFolderError, read_run
 from a3c_http.envs import MissingDependency, env_for
 from a3c_http.evaluation import evaluate
-from a3c_http.store import RunStore
 
 
 def video_env(config, folder: Path):  # noqa: ANN001, ANN201
@@ -54,10 +53,11 @@ def play(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error("--episodes must be at least 1")
-    snap = RunStore(args.run_dir).load() if (args.run_dir / "run.db").exists() else None
-    if snap is None or not snap.weights:
-        raise SystemExit(f"{args.run_dir}: no run folder with weights here (is it a run folder?)")
-    config = saved_config(snap.config).resolved()
+    try:
+        config, snap = read_run(args.run_dir)
+    except RunFolderError as exc:
+        raise SystemExit(f"no run folder with weights here: {exc}") from None
+    config = config.resolved()
     torch.set_num_threads(1)
     make_env = None
     if args.video is not None:
