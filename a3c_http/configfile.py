@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from a3c_http.config import TrainConfig
 from a3c_http.hints import unknown_field
 from a3c_http.presets import preset_of
+from a3c_http.service import describe_error
 from a3c_http.store import DB, RunStore, Snapshot
 
 # The other fields of POST /train's body (master/schemas.py, TrainIn): where the workers are and
@@ -91,11 +92,8 @@ def read_run(run_dir: Path) -> tuple[TrainConfig, Snapshot]:
     try:
         return saved_config(snap.config), snap
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "config"
-        raise RunFolderError(
-            f"{run_dir}: its saved config does not load: {where}: {first['msg']}"
-        ) from None
+        why = describe_error(exc.errors()[0], "config")
+        raise RunFolderError(f"{run_dir}: its saved config does not load: {why}") from None
 
 
 class ConfigFileError(ValueError):

@@ -123,8 +123,9 @@ async def _no_receive() -> Message:
     return {"type": "http.disconnect"}
 
 
-def describe_error(error: dict) -> str:
-    """One pydantic error as `where: what`, as every 422 of both services names it."""
+def describe_error(error: dict, whole: str = "body") -> str:
+    """One pydantic error as `where: what`, as every 422 of both services names it (`whole`:
+    what names an error of no one field)."""
     if error.get("type") == "json_invalid":  # FastAPI's: its loc is ("body", character offset)
         why = (error.get("ctx") or {}).get("error", "JSON decode error")
         where = [p for p in error.get("loc", ()) if isinstance(p, int)]
@@ -134,7 +135,7 @@ def describe_error(error: dict) -> str:
             "Content-Type: application/json"
         )
     loc = [str(p) for p in error.get("loc", ()) if p not in ("body", "query", "header")]
-    where = ".".join(loc) or "body"
+    where = ".".join(loc) or whole
     return f"{where}: {error.get('msg', 'invalid')}"
 
 

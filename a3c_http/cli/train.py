@@ -38,6 +38,7 @@ from a3c_http.cli.progress import follow, start_run
 from a3c_http.config import TrainConfig
 from a3c_http.edge import is_loopback
 from a3c_http.localcluster import LocalCluster
+from a3c_http.service import describe_error
 from a3c_http.workerlist import WorkerListError, normalize_url, read_workers_file
 
 # Without a workers file: what the checkout's workers.txt lists.
@@ -130,12 +131,7 @@ def printed_config(body: dict[str, Any]) -> str:
         config = TrainConfig(**fields)
         config = config.resolved().model_copy(update={"seed": config.seed})
     except ValidationError as exc:
-        raise ValueError(
-            "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}"
-                for e in exc.errors()
-            )
-        ) from None
+        raise ValueError("; ".join(describe_error(e, "config") for e in exc.errors())) from None
     header = (
         f'a3c-train\'s config for {config.env_id}, every field (README: "Training config").\n'
         "Run it with: a3c-train --config FILE"
