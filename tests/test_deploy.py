@@ -223,13 +223,6 @@ def test_the_image_serves_the_master_by_default_with_a_healthcheck() -> None:
     assert HEALTHCHECK.read_text().startswith("#!/usr/bin/env python3\n")
 
 
-def test_the_commands_the_files_run_are_the_packages_console_scripts() -> None:
-    scripts = PROJECT["project"].get("scripts")
-    if not scripts:
-        pytest.skip("pyproject.toml declares no console scripts yet (issue 20's commands)")
-    assert {"a3c-master", "a3c-worker"} <= set(scripts)
-
-
 # -- the build context -----------------------------------------------------------------------
 
 
