@@ -298,17 +298,10 @@ class MasterClient:
             options = {**self._push_options, **self.pushes.options(), "run_id": self.run_id}
             self._pusher = PushProcess(options, self.push_threads, self.transport.stop_event)
         request = self._gradients(worker_id, version, grads, layout, **extra)
-        sent = self._pusher.submit("POST", "/gradients", **request)
-        result: Future = Future()
-
-        def settle(done: Future) -> None:
-            try:
-                result.set_result(self._weights(check(done.result()), layout))
-            except Exception as exc:  # the error it failed with, for the caller
-                result.set_exception(exc)
-
-        sent.add_done_callback(settle)
-        return result
+        return self._pusher.submit(
+            "POST", "/gradients", **request,
+            convert=lambda response: self._weights(check(response), layout),
+        )
 
     def _gradients(
         self,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from contextlib import suppress
 from typing import Any
 
 LENGTHS = struct.Struct("<II")
@@ -19,10 +20,25 @@ def frame(head: dict[str, Any], body: bytes = b"") -> bytes:
 
 
 def write_frame(fd: int, head: dict[str, Any], body: bytes = b"") -> None:
-    """Write one frame to a file descriptor (a pipe), whole."""
-    view = memoryview(frame(head, body))
-    while view:
-        view = view[os.write(fd, view) :]
+    """Write one frame to a file descriptor (a pipe), whole: in one system call where the pipe
+    has room, and without first joining its parts (a body is a model's size)."""
+    encoded = json.dumps(head).encode()
+    parts = [LENGTHS.pack(len(encoded), len(body)), encoded, body]
+    written = os.writev(fd, parts)
+    if written < sum(map(len, parts)):  # a full pipe: the rest as it drains
+        view = memoryview(b"".join(parts))[written:]
+        while view:
+            view = view[os.write(fd, view) :]
+
+
+def widen_pipe(fd: int, size: int = 1 << 20) -> None:
+    """Let a pipe hold `size` bytes (Linux; at most /proc/sys/fs/pipe-max-size) instead of 64 KiB,
+    so that a frame of a model's size is written and read in one go rather than in slices as the
+    other end drains it. Elsewhere, or refused, the pipe stays as it is."""
+    with suppress(ImportError, AttributeError, OSError):
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
 
 
 class Frames:

@@ -82,9 +82,14 @@ def push(client: MasterClient, version: int = 4):
 
 def test_a_push_goes_from_the_child_and_its_reply_comes_back(master: Master) -> None:
     with client_of(master.url, token="t0k", run_id="r9") as client:
-        reply = push(client).result(timeout=30)
+        pending = push(client)
+        reply = pending.result(timeout=30)
         child = client._pusher.proc
         assert child.pid != os.getpid() and child.poll() is None
+        # The caller's thread took the reply in: the worker has no thread that wakes for it.
+        assert not [t for t in threading.enumerate() if t.name.startswith("a3c-push")]
+        # Timed by the child, from the hand-over to the reply.
+        assert 0 < pending.round_trip_s < time.monotonic() - pending.sent_at
     assert reply.version == 5 and torch.equal(reply.tensors["w"], TENSORS["w"])
     # What the client built (tests/test_client_messages.py) arrives as it was, with the token
     # the child's own transport adds.
@@ -128,7 +133,7 @@ def test_a_stop_ends_a_push_whose_reply_trickles_in() -> None:
         with pytest.raises(Stopped, match="waiting for the reply: POST /gradients"):
             pending.result(timeout=30)
         elapsed = time.monotonic() - started
-    assert elapsed < 1.0, elapsed  # the reader's poll and the child's read slice, not 30 s
+    assert elapsed < 1.0, elapsed  # the wait's poll of the stop and the child's read slice
 
 
 def test_the_child_reads_no_reply_past_the_workers_size_bound() -> None:

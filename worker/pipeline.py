@@ -46,7 +46,9 @@ import math
 import statistics
 import time
 from collections import deque
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import Future
+
+from a3c_http.pushproc import wait_for_replies
 
 # Round trips remembered for the shortest one: a few seconds of pushes, so a changed path is
 # followed.
@@ -110,8 +112,12 @@ class Pipeline:
         reply."""
         started = time.monotonic()
 
-        def timed(_: Future) -> None:
-            self._round_trips.append(time.monotonic() - started)
+        def timed(done: Future) -> None:
+            # Until the reply came, not until it was read: the push process's own figure.
+            round_trip = getattr(done, "round_trip_s", None)
+            if round_trip is None:
+                round_trip = time.monotonic() - started
+            self._round_trips.append(round_trip)
 
         push.add_done_callback(timed)
         self._in_flight.append(push)
@@ -127,12 +133,12 @@ class Pipeline:
             done += finished
             if len(self._in_flight) <= self.limit:
                 return done
-            wait(self._in_flight, return_when=FIRST_COMPLETED)
+            wait_for_replies(self._in_flight)
 
     def drain(self) -> list[Future]:
         """Every push still in flight, once its reply is in (at the end of a run, so that what
         the master took is counted)."""
         done = list(self._in_flight)
         self._in_flight.clear()
-        wait(done)
+        wait_for_replies(done, every=True)
         return done
