@@ -11,6 +11,7 @@ text/plain or a form), which only a page would send, since our clients send JSON
 
 from __future__ import annotations
 
+import functools
 import hmac
 import ipaddress
 from urllib.parse import urlsplit
@@ -34,6 +35,7 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 _MAX_STATE_CHANGING = 1024
 
 
+@functools.lru_cache(maxsize=1024)  # asked for every request; parsing an address is not free
 def is_loopback(host: str | None) -> bool:
     if not host:
         return False

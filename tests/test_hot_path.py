@@ -70,6 +70,21 @@ def test_the_pipeline_keeps_at_most_its_limit_in_flight_and_drains_the_rest() ->
     assert [f.result() for f in pipeline.drain()] == [0, 2] and len(pipeline) == 0
 
 
+class TimedByItself(Future):
+    round_trip_s = 0.002  # as a push process's future: the child's figure
+
+
+def test_a_push_that_times_itself_is_timed_by_its_own_round_trip() -> None:
+    """Not by when the caller took its reply in (between rollouts, milliseconds later)."""
+    pipeline, push, untimed = Pipeline(max_in_flight=8), TimedByItself(), Future()
+    pipeline.add(push)
+    pipeline.add(untimed)
+    push.set_result(None)
+    assert pipeline.round_trip_s == 0.002
+    untimed.set_result(None)  # a sender thread's future: timed from add() to its completion
+    assert len(pipeline._round_trips) == 2 and pipeline._round_trips[-1] >= 0
+
+
 @pytest.mark.parametrize(
     ("max_in_flight", "rtt", "compute", "limit"),
     [(0, 1.0, 0.01, 0), (8, 0.001, 0.01, 2), (8, 0.045, 0.01, 6), (8, 1.0, 0.01, 8)],
@@ -141,6 +156,26 @@ def test_the_flat_step_is_the_per_tensor_step_and_takes_a_saved_per_tensor_state
     # The model's tensors are views of the vector: loading weights writes the vector.
     resumed.model.load_state_dict({k: torch.zeros_like(v) for k, v in tensor_items(resumed)})
     assert not resumed.flat.any()
+
+
+def test_the_flat_rmsprop_step_is_torchs_bit_for_bit() -> None:
+    """The master's own RMSprop step (without torch.optim's machinery) against torch's, with the
+    learning rate scaled as staleness scaling does."""
+    config = TrainConfig(seed=0)
+    net = FlatNetwork(model_for(config), config)
+    reference = torch.nn.Parameter(net.params.detach().clone())
+    optimizer = make_optimizer([reference], config)
+    torch.manual_seed(1)
+    for scale in (1.0, 0.5, 1.0, 0.25):
+        grad = torch.randn(net.layout.n_params)
+        reference.grad = grad.clone()
+        optimizer.param_groups[0]["lr"] = config.lr * scale
+        optimizer.step()
+        net.step([grad], lr_scale=scale)
+        assert torch.equal(net.params.detach(), reference.detach())
+    assert net._denominator is not None  # its own step was taken, not torch's
+    ours, torchs = net.optimizer.state[net.params], optimizer.state[reference]
+    assert torch.equal(ours["square_avg"], torchs["square_avg"]) and ours["step"] == torchs["step"]
 
 
 def tensor_items(net: FlatNetwork) -> list[tuple[str, torch.Tensor]]:
