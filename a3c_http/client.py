@@ -50,7 +50,6 @@ from a3c_http.transport import (
     Stopped,
     Transport,
     Unauthorized,
-    check,
 )
 
 __all__ = [
@@ -82,19 +81,30 @@ class Weights:
         return self.layout.views(self.vector)
 
 
-def _figures(response: httpx.Response) -> dict[str, Any] | None:
-    headers = response.headers
-    if GLOBAL_EPISODE_HEADER not in headers:
+def _figures(headers: Mapping[str, str]) -> dict[str, Any] | None:
+    """The run's figures a weights reply carries; `headers` by lower-case name (httpx's headers,
+    or a push process's reply)."""
+    if _GLOBAL_EPISODE not in headers:
         return None
-    best, average = headers.get(BEST_SCORE_HEADER), headers.get(MOVING_AVERAGE_HEADER)
+    best, average = headers.get(_BEST_SCORE), headers.get(_MOVING_AVERAGE)
     return {
-        "global_episode": int(headers[GLOBAL_EPISODE_HEADER]),
+        "global_episode": int(headers[_GLOBAL_EPISODE]),
         "best_score": float(best) if best is not None else None,
         "moving_average": float(average) if average is not None else None,
-        "improved": headers.get(IMPROVED_HEADER) == "1",
-        "stop": headers.get(STOP_HEADER) == "1",
-        "duplicate": headers.get(DUPLICATE_HEADER) == "1",
+        "improved": headers.get(_IMPROVED) == "1",
+        "stop": headers.get(_STOP) == "1",
+        "duplicate": headers.get(_DUPLICATE) == "1",
     }
+
+
+# The headers `_figures` and `_weights` read, by the lower-case names both kinds of headers have.
+_GLOBAL_EPISODE, _BEST_SCORE, _MOVING_AVERAGE, _IMPROVED, _STOP, _DUPLICATE, _VERSION = (
+    name.lower()
+    for name in (
+        GLOBAL_EPISODE_HEADER, BEST_SCORE_HEADER, MOVING_AVERAGE_HEADER, IMPROVED_HEADER,
+        STOP_HEADER, DUPLICATE_HEADER, VERSION_HEADER,
+    )
+)  # fmt: skip
 
 
 class MasterClient:
@@ -228,22 +238,26 @@ class MasterClient:
 
     # -- tensors --------------------------------------------------------------------------------
 
-    def _weights(self, response: httpx.Response, layout: wire.Layout) -> Weights:
+    def _weights(
+        self, headers: Mapping[str, str], content: bytes, layout: wire.Layout
+    ) -> Weights:
+        """The weights of a reply: its headers by lower-case name (`_figures`), its body."""
         try:
-            version = int(response.headers[VERSION_HEADER])
-            figures = _figures(response)
+            version = int(headers[_VERSION])
+            figures = _figures(headers)
         except (KeyError, ValueError):
             raise ProtocolError(
                 f"the weights reply has no integer {VERSION_HEADER} header, or a malformed "
                 "figure header"
             ) from None
         try:
-            vector, _ = layout.decode(response.content)
+            vector, _ = layout.decode(content)
         except wire.WireError as exc:
             raise ProtocolError(f"the master's weights do not fit this model: {exc}") from exc
-        return Weights(
-            vector, layout, version, stop=response.headers.get(STOP_HEADER) == "1", figures=figures
-        )
+        return Weights(vector, layout, version, stop=headers.get(_STOP) == "1", figures=figures)
+
+    def _weights_reply(self, response: httpx.Response, layout: wire.Layout) -> Weights:
+        return self._weights(response.headers, response.content, layout)
 
     def get_weights(
         self, layout: wire.Layout, if_not_version: int | None = None
@@ -253,7 +267,7 @@ class MasterClient:
         response = self._request("GET", "/global_model_weights", headers=headers)
         if response.status_code == 304:
             return None
-        return self._weights(response, layout)
+        return self._weights_reply(response, layout)
 
     def push_gradients(
         self,
@@ -276,7 +290,9 @@ class MasterClient:
         request = self._gradients(
             worker_id, version, grads, layout, loss, grad_norm, wait_s, report
         )
-        return self._weights(self.pushes.request("POST", "/gradients", direct=request), layout)
+        return self._weights_reply(
+            self.pushes.request("POST", "/gradients", direct=request), layout
+        )
 
     def push_gradients_async(
         self,
@@ -300,7 +316,7 @@ class MasterClient:
         request = self._gradients(worker_id, version, grads, layout, **extra)
         return self._pusher.submit(
             "POST", "/gradients", **request,
-            convert=lambda response: self._weights(check(response), layout),
+            convert=lambda reply: self._weights(reply.headers, reply.content, layout),
         )
 
     def _gradients(

@@ -45,13 +45,20 @@ from concurrent.futures import (
 )
 from contextlib import suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
 from a3c_http import logs
 from a3c_http.frames import Frames, widen_pipe, write_frame
-from a3c_http.transport import A3CError, MasterUnavailable, ProtocolError, Stopped, Transport
+from a3c_http.transport import (
+    A3CError,
+    MasterUnavailable,
+    ProtocolError,
+    Stopped,
+    Transport,
+    check,
+)
 
 _ERRORS: dict[str, type[A3CError]] = {
     "unavailable": MasterUnavailable,
@@ -62,12 +69,21 @@ _ERRORS: dict[str, type[A3CError]] = {
 _STOP_POLL_S = 0.1
 
 
+class Reply(NamedTuple):
+    """A reply under 400 as the push process hands it to `convert`: without an httpx.Response,
+    whose case-insensitive headers took 0.07 ms of the worker's training thread a reply."""
+
+    status_code: int
+    headers: dict[str, str]  # by lower-case name
+    content: bytes
+
+
 class PushFuture(Future):
     """A push's future, completed by whoever asks about it: `done()` takes in the replies that
     have come, `result()` and `exception()` wait for its own, in the caller's thread (the
     module's docstring)."""
 
-    def __init__(self, owner: PushProcess, convert: Callable[[httpx.Response], Any]) -> None:
+    def __init__(self, owner: PushProcess, convert: Callable[[Reply], Any]) -> None:
         super().__init__()
         self.owner = owner
         self.convert = convert
@@ -162,11 +178,11 @@ class PushProcess:
         headers: dict[str, str],
         content: bytes,
         timeout: float,
-        convert: Callable[[httpx.Response], Any] = lambda response: response,
+        convert: Callable[[Reply], Any] = lambda reply: reply,
     ) -> PushFuture:
-        """Send one request; its future gets `convert` of the reply (4xx included, for
-        `convert` to judge) or the error it failed with for good (MasterUnavailable, Stopped,
-        ProtocolError), or that `convert` raised."""
+        """Send one request; its future gets `convert` of the reply, or the error it failed with
+        for good (MasterUnavailable, Stopped, ProtocolError), or the one a 4xx or 5xx reply
+        means (transport.check), or one `convert` raised."""
         future = PushFuture(self, convert)
         head = {"method": method, "path": path, "headers": list(headers.items())}
         with self._lock:
@@ -235,9 +251,11 @@ class PushProcess:
             future.set_exception(_ERRORS.get(head["error"], MasterUnavailable)(head["message"]))
             return
         try:
-            reply = httpx.Response(head["status"], headers=head["headers"], content=body)
+            reply = Reply(head["status"], {k.lower(): v for k, v in head["headers"]}, body)
+            if reply.status_code >= 400:  # the error it means (Conflict, MasterRejected, ...)
+                check(httpx.Response(reply.status_code, headers=head["headers"], content=body))
             future.set_result(future.convert(reply))
-        except Exception as exc:  # the error the reply means, for the caller
+        except Exception as exc:  # for the caller
             future.set_exception(exc)
 
     def close(self) -> None:

@@ -177,6 +177,7 @@ class Layout:
         self._dtype_note = (
             f" (this run's wire_dtype is {dtype}: the parameters travel as {code}{statistics})"
         )
+        self._entries_json = json.dumps(self._entries, separators=(",", ":")).encode()
         self.header = self._header(None)
 
     @classmethod
@@ -196,10 +197,13 @@ class Layout:
         return dict(self.shapes)
 
     def _header(self, metadata: Mapping[str, str] | None) -> bytes:
-        head = dict(self._entries)
+        # A push's header differs from the next one's only in its metadata (its report), which
+        # follows the entries as json.dumps of the whole would place it.
+        raw = self._entries_json
         if metadata:
-            head["__metadata__"] = dict(metadata)
-        raw = json.dumps(head, separators=(",", ":")).encode()
+            extra = json.dumps(dict(metadata), separators=(",", ":")).encode()
+            raw = raw[:-1] + (b',"__metadata__":' if self._entries else b'"__metadata__":')
+            raw += extra + b"}"
         raw += b" " * (-len(raw) % 8)  # safetensors' own padding: the data starts 8-aligned
         return len(raw).to_bytes(8, "little") + raw
 
@@ -237,6 +241,9 @@ class Layout:
         large model instead of two); the buffers' are, always."""
         if len(data) < 8:
             raise WireError("body is not a valid safetensors file: shorter than its 8-byte header")
+        if len(data) == len(self.header) + self.nbytes and data.startswith(self.header):
+            # This layout's own header, no metadata (the master's weights): nothing to parse.
+            return self._vector(data, len(self.header), finite_params), {}
         size = int.from_bytes(data[:8], "little")
         if size > min(_MAX_HEADER, len(data) - 8):
             raise WireError("body is not a valid safetensors file: its header overruns the body")
@@ -252,20 +259,27 @@ class Layout:
         ):
             raise WireError("not a valid safetensors file: __metadata__ must map str to str")
         if head == self._entries and len(data) - 8 - size == self.nbytes:
-            if self.dtype == "float32":
-                values = np.frombuffer(data, dtype="<f4", count=self.numel, offset=8 + size)
-                if not values.flags.writeable:  # bytes: the vector gets memory of its own
-                    values = values.copy()
-            else:
-                values = self._from_bfloat16(data, 8 + size)
-        else:  # another writer's layout: read and check it the general way
-            tensors = decode(data, self.shapes, self.dtypes, self._dtype_note)
-            values = self.flatten(tensors).numpy()
+            return self._vector(data, 8 + size, finite_params), metadata
+        # Another writer's layout: read and check it the general way.
+        tensors = decode(data, self.shapes, self.dtypes, self._dtype_note)
+        return self._checked(self.flatten(tensors).numpy(), finite_params), metadata
+
+    def _vector(self, data: bytes | bytearray, start: int, finite_params: bool) -> torch.Tensor:
+        """The vector of a body in this layout whose data begins at `start` (`decode`)."""
+        if self.dtype == "float32":
+            values = np.frombuffer(data, dtype="<f4", count=self.numel, offset=start)
+            if not values.flags.writeable:  # bytes: the vector gets memory of its own
+                values = values.copy()
+        else:
+            values = self._from_bfloat16(data, start)
+        return self._checked(values, finite_params)
+
+    def _checked(self, values: np.ndarray, finite_params: bool) -> torch.Tensor:
         flat = torch.from_numpy(values)
         checked = values if finite_params else values[self.n_params :]
         if not np.isfinite(checked).all():  # numpy's check: a tenth of torch's time here
             raise WireError(self.non_finite(flat))
-        return flat, metadata
+        return flat
 
     def non_finite(self, flat: torch.Tensor) -> str:
         """What holds a NaN or an infinity in a vector of this layout (which must have one)."""

@@ -174,11 +174,14 @@ LAYOUT = wire.Layout(list(SPEC.items()), n_params=8)
 
 def test_a_layout_body_is_a_safetensors_file_and_reads_back_with_its_metadata() -> None:
     vector = LAYOUT.flatten(good_tensors())
-    body = LAYOUT.encode(vector, {"a3c": "{}"})
+    report = '{"episodes": [[1.5, 10]], "name": "a \\"quoted\\" one"}'  # as a push's report
+    body = LAYOUT.encode(vector, {"a3c": report})
     out, metadata = LAYOUT.decode(body)
-    assert torch.equal(out, vector) and metadata == {"a3c": "{}"}
+    assert torch.equal(out, vector) and metadata == {"a3c": report}
     # Any safetensors reader takes it, and any writer's file is read by the layout.
     assert all(torch.equal(wire.decode(body, SPEC)[n], t) for n, t in good_tensors().items())
+    assert all(torch.equal(st_load(body)[n], t) for n, t in good_tensors().items())
+    assert torch.equal(LAYOUT.decode(LAYOUT.encode(vector))[0], vector)  # the header unparsed
     assert torch.equal(LAYOUT.decode(wire.encode(good_tensors()))[0], vector)
     assert len(LAYOUT.encode(vector)) == len(LAYOUT.header) + 4 * LAYOUT.numel
 

@@ -70,6 +70,7 @@ class Pipeline:
         self._round_trips: deque[float] = deque(maxlen=_RTT_WINDOW)
         self._computes: deque[float] = deque(maxlen=_COMPUTE_WINDOW)
         self.compute_s: float | None = None  # median time of one rollout and its gradients
+        self._limit: int | None = None  # `limit`, until a new figure comes in
 
     def __len__(self) -> int:
         return len(self._in_flight)
@@ -87,6 +88,12 @@ class Pipeline:
 
     @property
     def limit(self) -> int:
+        """`_limit`, computed again only when a round trip or a compute time came in since."""
+        if self._limit is None:
+            self._limit = self._compute_limit()
+        return self._limit
+
+    def _compute_limit(self) -> int:
         """Pushes that may stay in flight while the next rollout is computed: what the shortest
         round trip needs, and, while the round trips seen are longer than it by more than two
         rollouts' compute time and half the shortest, no more than keeps one of this worker's
@@ -106,6 +113,7 @@ class Pipeline:
         average would hold the limit down for a second or more."""
         self._computes.append(seconds)
         self.compute_s = statistics.median(self._computes)
+        self._limit = None
 
     def add(self, push: Future) -> None:
         """A push on its way (MasterClient.push_gradients_async): `push` completes with its
@@ -118,6 +126,7 @@ class Pipeline:
             if round_trip is None:
                 round_trip = time.monotonic() - started
             self._round_trips.append(round_trip)
+            self._limit = None
 
         push.add_done_callback(timed)
         self._in_flight.append(push)
