@@ -55,7 +55,8 @@ from scripts.bench_steps import say, ticker  # noqa: E402
 SECTIONS = ("throughput", "master", "latency", "wire", "solve")
 LEVELS = [1, 4, 16, 64]
 DELAYS_MS = [0.0, 1.0, 5.0, 20.0]
-TARGET = TASKS["CartPole-v1"][0]
+CARTPOLE = TASKS["CartPole-v1"]  # its target, budget and cap, as bench_learn.py has them
+TARGET = CARTPOLE.target
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ def solve(seeds: int, cap_s: float) -> dict:
         for learner in ("cluster", "sb3") if have_sb3 else ("cluster",):
             with ticker(f"{learner} seed {seed}"):
                 r = (one_run(seed, 2, {}, cap_s) if learner == "cluster"
-                     else run_sb3("CartPole-v1", seed, TARGET, cap_s))
+                     else run_sb3("CartPole-v1", seed, CARTPOLE, cap_s))
             runs.append({"learner": learner, "seed": seed, "solved": r["solved"],
                          "seconds": round(r["seconds"], 3), "env_steps": r["env_steps"],
                          "mean_return_100": r["mean_return_100"]})

@@ -44,6 +44,33 @@ def test_the_ready_made_gradients_fit_the_model_and_report_their_true_norm() -> 
         assert 0.25 < body.norm < 1.0 and 0.5 < body.loss < 2.0
 
 
+def test_the_solve_section_alternates_the_learners_and_gives_sb3_cartpoles_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both halves made up (the SB3 half needs the optional `bench` extra): what the section
+    hands each learner, and its medians and ratio."""
+    from scripts import bench
+    from scripts.bench_learn import TASKS
+
+    calls = []
+
+    def cluster(seed: int, workers: int, body: dict, cap_s: float) -> dict:
+        calls.append(("cluster", seed))
+        return {"solved": True, "seconds": 8.0 + seed, "env_steps": 1, "mean_return_100": 480.0}
+
+    def sb3(env_id: str, seed: int, task, cap_s: float) -> dict:
+        assert (env_id, task) == ("CartPole-v1", TASKS["CartPole-v1"])
+        calls.append(("sb3", seed))
+        return {"solved": True, "seconds": 10.0, "env_steps": 1, "mean_return_100": 480.0}
+
+    monkeypatch.setitem(sys.modules, "stable_baselines3", type(sys)("stable_baselines3"))
+    monkeypatch.setattr(bench, "one_run", cluster)
+    monkeypatch.setattr(bench, "run_sb3", sb3)
+    out = bench.solve(seeds=2, cap_s=60.0)
+    assert calls == [("cluster", 0), ("sb3", 0), ("cluster", 1), ("sb3", 1)]
+    assert out["cluster"]["median_s"] == 8.5 and out["ratio"] == 0.85
+
+
 def _level(
     workers: int, pushes: float, p99: float, errors: dict, lost: int, cpu_ms: float | None = None
 ) -> dict:
