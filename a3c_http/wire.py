@@ -30,6 +30,7 @@ bfloat16 body to a float32 run would round what the run chose to keep whole.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping, Sequence
 
@@ -127,6 +128,13 @@ WIRE_DTYPES: dict[str, tuple[str, torch.dtype, int, float]] = {
 }
 
 
+def _is_metadata(value: object) -> bool:
+    """Whether `value` is what safetensors' `__metadata__` may be: a map of str to str."""
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    )
+
+
 class Layout:
     """The entries of a model (`names`, with their `shapes`) at fixed offsets of one float32
     vector of `numel` values: the parameters first (the optimizer's region, `n_params` values),
@@ -178,6 +186,10 @@ class Layout:
             f" (this run's wire_dtype is {dtype}: the parameters travel as {code}{statistics})"
         )
         self._entries_json = json.dumps(self._entries, separators=(",", ":")).encode()
+        # How a header of these entries with metadata begins (`_header`).
+        self._with_metadata = self._entries_json[:-1] + (
+            b',"__metadata__":' if self._entries else b'"__metadata__":'
+        )
         self.header = self._header(None)
 
     @classmethod
@@ -202,8 +214,7 @@ class Layout:
         raw = self._entries_json
         if metadata:
             extra = json.dumps(dict(metadata), separators=(",", ":")).encode()
-            raw = raw[:-1] + (b',"__metadata__":' if self._entries else b'"__metadata__":')
-            raw += extra + b"}"
+            raw = self._with_metadata + extra + b"}"
         raw += b" " * (-len(raw) % 8)  # safetensors' own padding: the data starts 8-aligned
         return len(raw).to_bytes(8, "little") + raw
 
@@ -247,6 +258,15 @@ class Layout:
         size = int.from_bytes(data[:8], "little")
         if size > min(_MAX_HEADER, len(data) - 8):
             raise WireError("body is not a valid safetensors file: its header overruns the body")
+        if len(data) - 8 - size == self.nbytes and data.startswith(self._with_metadata, 8):
+            # This layout's entries, then metadata (a push's report): only that part to parse.
+            # Anything else after the entries than one object and the closing brace (more
+            # keys, say) fails to parse, and goes the general way below.
+            rest = bytes(data[8 + len(self._with_metadata) : 8 + size]).rstrip(b" ")
+            with contextlib.suppress(UnicodeDecodeError, json.JSONDecodeError):
+                metadata = json.loads(rest[:-1]) if rest.endswith(b"}") else None
+                if _is_metadata(metadata):
+                    return self._vector(data, 8 + size, finite_params), metadata
         try:
             head = json.loads(data[8 : 8 + size])
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -254,9 +274,7 @@ class Layout:
         if not isinstance(head, dict):
             raise WireError("body is not a valid safetensors file: the header is not an object")
         metadata = head.pop("__metadata__", None) or {}
-        if not isinstance(metadata, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
-        ):
+        if not _is_metadata(metadata):
             raise WireError("not a valid safetensors file: __metadata__ must map str to str")
         if head == self._entries and len(data) - 8 - size == self.nbytes:
             return self._vector(data, 8 + size, finite_params), metadata

@@ -186,6 +186,25 @@ def test_a_layout_body_is_a_safetensors_file_and_reads_back_with_its_metadata() 
     assert len(LAYOUT.encode(vector)) == len(LAYOUT.header) + 4 * LAYOUT.numel
 
 
+@pytest.mark.parametrize(
+    "header",
+    [
+        b'"__metadata__":{"a3c":"x"},"extra":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}',
+        b'"__metadata__":{"a3c":1}}',
+        b'"__metadata__":["a3c"]}',
+        b'"__metadata__":{"a3c":"x"}',
+    ],
+)
+def test_a_push_header_that_only_begins_as_the_layouts_is_judged_whole(header: bytes) -> None:
+    """The metadata after the layout's own entries is all the master parses of a push's header;
+    what does not end as one object there is read and judged as any other file."""
+    raw = LAYOUT._with_metadata + header
+    raw += b" " * (-len(raw) % 8)
+    body = len(raw).to_bytes(8, "little") + raw + bytes(LAYOUT.nbytes)
+    with pytest.raises(wire.WireError):
+        LAYOUT.decode(body)
+
+
 def test_a_model_layout_puts_the_parameters_first() -> None:
     from a3c_http.config import TrainConfig
     from a3c_http.model import model_for
