@@ -8,10 +8,11 @@ process (`python -m a3c_http.pushproc`, which imports httpx and a3c_http.transpo
 goes on: its training thread writes the request into a pipe, and takes the replies out of the
 other between rollouts (`PushProcess.poll`, which the futures of the pushes call). The worker has
 no thread of its own for them: a reader thread that woke at each reply took the GIL from the
-rollout's torch calls in turn, 0.19 to 0.23 ms of its CPU a reply against 0.04 ms for the same work
-done by the training thread, and the worker stepped 7 % slower for it (scripts/bench.py,
-throughput, alternated). The round trip the pipeline times a push by is the child's (from the
-request's hand-over to its reply there), however late the training thread reads the reply.
+rollout's torch calls in turn and spent 0.19 to 0.23 ms of the worker's CPU a reply, where the
+training thread now spends 0.08 ms on it, and the worker stepped 6 % slower for it
+(scripts/bench.py, throughput, alternated: 16,347 against 17,406 env steps/s, medians). The
+round trip the pipeline times a push by is the child's (from the request's hand-over to its reply
+there), however late the training thread reads the reply.
 
 The pipes carry frames (a3c_http/frames.py): 8 bytes (the lengths of a JSON head and of a body,
 little-endian uint32), the head, the body. To the child: first `{"options": {...}, "threads": n}`
