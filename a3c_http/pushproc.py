@@ -9,8 +9,8 @@ goes on: its training thread writes the request into a pipe, and takes the repli
 other between rollouts (`PushProcess.poll`, which the futures of the pushes call). The worker has
 no thread of its own for them: a reader thread that woke at each reply took the GIL from the
 rollout's torch calls in turn and spent 0.19 to 0.23 ms of the worker's CPU a reply, where the
-training thread now spends 0.08 ms on it, and the worker stepped 6 % slower for it
-(scripts/bench.py, throughput, alternated: 16,347 against 17,406 env steps/s, medians). The
+training thread now spends 0.08 ms on it, and the worker stepped 7 % slower for it
+(scripts/bench.py, throughput: 16,471 against 17,642 env steps/s, medians of 3 alternated). The
 round trip the pipeline times a push by is the child's (from the request's hand-over to its reply
 there), however late the training thread reads the reply.
 
