@@ -5,6 +5,7 @@ background thread until the run ends; it can serve one run after another.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -268,6 +269,10 @@ def create_app(token: str | None = None, settings: WorkerSettings | None = None)
         if joiner is not None:  # A3C_MASTER_URL: this worker joins the master's runs itself
             joiner.start()
         app.state.joiner = joiner
+        # As the master does: what start-up built (torch, gymnasium, FastAPI) lives as long as
+        # the process, out of the garbage collector's sight. A full collection scanned its
+        # 212,585 objects for 0.11 s in the middle of training (gc.callbacks, 1-worker run).
+        gc.freeze()
         yield
         # On SIGTERM: stop joining, tell the trainer to stop and give it time to send
         # POST /worker_done (the master then shows this worker as done: it left).
