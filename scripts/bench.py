@@ -2,11 +2,12 @@
 (never two at once: a 2-core machine would measure their contention).
 
     .venv/bin/python scripts/bench.py [--sections throughput,master,latency,wire,solve]
-        [--quick] [--seeds 3] [--budget 150000] [--json runs/bench.json]
+        [--quick] [--seeds 3] [--budget 150000] [--rounds 3] [--json runs/bench.json]
 
 - throughput: env steps/s of (a) the learner in one process without HTTP, (b) the cluster with
-  one worker, (c) with two, in the steady state of a budget of env steps; the ratios to (a) and
-  the workers' share of time in HTTP (scripts/bench_steps.py);
+  one worker, (c) with two, in the steady state of a budget of env steps, the three in turn
+  `--rounds` times; the medians, the ratios to (a) within each round and their median, and the
+  workers' share of time in HTTP (scripts/bench_steps.py);
 - master: gradient pushes/s and latency with 1, 4, 16 and 64 simulated workers pushing
   ready-made gradients over keep-alive connections, for the default model and one of about a
   million parameters (the latter also with `wire_dtype` bfloat16); errors, and updates lost
@@ -70,18 +71,20 @@ class Plan:
     solve_cap_s: float  # seconds before a run to the target gives up
     seeds: int
     fronts: int = 0  # the master section's master has this many fronts (A3C_FRONTS)
+    rounds: int = 1  # throughput: (a), (b) and (c) in turn, this many times; medians
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> Plan:
         if args.quick:
             return cls(
-                args.budget or 6_000, 30.0, 0.3, 1.0, 20_000, 20, 8.0, args.seeds or 1, args.fronts
+                args.budget or 6_000, 30.0, 0.3, 1.0, 20_000, 20, 8.0, args.seeds or 1, args.fronts,
+                args.rounds or 1,
             )
         # 150,000 env steps: windows of about 15 s; at 60,000 (6 s) the same code's latency row
         # read 0.64, 1.08 and 0.73 on this noisy 2-core machine.
         return cls(
             args.budget or 150_000, 300.0, 1.0, 5.0, 50_000, 200, 600.0, args.seeds or 3,
-            args.fronts,
+            args.fronts, args.rounds or 3,
         )
 
 
@@ -119,7 +122,7 @@ def solve(seeds: int, cap_s: float) -> dict:
 
 
 RUNNERS: dict[str, Callable[[Plan], dict]] = {
-    "throughput": lambda p: bench_steps.throughput(p.budget, p.cap_s),
+    "throughput": lambda p: bench_steps.throughput(p.budget, p.cap_s, p.rounds),
     "master": lambda p: bench_server.master(
         LEVELS, p.warmup_s, p.window_s, p.max_count, p.fronts
     ),
@@ -156,8 +159,13 @@ def show_throughput(f: dict) -> None:
         r = f[key]
         rows.append([name, fmt(r["steps_per_s"]), fmt(r.get("ratio", 1.0), ".2f"),
                      fmt(r["steady"]), fmt(r.get("http_share"), ".0%")])
-    table(f"throughput ({f['budget']:,} env steps a run)",
+    rounds = f.get("rounds", 1)
+    each = f", medians of {rounds} alternated rounds" if rounds > 1 else ""
+    table(f"throughput ({f['budget']:,} env steps a run{each})",
           ["run", "env steps/s", "vs (a)", "steady", "HTTP share"], rows)
+    if rounds > 1:
+        say("  (b) / (a) in each round: "
+            + ", ".join(fmt(x, ".2f") for x in f["cluster_1"]["ratios"]))
 
 
 def show_master(f: dict) -> None:
@@ -314,6 +322,9 @@ def main() -> int:
     parser.add_argument("--budget", type=int, default=None,
                         help="env steps of each throughput and latency run "
                         "(150,000; --quick 6,000)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="throughput: (a), (b) and (c) in turn this many times, medians "
+                        "(3; --quick 1)")
     parser.add_argument("--fronts", type=int, default=0,
                         help="master: give the master this many fronts (A3C_FRONTS) and push "
                         "through them (0)")

@@ -18,7 +18,7 @@ from a3c_http.model import model_for
 from scripts.bench import bar
 from scripts.bench_load import ready_bodies
 from scripts.bench_scale import add_efficiency, default_workers, window_figures
-from scripts.bench_steps import steady_rate
+from scripts.bench_steps import median_round, steady_rate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,6 +30,21 @@ def test_the_steady_rate_leaves_out_the_start_up() -> None:
     # Fewer than two samples past 10 %: the rate over all of them, not called steady.
     assert steady_rate(samples[:3], budget=10_000) == (250.0, False)
     assert steady_rate(samples[:1], budget=10_000) == (None, False)
+
+
+def test_the_throughput_figures_are_medians_over_the_rounds_and_ratios_within_them() -> None:
+    rounds = [
+        {"steps_per_s": 17_000.0, "ratio": 0.85, "steady": True},
+        {"steps_per_s": 18_000.0, "ratio": 0.95, "steady": False},
+        {"steps_per_s": None, "ratio": None, "steady": False},  # a round that measured nothing
+        {"steps_per_s": 17_500.0, "ratio": 0.90, "steady": True},
+    ]
+    median = median_round(rounds)
+    # The middle measured round (the lower of two), each round's figures, and the ratios' median
+    # (a ratio is within its round: (a) moves from round to round as much as (b)).
+    assert median["steps_per_s"] == 17_500.0 and median["steady"] is True
+    assert median["rates"] == [17_000.0, 18_000.0, None, 17_500.0]
+    assert median["ratios"] == [0.85, 0.95, None, 0.90] and median["ratio"] == 0.9
 
 
 def test_the_ready_made_gradients_fit_the_model_and_report_their_true_norm() -> None:
