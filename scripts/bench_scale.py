@@ -19,9 +19,10 @@ another (never two at once), runs that name N of the workers (the others sit idl
 - the time and env steps to solve CartPole-v1 (target 475) for seeds 0 .. --seeds - 1, each run
   capped at --time-cap seconds: a run that did not solve counts at the cap and is marked.
 
-The default --workers are the powers of two up to the host's cores less one, the master's core
-(1, 2, 4, 8 on 16 cores; 1 on 2): each worker process then has a core, its push process and this
-script's polling (2 GET /status a second) sharing them. `--pin` runs each process on one core
+The default --workers are the powers of two up to the host's cores less one, the master's core,
+and that number itself (1, 2, 4, 8, 15 on 16 cores, the row the scaling bar reads; 1 on 2): each
+worker process then has a core, its push process and this script's polling (2 GET /status a
+second) sharing them. `--pin` runs each process on one core
 (taskset): the master on the first, worker i on the (i + 1)-th, around again past the last.
 Prints a table per model and writes every figure to the JSON file after each window and each N's
 solve runs, so a cut run keeps what it measured. `--quick` gives tiny budgets, only to check that
@@ -93,11 +94,13 @@ def host_cores() -> list[int]:
 
 
 def default_workers(cores: int) -> list[int]:
-    """Powers of two up to `cores` - 1: the master is counted as a core of its own."""
+    """Powers of two up to `cores` - 1, and `cores` - 1 itself: the master is counted as a core
+    of its own, and a host full of workers is the row the scaling bar reads (16 cores: 1, 2, 4,
+    8 and 15)."""
     out = [1]
     while out[-1] * 2 <= cores - 1:
         out.append(out[-1] * 2)
-    return out
+    return out if cores - 1 <= out[-1] else [*out, cores - 1]
 
 
 # -- the figures of a window (pure, on two readings) -------------------------------------------
@@ -263,7 +266,8 @@ def main() -> int:
     cores = host_cores()
     parser.add_argument("--workers", default=",".join(map(str, default_workers(len(cores)))),
                         help="comma-separated numbers of workers, measured in this order "
-                        "(default: powers of two up to this host's cores less the master's)")
+                        "(default: powers of two up to this host's cores less the master's, and "
+                        "that number)")
     parser.add_argument("--model", default="default",
                         help=f"comma-separated, of {', '.join(MODELS)} (default: default)")
     parser.add_argument("--seeds", type=int, default=None, help="solve runs per N (3; --quick 1)")
@@ -299,7 +303,8 @@ def main() -> int:
     figures: dict = {"meta": {
         "argv": sys.argv[1:], "plan": asdict(plan), "workers": workers, "models": models,
         "cores": len(cores), "cpu_count": os.cpu_count(), "pinned": pin_cores is not None,
-        "master_counted": "as one core: the default workers are powers of two up to cores - 1",
+        "master_counted": "as one core: the default workers are powers of two up to cores - 1, "
+        "and cores - 1",
         "staleness": "the window's: difference of staleness_total over that of updates_applied",
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "python": platform.python_version(),
         "torch": torch.__version__, "host": platform.node(), "commit": _commit()},

@@ -171,7 +171,7 @@ def test_a_scale_window_counts_only_its_own_span_and_the_efficiency_is_against_t
     add_efficiency(levels)
     assert [(r["efficiency"], r["efficiency_base"]) for r in levels] == [(0.75, 2), (1.0, 2)]
     # The master counts as a core: 16 cores leave 15 for workers.
-    assert [default_workers(c) for c in (16, 2, 1)] == [[1, 2, 4, 8], [1], [1]]
+    assert [default_workers(c) for c in (16, 9, 2, 1)] == [[1, 2, 4, 8, 15], [1, 2, 4, 8], [1], [1]]
 
 
 @pytest.mark.integration
