@@ -234,6 +234,30 @@ def test_rollout_loss_is_the_loss_of_the_rollouts_advantages() -> None:
     assert torch.allclose(got.entropy, expected.entropy)
 
 
+def test_the_plain_rmsprop_step_is_torchs_bit_for_bit() -> None:
+    """make_optimizer's RMSprop (torch's operations without torch.optim's dispatch) against
+    torch's own, on the master's one flat tensor, with learning rates scaled as staleness scaling
+    does."""
+    from a3c_http.a3c import PlainRMSprop, make_optimizer
+    from a3c_http.config import TrainConfig
+
+    config = TrainConfig(seed=0)
+    torch.manual_seed(1)
+    ours = torch.nn.Parameter(torch.randn(1_000))
+    theirs = torch.nn.Parameter(ours.detach().clone())
+    optimizer = make_optimizer([ours], config)
+    reference = torch.optim.RMSprop([theirs], lr=config.lr, alpha=0.99, eps=1e-5)
+    assert type(optimizer) is PlainRMSprop
+    for scale in (1.0, 0.5, 1.0, 0.25):
+        ours.grad, theirs.grad = (g := torch.randn(1_000)), g.clone()
+        for opt in (optimizer, reference):
+            opt.param_groups[0]["lr"] = config.lr * scale
+            opt.step()
+        assert torch.equal(ours.detach(), theirs.detach())
+    mine, torchs = optimizer.state[ours], reference.state[theirs]
+    assert torch.equal(mine["square_avg"], torchs["square_avg"]) and mine["step"] == torchs["step"]
+
+
 def test_tensorflows_rmsprop_starts_its_mean_square_at_ones_and_adds_eps_under_the_root() -> None:
     from a3c_http.a3c import RMSpropTF
 

@@ -158,26 +158,6 @@ def test_the_flat_step_is_the_per_tensor_step_and_takes_a_saved_per_tensor_state
     assert not resumed.flat.any()
 
 
-def test_the_flat_rmsprop_step_is_torchs_bit_for_bit() -> None:
-    """The master's own RMSprop step (without torch.optim's machinery) against torch's, with the
-    learning rate scaled as staleness scaling does."""
-    config = TrainConfig(seed=0)
-    net = FlatNetwork(model_for(config), config)
-    reference = torch.nn.Parameter(net.params.detach().clone())
-    optimizer = make_optimizer([reference], config)
-    torch.manual_seed(1)
-    for scale in (1.0, 0.5, 1.0, 0.25):
-        grad = torch.randn(net.layout.n_params)
-        reference.grad = grad.clone()
-        optimizer.param_groups[0]["lr"] = config.lr * scale
-        optimizer.step()
-        net.step([grad], lr_scale=scale)
-        assert torch.equal(net.params.detach(), reference.detach())
-    assert net._denominator is not None  # its own step was taken, not torch's
-    ours, torchs = net.optimizer.state[net.params], optimizer.state[reference]
-    assert torch.equal(ours["square_avg"], torchs["square_avg"]) and ours["step"] == torchs["step"]
-
-
 def tensor_items(net: FlatNetwork) -> list[tuple[str, torch.Tensor]]:
     return list(net.model.state_dict().items())
 
