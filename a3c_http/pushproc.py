@@ -179,7 +179,7 @@ class PushProcess:
         headers: dict[str, str],
         content: bytes,
         timeout: float,
-        convert: Callable[[Reply], Any] = lambda reply: reply,
+        convert: Callable[[Reply], Any],
     ) -> PushFuture:
         """Send one request; its future gets `convert` of the reply, or the error it failed with
         for good (MasterUnavailable, Stopped, ProtocolError), or the one a 4xx or 5xx reply

@@ -30,7 +30,6 @@ bfloat16 body to a float32 run would round what the run chose to keep whole.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Mapping, Sequence
 
@@ -185,11 +184,10 @@ class Layout:
         self._dtype_note = (
             f" (this run's wire_dtype is {dtype}: the parameters travel as {code}{statistics})"
         )
+        # The header is these entries' JSON, made once, then the metadata if any (`_header`,
+        # `_own_header`).
         self._entries_json = json.dumps(self._entries, separators=(",", ":")).encode()
-        # How a header of these entries with metadata begins (`_header`).
-        self._with_metadata = self._entries_json[:-1] + (
-            b',"__metadata__":' if self._entries else b'"__metadata__":'
-        )
+        self._metadata_key = b',"__metadata__":' if self._entries else b'"__metadata__":'
         self.header = self._header(None)
 
     @classmethod
@@ -214,7 +212,7 @@ class Layout:
         raw = self._entries_json
         if metadata:
             extra = json.dumps(dict(metadata), separators=(",", ":")).encode()
-            raw = self._with_metadata + extra + b"}"
+            raw = raw[:-1] + self._metadata_key + extra + b"}"
         raw += b" " * (-len(raw) % 8)  # safetensors' own padding: the data starts 8-aligned
         return len(raw).to_bytes(8, "little") + raw
 
@@ -252,21 +250,12 @@ class Layout:
         large model instead of two); the buffers' are, always."""
         if len(data) < 8:
             raise WireError("body is not a valid safetensors file: shorter than its 8-byte header")
-        if len(data) == len(self.header) + self.nbytes and data.startswith(self.header):
-            # This layout's own header, no metadata (the master's weights): nothing to parse.
-            return self._vector(data, len(self.header), finite_params), {}
         size = int.from_bytes(data[:8], "little")
         if size > min(_MAX_HEADER, len(data) - 8):
             raise WireError("body is not a valid safetensors file: its header overruns the body")
-        if len(data) - 8 - size == self.nbytes and data.startswith(self._with_metadata, 8):
-            # This layout's entries, then metadata (a push's report): only that part to parse.
-            # Anything else after the entries than one object and the closing brace (more
-            # keys, say) fails to parse, and goes the general way below.
-            rest = bytes(data[8 + len(self._with_metadata) : 8 + size]).rstrip(b" ")
-            with contextlib.suppress(UnicodeDecodeError, json.JSONDecodeError):
-                metadata = json.loads(rest[:-1]) if rest.endswith(b"}") else None
-                if _is_metadata(metadata):
-                    return self._vector(data, 8 + size, finite_params), metadata
+        metadata = self._own_header(data, size)
+        if metadata is not None:
+            return self._vector(data, 8 + size, finite_params), metadata
         try:
             head = json.loads(data[8 : 8 + size])
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -281,6 +270,25 @@ class Layout:
         # Another writer's layout: read and check it the general way.
         tensors = decode(data, self.shapes, self.dtypes, self._dtype_note)
         return self._checked(self.flatten(tensors).numpy(), finite_params), metadata
+
+    def _own_header(self, data: bytes | bytearray, size: int) -> dict[str, str] | None:
+        """The metadata of a header of `size` bytes that is this layout's own, as `_header`
+        writes it: these entries byte for byte, then metadata or none (a push's report, the
+        master's weights), for a body of this layout's size. Only the metadata is parsed. None
+        for any other header (more keys after the entries, say): it is read the general way."""
+        entries = self._entries_json[:-1]
+        if len(data) - 8 - size != self.nbytes or not data.startswith(entries, 8):
+            return None
+        rest = bytes(data[8 + len(entries) : 8 + size]).rstrip(b" ")
+        if rest == b"}":
+            return {}
+        if not (rest.startswith(self._metadata_key) and rest.endswith(b"}")):
+            return None
+        try:
+            metadata = json.loads(rest[len(self._metadata_key) : -1])
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return None
+        return metadata if _is_metadata(metadata) else None
 
     def _vector(self, data: bytes | bytearray, start: int, finite_params: bool) -> torch.Tensor:
         """The vector of a body in this layout whose data begins at `start` (`decode`)."""

@@ -198,7 +198,7 @@ def test_a_layout_body_is_a_safetensors_file_and_reads_back_with_its_metadata() 
 def test_a_push_header_that_only_begins_as_the_layouts_is_judged_whole(header: bytes) -> None:
     """The metadata after the layout's own entries is all the master parses of a push's header;
     what does not end as one object there is read and judged as any other file."""
-    raw = LAYOUT._with_metadata + header
+    raw = LAYOUT._entries_json[:-1] + b"," + header
     raw += b" " * (-len(raw) % 8)
     body = len(raw).to_bytes(8, "little") + raw + bytes(LAYOUT.nbytes)
     with pytest.raises(wire.WireError):
