@@ -313,7 +313,7 @@ def _commit() -> str | None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help=f"comma-separated, run in the order given; of {', '.join(SECTIONS)}")
     parser.add_argument("--quick", action="store_true",

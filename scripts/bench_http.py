@@ -45,7 +45,7 @@ def report(name: str, ms: list[float]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=300, help="repetitions of each exchange")
     args = parser.parse_args()
     torch.set_num_threads(1)

@@ -307,7 +307,7 @@ def _interrupt(signum, frame):  # noqa: ANN001
 
 def main() -> None:
     signal.signal(signal.SIGTERM, _interrupt)
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--learners", default="cluster,sb3", help="of cluster, sb3, a2c")

@@ -262,7 +262,7 @@ def show(name: str, model: dict) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cores = host_cores()
     parser.add_argument("--workers", default=",".join(map(str, default_workers(len(cores)))),
                         help="comma-separated numbers of workers, measured in this order "

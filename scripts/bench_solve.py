@@ -77,12 +77,14 @@ def one_run(index: int, n_workers: int, overrides: dict, cap_s: float) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--workers", type=int, default=2)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3, help="how many runs, one seed each (3)")
+    parser.add_argument("--workers", type=int, default=2, help="workers of each run (2)")
     parser.add_argument("--config", default="{}", help="training config overrides as JSON")
-    parser.add_argument("--cap", type=float, default=600.0, help="seconds before a run gives up")
-    parser.add_argument("--seed", type=int, default=0, help="the seed of the first run")
+    parser.add_argument(
+        "--cap", type=float, default=600.0, help="seconds before a run gives up (600)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the seed of the first run (0)")
     parser.add_argument("--json", action="store_true", help="print the runs as JSON at the end")
     args = parser.parse_args()
     overrides = json.loads(args.config)
