@@ -167,7 +167,8 @@ class TrainConfig(BaseModel):
         "staleness, the versions between the weights its gradients were computed on and the "
         "current ones (at least 1), as staleness-aware async SGD (Zhang et al., IJCAI 2016); "
         "none: every update takes the full learning rate. max_staleness still refuses older "
-        "gradients.",
+        "gradients. A large model with several workers learned reliably only with inverse "
+        '(README, "Staleness").',
     )
     max_in_flight: int = Field(
         16,
