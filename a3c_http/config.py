@@ -167,8 +167,8 @@ class TrainConfig(BaseModel):
         "staleness, the versions between the weights its gradients were computed on and the "
         "current ones (at least 1), as staleness-aware async SGD (Zhang et al., IJCAI 2016); "
         "none: every update takes the full learning rate. max_staleness still refuses older "
-        "gradients. A large model with several workers learned reliably only with inverse "
-        '(README, "Staleness").',
+        "gradients. A large model with several workers learned reliably only with inverse or "
+        'fewer pushes in flight (README, "Staleness").',
     )
     max_in_flight: int = Field(
         16,
@@ -177,7 +177,8 @@ class TrainConfig(BaseModel):
         description="Gradient pushes a worker keeps in flight while it collects its next "
         "rollouts (gradients mode): as many as the round trip needs, up to this many and never "
         "more than max_staleness. 0: wait for each reply before the next rollout. sync mode "
-        "always waits.",
+        "always waits. A large model with several workers learned reliably only with 0 or 1 "
+        '(README, "Staleness").',
     )
     wire_dtype: Literal["float32", "bfloat16"] = Field(
         "float32",
