@@ -1,23 +1,26 @@
 """Benchmark: how the cluster scales with its number of workers on one host.
 
     .venv/bin/python scripts/bench_scale.py [--workers 1,2,4,8] [--seeds 3] [--budget 150000]
-        [--time-cap 600] [--model default,1M] [--pin] [--quick] [--json runs/bench_scale.json]
+        [--time-cap 600] [--model default,1M] [--config '{"max_in_flight": 0}'] [--pin] [--quick]
+        [--json runs/bench_scale.json]
 
 A master and as many workers as the largest N of --workers, each its own uvicorn process on a
 free loopback port (a3c_http.localcluster), started once; for each model and each N, one after
 another (never two at once), runs that name N of the workers (the others sit idle):
 
-- a steady-state window of a run of the default config (with the model's hidden_sizes) that does
-  not end by itself: once every worker has reported and 10 % of --budget env steps are done (the
-  warm-up), the master's GET /status and the processes' CPU times (/proc/<pid>/stat, utime +
-  stime) are read, and read again once --budget more env steps are done (and at least
-  MIN_WINDOW_S later). From the differences: env steps/s, updates applied/s, refusals/s by
-  reason (`updates_rejected_by`), the window's own mean staleness (`staleness_total` over
-  `updates_applied`), the master's CPU in cores and in ms per push handled (applied + refused),
-  and the workers' CPU in cores (each worker with its push process). Scaling efficiency:
-  rate(N) / (N / N0 x rate(N0)) of env steps/s, N0 the fewest workers measured (1 by default);
-- the time and env steps to solve CartPole-v1 (target 475) for seeds 0 .. --seeds - 1, each run
-  capped at --time-cap seconds: a run that did not solve counts at the cap and is marked.
+- a steady-state window of a run of the default config (with the model's hidden_sizes, and the
+  fields of --config) that does not end by itself: once every worker has reported and 10 % of
+  --budget env steps are done (the warm-up), the master's GET /status and the processes' CPU
+  times (/proc/<pid>/stat, utime + stime) are read, and read again once --budget more env steps
+  are done (and at least MIN_WINDOW_S later). From the differences: env steps/s, updates
+  applied/s, refusals/s by reason (`updates_rejected_by`), the window's own mean staleness
+  (`staleness_total` over `updates_applied`), the master's CPU in cores and in ms per push
+  handled (applied + refused), and the workers' CPU in cores (each worker with its push
+  process). Scaling efficiency: rate(N) / (N / N0 x rate(N0)) of env steps/s, N0 the fewest
+  workers measured (1 by default);
+- the time and env steps to solve CartPole-v1 (target 475) for seeds 0 .. --seeds - 1 with the
+  same config, each run capped at --time-cap seconds: a run that did not solve counts at the cap
+  and is marked.
 
 The default --workers are the powers of two up to the host's cores less one, the master's core,
 and that number itself (1, 2, 4, 8, 15 on 16 cores, the row the scaling bar reads; 1 on 2): each
@@ -51,6 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from pydantic import ValidationError  # noqa: E402
 
 from a3c_http.config import TrainConfig  # noqa: E402
 from a3c_http.localcluster import (  # noqa: E402
@@ -62,6 +66,7 @@ from a3c_http.localcluster import (  # noqa: E402
     wait_for,
     with_descendants,
 )
+from a3c_http.service import describe_error  # noqa: E402
 from scripts.bench import _commit, _interrupt, fmt, table  # noqa: E402
 from scripts.bench_learn import TASKS  # noqa: E402
 from scripts.bench_server import MODELS, n_params  # noqa: E402
@@ -101,6 +106,32 @@ def default_workers(cores: int) -> list[int]:
     while out[-1] * 2 <= cores - 1:
         out.append(out[-1] * 2)
     return out if cores - 1 <= out[-1] else [*out, cores - 1]
+
+
+# The fields each run of this script sets itself (CartPole-v1; the model sets hidden_sizes).
+OWN_FIELDS = ("env_id", "seed", "max_steps", "target_return", "hidden_sizes")
+
+
+def config_overrides(text: str) -> dict:
+    """`--config`: a JSON object of training config fields for every run (a window and the
+    solve runs alike), checked as the master checks them. Raises ValueError naming the
+    problem."""
+    try:
+        overrides = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(overrides, dict):
+        raise ValueError("give a JSON object of config fields, e.g. '{\"max_in_flight\": 0}'")
+    own = sorted(set(overrides) & set(OWN_FIELDS))
+    if own:
+        raise ValueError(
+            f"{', '.join(own)}: set by this script (CartPole-v1; --model sets hidden_sizes)"
+        )
+    try:
+        TrainConfig(**overrides)
+    except ValidationError as exc:
+        raise ValueError("; ".join(describe_error(e, "config") for e in exc.errors())) from None
+    return overrides
 
 
 # -- the figures of a window (pure, on two readings) -------------------------------------------
@@ -169,13 +200,14 @@ def cluster_of(n: int, pin_cores: list[int] | None) -> Iterator[LocalCluster]:
 
 
 def steady_window(
-    cluster: LocalCluster, workers: list[ServiceProcess], hidden: list[int], plan: Plan
+    cluster: LocalCluster, workers: list[ServiceProcess], hidden: list[int], plan: Plan,
+    overrides: dict,
 ) -> dict:
     """One run of `workers` that never ends by itself; its figures over --budget env steps
     after the warm-up (window_figures), and whether the window reached its cap instead."""
     n = len(workers)
-    cluster.train(seed=0, max_steps=None, target_return=UNREACHABLE, hidden_sizes=hidden,
-                  workers=[w.url for w in workers]).raise_for_status()
+    cluster.train(**overrides, seed=0, max_steps=None, target_return=UNREACHABLE,
+                  hidden_sizes=hidden, workers=[w.url for w in workers]).raise_for_status()
     warm = int(STEADY_FROM * plan.budget)
 
     def warmed() -> bool:
@@ -217,12 +249,13 @@ def steady_window(
 
 
 def solve(
-    cluster: LocalCluster, workers: list[ServiceProcess], hidden: list[int], plan: Plan
+    cluster: LocalCluster, workers: list[ServiceProcess], hidden: list[int], plan: Plan,
+    overrides: dict,
 ) -> dict:
     """Time and env steps to CartPole-v1's target, seed by seed; unsolved runs at the cap."""
     runs = []
     for seed in range(plan.seeds):
-        r = solve_run(cluster, plan.time_cap_s, f"solve, seed {seed}", seed=seed,
+        r = solve_run(cluster, plan.time_cap_s, f"solve, seed {seed}", **overrides, seed=seed,
                       hidden_sizes=hidden, workers=[w.url for w in workers])
         seconds = r["seconds"] if r["solved"] else plan.time_cap_s
         runs.append({"seed": seed, "solved": r["solved"], "seconds": round(seconds, 3),
@@ -236,7 +269,7 @@ def solve(
             "median_env_steps": statistics.median(r["env_steps"] for r in runs)}
 
 
-def show(name: str, model: dict) -> None:
+def show(name: str, model: dict, overrides: dict) -> None:
     rows = []
     for r in model["levels"]:
         s = r.get("solve") or {"solved": None, "runs": [], "median_s": None,
@@ -251,7 +284,8 @@ def show(name: str, model: dict) -> None:
             f"{s['solved']}/{len(s['runs'])}" if s["runs"] else "-", fmt(s["median_s"], ".1f"),
             fmt(s["median_env_steps"]),
         ])
-    table(f"{name} model ({model['params']:,} parameters, hidden {model['hidden_sizes']})",
+    config = f", config {json.dumps(overrides)}" if overrides else ""
+    table(f"{name} model ({model['params']:,} parameters, hidden {model['hidden_sizes']}{config})",
           ["workers", "env steps/s", "per worker", "efficiency", "updates/s", "refusals/s",
            "staleness", "master cores", "ms/push", "workers cores", "solved", "median s",
            "median env steps"], rows)
@@ -275,6 +309,9 @@ def main() -> int:
                         help="env steps of each steady-state window (150,000; --quick 3,000)")
     parser.add_argument("--time-cap", type=float, default=None,
                         help="seconds before a solve run gives up (600; --quick 3)")
+    parser.add_argument("--config", default="{}",
+                        help="training config fields for every run, as a JSON object, e.g. "
+                        "'{\"max_in_flight\": 0}' (default: the default config)")
     parser.add_argument("--pin", action="store_true",
                         help="run each process on a core of its own (taskset)")
     parser.add_argument("--quick", action="store_true",
@@ -291,6 +328,10 @@ def main() -> int:
         parser.error(f"--workers {args.workers!r}: give one or more numbers of at least 1")
     if not models or any(m not in MODELS for m in models):
         parser.error(f"--model {args.model!r}: give one or more of {', '.join(MODELS)}")
+    try:
+        overrides = config_overrides(args.config)
+    except ValueError as exc:
+        parser.error(f"--config {args.config!r}: {exc}")
     pin_cores = None
     if args.pin:
         if shutil.which("taskset"):
@@ -302,6 +343,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     figures: dict = {"meta": {
         "argv": sys.argv[1:], "plan": asdict(plan), "workers": workers, "models": models,
+        "config": overrides,
         "cores": len(cores), "cpu_count": os.cpu_count(), "pinned": pin_cores is not None,
         "master_counted": "as one core: the default workers are powers of two up to cores - 1, "
         "and cores - 1",
@@ -320,7 +362,7 @@ def main() -> int:
                     "levels": []}
                 for n in workers:
                     say(f"\n== {name} model, {n} worker{'s' * (n > 1)}")
-                    level = steady_window(cluster, cluster.workers[:n], hidden, plan)
+                    level = steady_window(cluster, cluster.workers[:n], hidden, plan, overrides)
                     say(f"  steady: {level['env_steps_per_s']:,.0f} env steps/s, "
                         f"{level['updates_per_s']:,.0f} updates/s, master "
                         f"{fmt(level['master_cpu_cores'], '.2f')} cores, "
@@ -328,15 +370,15 @@ def main() -> int:
                     model["levels"].append(level)
                     add_efficiency(model["levels"])
                     args.json.write_text(json.dumps(figures, indent=1))
-                    level["solve"] = solve(cluster, cluster.workers[:n], hidden, plan)
+                    level["solve"] = solve(cluster, cluster.workers[:n], hidden, plan, overrides)
                     args.json.write_text(json.dumps(figures, indent=1))
-                show(name, model)
+                show(name, model, overrides)
     except KeyboardInterrupt:
         figures["meta"]["interrupted"] = True
         say("\ninterrupted: every process this run started has been ended")
         for name, model in figures["models"].items():
             if model["levels"]:
-                show(name, model)
+                show(name, model, overrides)
         code = 130
     args.json.write_text(json.dumps(figures, indent=1))
     say(f"\nfigures written to {args.json}")

@@ -1,11 +1,13 @@
 """scripts/bench.py: the steady-state rate, the load generator's bodies and the bar on made-up
 figures, and one quick run of the `wire` section end to end (it starts a master);
-scripts/bench_scale.py: a window's figures on made-up readings, and one quick run end to end."""
+scripts/bench_scale.py: a window's figures on made-up readings, its config overrides, and one
+quick run end to end."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +19,12 @@ from a3c_http.config import TrainConfig
 from a3c_http.model import model_for
 from scripts.bench import bar
 from scripts.bench_load import ready_bodies
-from scripts.bench_scale import add_efficiency, default_workers, window_figures
+from scripts.bench_scale import (
+    add_efficiency,
+    config_overrides,
+    default_workers,
+    window_figures,
+)
 from scripts.bench_steps import median_round, steady_rate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,17 +181,37 @@ def test_a_scale_window_counts_only_its_own_span_and_the_efficiency_is_against_t
     assert [default_workers(c) for c in (16, 9, 2, 1)] == [[1, 2, 4, 8, 15], [1, 2, 4, 8], [1], [1]]
 
 
+def test_scale_config_overrides_are_checked_as_the_master_checks_a_config() -> None:
+    assert config_overrides('{"max_in_flight": 0}') == {"max_in_flight": 0}
+    assert config_overrides("{}") == {}
+    for text, says in [
+        ("max_in_flight=0", "not JSON"),
+        ("[0]", "a JSON object of config fields"),
+        ('{"seed": 3}', "seed: set by this script"),
+        ('{"hidden_sizes": [8]}', "--model sets hidden_sizes"),
+        ('{"max_in_flite": 0}', "did you mean 'max_in_flight'"),
+        ('{"max_in_flight": -1}', "max_in_flight: Input should be greater than or equal to 0"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(says)):
+            config_overrides(text)
+
+
 @pytest.mark.integration
 def test_a_quick_scale_run_writes_a_row_per_number_of_workers(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     done = subprocess.run(
         [sys.executable, "scripts/bench_scale.py", "--quick", "--workers", "1,2", "--time-cap",
-         "1", "--json", str(out)],
+         "1", "--config", '{"max_in_flight": 0}', "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "default model (9,155 parameters" in done.stdout and "efficiency" in done.stdout
-    levels = json.loads(out.read_text())["models"]["default"]["levels"]
+    figures = json.loads(out.read_text())
+    assert figures["meta"]["config"] == {"max_in_flight": 0}
+    levels = figures["models"]["default"]["levels"]
+    # The override reached the runs: one worker that waits for each reply computes every push
+    # on the current weights.
+    assert levels[0]["staleness_mean"] == 0
     assert [r["workers"] for r in levels] == [1, 2]
     for r in levels:
         assert r["env_steps"] > 0 and r["updates_per_s"] > 0 and r["window_s"] >= 1.0
