@@ -54,7 +54,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from pydantic import ValidationError  # noqa: E402
 
 from a3c_http.config import TrainConfig  # noqa: E402
 from a3c_http.localcluster import (  # noqa: E402
@@ -66,10 +65,10 @@ from a3c_http.localcluster import (  # noqa: E402
     wait_for,
     with_descendants,
 )
-from a3c_http.service import describe_error  # noqa: E402
 from scripts.bench import _commit, _interrupt, fmt, table  # noqa: E402
 from scripts.bench_learn import TASKS  # noqa: E402
 from scripts.bench_server import MODELS, n_params  # noqa: E402
+from scripts.bench_solve import config_overrides  # noqa: E402
 from scripts.bench_steps import PROGRESS_S, STEADY_FROM, UNREACHABLE, say, solve_run  # noqa: E402
 
 TARGET = TASKS["CartPole-v1"][0]
@@ -110,28 +109,7 @@ def default_workers(cores: int) -> list[int]:
 
 # The fields each run of this script sets itself (CartPole-v1; the model sets hidden_sizes).
 OWN_FIELDS = ("env_id", "seed", "max_steps", "target_return", "hidden_sizes")
-
-
-def config_overrides(text: str) -> dict:
-    """`--config`: a JSON object of training config fields for every run (a window and the
-    solve runs alike), checked as the master checks them. Raises ValueError naming the
-    problem."""
-    try:
-        overrides = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not JSON: {exc}") from None
-    if not isinstance(overrides, dict):
-        raise ValueError("give a JSON object of config fields, e.g. '{\"max_in_flight\": 0}'")
-    own = sorted(set(overrides) & set(OWN_FIELDS))
-    if own:
-        raise ValueError(
-            f"{', '.join(own)}: set by this script (CartPole-v1; --model sets hidden_sizes)"
-        )
-    try:
-        TrainConfig(**overrides)
-    except ValidationError as exc:
-        raise ValueError("; ".join(describe_error(e, "config") for e in exc.errors())) from None
-    return overrides
+OWN_WHY = "set by this script (CartPole-v1; --model sets hidden_sizes)"
 
 
 # -- the figures of a window (pure, on two readings) -------------------------------------------
@@ -329,7 +307,7 @@ def main() -> int:
     if not models or any(m not in MODELS for m in models):
         parser.error(f"--model {args.model!r}: give one or more of {', '.join(MODELS)}")
     try:
-        overrides = config_overrides(args.config)
+        overrides = config_overrides(args.config, OWN_FIELDS, OWN_WHY)
     except ValueError as exc:
         parser.error(f"--config {args.config!r}: {exc}")
     pin_cores = None

@@ -23,7 +23,31 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from pydantic import ValidationError  # noqa: E402
+
+from a3c_http.config import TrainConfig  # noqa: E402
 from a3c_http.localcluster import LocalCluster, free_port  # noqa: E402
+from a3c_http.service import describe_error  # noqa: E402
+
+
+def config_overrides(text: str, reserved: tuple[str, ...] = (), why: str = "") -> dict:
+    """`--config`: a JSON object of training config fields for every run, checked as the master
+    checks a config; the `reserved` fields (the caller's own) are refused, with `why`. Raises
+    ValueError naming the problem."""
+    try:
+        overrides = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(overrides, dict):
+        raise ValueError("give a JSON object of config fields, e.g. '{\"max_in_flight\": 0}'")
+    taken = sorted(set(overrides) & set(reserved))
+    if taken:
+        raise ValueError(f"{', '.join(taken)}: {why}")
+    try:
+        TrainConfig(**overrides)
+    except ValidationError as exc:
+        raise ValueError("; ".join(describe_error(e, "config") for e in exc.errors())) from None
+    return overrides
 
 
 def one_run(index: int, n_workers: int, overrides: dict, cap_s: float) -> dict:
@@ -87,7 +111,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="the seed of the first run (0)")
     parser.add_argument("--json", action="store_true", help="print the runs as JSON at the end")
     args = parser.parse_args()
-    overrides = json.loads(args.config)
+    try:
+        overrides = config_overrides(args.config)
+    except ValueError as exc:
+        parser.error(f"--config {args.config!r}: {exc}")
     results = []
     for i in range(args.seed, args.seed + args.runs):
         r = one_run(i, args.workers, overrides, args.cap)

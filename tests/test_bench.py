@@ -20,11 +20,13 @@ from a3c_http.model import model_for
 from scripts.bench import bar
 from scripts.bench_load import ready_bodies
 from scripts.bench_scale import (
+    OWN_FIELDS,
+    OWN_WHY,
     add_efficiency,
-    config_overrides,
     default_workers,
     window_figures,
 )
+from scripts.bench_solve import config_overrides
 from scripts.bench_steps import median_round, steady_rate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -182,8 +184,8 @@ def test_a_scale_window_counts_only_its_own_span_and_the_efficiency_is_against_t
 
 
 def test_scale_config_overrides_are_checked_as_the_master_checks_a_config() -> None:
-    assert config_overrides('{"max_in_flight": 0}') == {"max_in_flight": 0}
-    assert config_overrides("{}") == {}
+    assert config_overrides('{"max_in_flight": 0}', OWN_FIELDS, OWN_WHY) == {"max_in_flight": 0}
+    assert config_overrides("{}", OWN_FIELDS, OWN_WHY) == {}
     for text, says in [
         ("max_in_flight=0", "not JSON"),
         ("[0]", "a JSON object of config fields"),
@@ -193,7 +195,7 @@ def test_scale_config_overrides_are_checked_as_the_master_checks_a_config() -> N
         ('{"max_in_flight": -1}', "max_in_flight: Input should be greater than or equal to 0"),
     ]:
         with pytest.raises(ValueError, match=re.escape(says)):
-            config_overrides(text)
+            config_overrides(text, OWN_FIELDS, OWN_WHY)
 
 
 @pytest.mark.integration
