@@ -218,6 +218,30 @@ def learning_rate(config: TrainConfig, env_steps: int) -> float:
     return config.lr * max(0.0, 1.0 - env_steps / config.max_steps)
 
 
+def lr_scale(staleness: float, scaling: str) -> float:
+    """What the learning rate of an update `staleness` versions old is multiplied by.
+
+    inverse: 1 / staleness, at least 1 (Zhang, Gupta, Lian and Liu, "Staleness-aware Async-SGD
+    for Distributed Deep Learning", IJCAI 2016): a gradient computed on weights that moved on by
+    s updates is given the step of one s-th, so the s updates it overlapped with and it move the
+    weights about as far as one update on current weights would. Sync rounds (staleness 0) and a
+    lone worker that waits for each reply take the full step.
+
+    The learning rate is scaled, not the gradient. RMSprop and Adam divide each step by the root
+    of their running average of squared gradients: a gradient divided by s would be multiplied
+    back (all the more as stale gradients filled the average, until every step was full size
+    again), and the average, meant to estimate the size of the gradients, would mix sizes that
+    depend on the workers' timing. With the learning rate scaled, the average sees every gradient
+    as computed and this step alone is one s-th. With RMSprop (no momentum, ours) that is exactly
+    the step of a learning rate lr / s; with Adam the step also carries the momentum of earlier
+    gradients, which is scaled with it for this step: an approximation that errs towards smaller
+    steps.
+    """
+    if scaling == "inverse":
+        return 1.0 / max(1.0, staleness)
+    return 1.0
+
+
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr

@@ -4,10 +4,22 @@ staleness. The benchmarks measure it beside the cluster, and the learning tests 
 Every step is the one the cluster takes: the worker's rollout, loss and clipped gradients
 (a3c_http.rollout, a3c_http.a3c), then the master's optimizer step and statistics merge
 (a3c_http/flatnet.py, which master/params.py uses too).
+
+It can also play several workers in turn, to show what the cluster's staleness does to learning
+without the cores to run the workers at once (scripts/bench_staleness.py). W workers each have
+their own environments and their own copy of the weights, and take turns: each computes a rollout
+on its copy, the master's step applies it, and the worker then loads the weights that the step
+after its own push `lag` turns ago made. Lag 1 is a worker that waits for each reply
+(`max_in_flight: 0`): every update is W - 1 versions old. Lag 2 is one that keeps a push in flight
+while it computes the next, as on loopback: 2W - 1 (README, "Staleness"). In a cluster the
+workers' timing varies the staleness around these; here it is exact, and the runs are
+repeatable. Nothing is refused: with lag x W - 1 under `max_staleness` none is too stale, and the
+outlier check (`outlier_sigma`), which refuses under 1 % of pushes, is the master's alone.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import deque
 from collections.abc import Callable
@@ -15,9 +27,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from a3c_http.a3c import gradients, learning_rate, rollout_loss, set_learning_rate
+from a3c_http.a3c import gradients, learning_rate, lr_scale, rollout_loss, set_learning_rate
 from a3c_http.config import TrainConfig
-from a3c_http.flatnet import FlatNetwork
+from a3c_http.flatnet import FlatNetwork, bind
 from a3c_http.model import ActorCritic, model_for
 from a3c_http.rollout import RolloutCollector
 
@@ -32,6 +44,11 @@ class Result:
     mean_return_100: float | None
     returns: list[float] = field(default_factory=list)
     model: ActorCritic | None = None  # the trained network
+    staleness_total: int = 0  # over the updates: versions between an update's weights and its step
+
+    @property
+    def staleness_mean(self) -> float | None:
+        return self.staleness_total / self.updates if self.updates else None
 
 
 def train(
@@ -40,31 +57,49 @@ def train(
     window: int = 100,
     *,
     progress: Callable[[int], None] | None = None,
+    workers: int = 1,
+    lag: int = 1,
 ) -> Result:
     """Train until the mean return of the last `window` episodes reaches config.target_return
     (resolved from the environment when unset), or for `max_steps` env steps. `progress`, when
     given, is called with the env steps so far after every update (the benchmarks time the
-    steady state with it)."""
+    steady state with it). `workers` and `lag`: the workers played in turn (the module's
+    docstring); one with lag 1 is A2C, which steps the global network's own weights."""
+    if workers < 1 or lag < 1:
+        raise ValueError(f"workers and lag must be at least 1, not {workers} and {lag}")
     config = config.resolved()
     torch.manual_seed(config.seed)
     model = model_for(config)
     net = FlatNetwork(model, config)
-    collector = RolloutCollector.for_config(config, config.seed)
+    actors = [_Actor(model, None, config, config.seed)]
+    if workers > 1 or lag > 1:  # copies: no random number drawn, so one worker stays A2C's
+        actors = [
+            _Actor(copy.deepcopy(model), net, config, config.seed + 1_000_003 * i)
+            for i in range(workers)
+        ]
     recent: deque[float] = deque(maxlen=window)
     returns: list[float] = []
-    steps = updates = 0
+    steps = updates = version = staleness_total = 0
     started = time.monotonic()
     solved = False
     try:
         while steps < max_steps and not solved:
-            rollout = collector.collect(model, config.t_max)
+            actor = actors[updates % len(actors)]
+            rollout = actor.collector.collect(actor.model, config.t_max)
             steps += rollout.num_steps
             grads, _ = gradients(
-                model, rollout_loss(model, rollout, config).total, config.max_grad_norm
+                actor.model, rollout_loss(actor.model, rollout, config).total, config.max_grad_norm
             )
             set_learning_rate(net.optimizer, learning_rate(config, steps))
-            net.step([net.layout.flatten(grads | rollout.statistics)])
+            staleness = version - actor.version
+            net.step(
+                [net.layout.flatten(grads | rollout.statistics)],
+                lr_scale(staleness, config.staleness_scaling),
+            )
             updates += 1
+            version += 1
+            staleness_total += staleness
+            actor.replied(version, net, lag)
             for episode in rollout.episodes:
                 recent.append(episode.reward)
                 returns.append(episode.reward)
@@ -76,7 +111,8 @@ def train(
             if progress is not None:
                 progress(steps)
     finally:
-        collector.close()
+        for actor in actors:
+            actor.collector.close()
     return Result(
         solved=solved,
         env_steps=steps,
@@ -86,4 +122,31 @@ def train(
         mean_return_100=sum(recent) / len(recent) if recent else None,
         returns=returns,
         model=model,
+        staleness_total=staleness_total,
     )
+
+
+class _Actor:
+    """One worker played in turn: its environments, its model, the version of the weights in it
+    and the weights of the steps after its pushes, until it loads them. `global_net`: the
+    network whose weights it copies, None when its model is the global one (A2C)."""
+
+    def __init__(
+        self, model: ActorCritic, global_net: FlatNetwork | None, config: TrainConfig, seed: int
+    ) -> None:
+        self.model = model
+        self.collector = RolloutCollector.for_config(config, seed)
+        self.version = 0
+        self._flat = None if global_net is None else bind(model, global_net.layout)
+        self._replies: deque[tuple[int, torch.Tensor]] = deque()
+
+    def replied(self, version: int, global_net: FlatNetwork, lag: int) -> None:
+        """The master's step after this worker's push made `version`: load the weights of the
+        step `lag` pushes ago."""
+        if self._flat is None:
+            self.version = version  # its model is the global network
+            return
+        self._replies.append((version, global_net.snapshot()))
+        if len(self._replies) >= lag:
+            self.version, weights = self._replies.popleft()
+            self._flat.copy_(weights)

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from a3c_http import wire
-from a3c_http.a3c import set_learning_rate
+from a3c_http.a3c import lr_scale, set_learning_rate
 from a3c_http.config import TrainConfig
 from a3c_http.flatnet import FlatNetwork, NonFiniteStep
 from a3c_http.model import ActorCritic
@@ -47,30 +47,6 @@ from master.outliers import OutlierFilter
 from master.rounds import Outcome, SyncRounds, Update
 from master.screening import gradient_problem, weights_problem
 from master.seqwindow import SeqWindow
-
-
-def lr_scale(staleness: float, scaling: str) -> float:
-    """What the learning rate of an update `staleness` versions old is multiplied by.
-
-    inverse: 1 / staleness, at least 1 (Zhang, Gupta, Lian and Liu, "Staleness-aware Async-SGD
-    for Distributed Deep Learning", IJCAI 2016): a gradient computed on weights that moved on by
-    s updates is given the step of one s-th, so the s updates it overlapped with and it move the
-    weights about as far as one update on current weights would. Sync rounds (staleness 0) and a
-    lone worker that waits for each reply take the full step.
-
-    The learning rate is scaled, not the gradient. RMSprop and Adam divide each step by the root
-    of their running average of squared gradients: a gradient divided by s would be multiplied
-    back (all the more as stale gradients filled the average, until every step was full size
-    again), and the average, meant to estimate the size of the gradients, would mix sizes that
-    depend on the workers' timing. With the learning rate scaled, the average sees every gradient
-    as computed and this step alone is one s-th. With RMSprop (no momentum, ours) that is exactly
-    the step of a learning rate lr / s; with Adam the step also carries the momentum of earlier
-    gradients, which is scaled with it for this step: an approximation that errs towards smaller
-    steps.
-    """
-    if scaling == "inverse":
-        return 1.0 / max(1.0, staleness)
-    return 1.0
 
 
 class ParameterServer(SyncRounds):

@@ -1,7 +1,7 @@
 """scripts/bench.py: the steady-state rate, the load generator's bodies and the bar on made-up
 figures, and one quick run of the `wire` section end to end (it starts a master);
 scripts/bench_scale.py: a window's figures on made-up readings, its config overrides, and one
-quick run end to end."""
+quick run end to end; scripts/bench_staleness.py: its summary of made-up runs."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from scripts.bench_scale import (
     window_figures,
 )
 from scripts.bench_solve import config_overrides
+from scripts.bench_staleness import summary as staleness_summary
 from scripts.bench_steps import median_round, steady_rate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -181,6 +182,27 @@ def test_a_scale_window_counts_only_its_own_span_and_the_efficiency_is_against_t
     assert [(r["efficiency"], r["efficiency_base"]) for r in levels] == [(0.75, 2), (1.0, 2)]
     # The master counts as a core: 16 cores leave 15 for workers.
     assert [default_workers(c) for c in (16, 9, 2, 1)] == [[1, 2, 4, 8, 15], [1, 2, 4, 8], [1], [1]]
+
+
+def test_the_staleness_summary_takes_medians_of_solved_runs_and_counts_the_rest() -> None:
+    def run(workers: int, lag: int, solved: bool, steps: int, stale: float) -> dict:
+        return {"workers": workers, "lag": lag, "solved": solved, "env_steps": steps,
+                "updates": steps // 40, "staleness_mean": stale}
+
+    rows = staleness_summary([
+        run(4, 2, True, 200_000, 6.9), run(1, 1, True, 150_000, 0.0),
+        run(4, 2, False, 1_000_000, 7.0), run(4, 2, True, 300_000, 6.95),
+        run(4, 1, False, 1_000_000, 3.0),
+    ])
+    assert [(r["workers"], r["lag"], r["runs"], r["solved"]) for r in rows] == [
+        (4, 2, 3, 2), (1, 1, 1, 1), (4, 1, 1, 0)]
+    four = rows[0]
+    assert four["env_steps_median"] == 250_000  # the unsolved run's budget left out
+    assert four["env_steps_range"] == [200_000, 300_000]
+    assert four["updates_median"] == 6_250
+    assert four["env_steps_per_worker"] == 62_500
+    assert four["staleness_mean"] == pytest.approx(6.95)  # of every run
+    assert rows[2]["env_steps_median"] is rows[2]["env_steps_per_worker"] is None
 
 
 def test_scale_config_overrides_are_checked_as_the_master_checks_a_config() -> None:

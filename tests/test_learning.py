@@ -118,3 +118,26 @@ def test_the_learner_reports_its_env_steps_after_every_update() -> None:
     assert len(seen) == result.updates >= 10
     assert all(0 < b - a <= 20 for a, b in zip([0, *seen], seen, strict=False))
     assert seen[-1] == result.env_steps >= 200
+
+
+@pytest.mark.parametrize(("workers", "lag"), [(3, 1), (3, 2), (1, 2)])
+def test_workers_played_in_turn_take_steps_lag_times_workers_minus_one_versions_old(
+    workers: int, lag: int
+) -> None:
+    """The emulation of a cluster's staleness (a3c_http/learner.py): once every worker has loaded
+    a reply, each update is exactly lag x workers - 1 versions old; before, the workers act on
+    the first weights, version 0."""
+    config = TrainConfig(env_id="A3CTestSignal-v0", num_envs=4, t_max=5, seed=0, target_return=1e9)
+    result = train(config, max_steps=600, workers=workers, lag=lag)
+    first = lag * workers
+    assert result.updates > first
+    assert result.staleness_total == sum(range(first)) + (result.updates - first) * (first - 1)
+
+
+def test_a_worker_a_reply_behind_acts_on_older_weights_than_a2c_and_repeatably() -> None:
+    config = TrainConfig(env_id="A3CTestSignal-v0", num_envs=4, t_max=5, seed=0, target_return=1e9)
+    a2c = train(config, max_steps=2_000)
+    behind = [train(config, max_steps=2_000, lag=2).returns for _ in range(2)]
+    assert a2c.staleness_total == 0
+    assert behind[0] == behind[1]  # the same run twice: the workers' turns are fixed
+    assert behind[0] != a2c.returns  # its actions came from other weights
