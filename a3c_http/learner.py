@@ -71,15 +71,16 @@ def train(
     torch.manual_seed(config.seed)
     model = model_for(config)
     net = FlatNetwork(model, config)
-    actors = [_Actor(model, None, config, config.seed)]
-    if workers > 1 or lag > 1:  # copies: no random number drawn, so one worker stays A2C's
+    if workers == 1 and lag == 1:
+        actors = [_Actor(model, None, config, config.seed)]
+    else:  # copies: no random number drawn, so that the first worker's actions are A2C's draws
         actors = [
             _Actor(copy.deepcopy(model), net, config, config.seed + 1_000_003 * i)
             for i in range(workers)
         ]
     recent: deque[float] = deque(maxlen=window)
     returns: list[float] = []
-    steps = updates = version = staleness_total = 0
+    steps = updates = staleness_total = 0  # updates: the global weights' version too
     started = time.monotonic()
     solved = False
     try:
@@ -91,15 +92,14 @@ def train(
                 actor.model, rollout_loss(actor.model, rollout, config).total, config.max_grad_norm
             )
             set_learning_rate(net.optimizer, learning_rate(config, steps))
-            staleness = version - actor.version
+            staleness = updates - actor.version
             net.step(
                 [net.layout.flatten(grads | rollout.statistics)],
                 lr_scale(staleness, config.staleness_scaling),
             )
             updates += 1
-            version += 1
             staleness_total += staleness
-            actor.replied(version, net, lag)
+            actor.replied(updates, net, lag)
             for episode in rollout.episodes:
                 recent.append(episode.reward)
                 returns.append(episode.reward)
