@@ -131,6 +131,18 @@ RUNNERS: dict[str, Callable[[Plan], dict]] = {
     "solve": lambda p: solve(p.seeds, p.solve_cap_s),
 }
 
+def counts(option: str, text: str, parser: argparse.ArgumentParser) -> list[int]:
+    """A comma-separated list of numbers of at least 1 given to `option` (`--workers 1,2,4`);
+    the parser's error, naming the problem, for anything else."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        parser.error(f"{option} {text!r}: give numbers, e.g. 1,2,4")
+    if not values or min(values) < 1:
+        parser.error(f"{option} {text!r}: give one or more numbers of at least 1")
+    return values
+
+
 # -- tables -------------------------------------------------------------------------------------
 
 

@@ -65,7 +65,7 @@ from a3c_http.localcluster import (  # noqa: E402
     wait_for,
     with_descendants,
 )
-from scripts.bench import _commit, _interrupt, fmt, table  # noqa: E402
+from scripts.bench import _commit, _interrupt, counts, fmt, table  # noqa: E402
 from scripts.bench_learn import TASKS  # noqa: E402
 from scripts.bench_server import MODELS, n_params  # noqa: E402
 from scripts.bench_solve import config_overrides  # noqa: E402
@@ -297,13 +297,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=ROOT / "runs" / "bench_scale.json",
                         help="where the figures go (default runs/bench_scale.json)")
     args = parser.parse_args()
-    try:
-        workers = [int(w) for w in args.workers.split(",") if w.strip()]
-    except ValueError:
-        parser.error(f"--workers {args.workers!r}: give numbers, e.g. 1,2,4")
+    workers = counts("--workers", args.workers, parser)
     models = [m.strip() for m in args.model.split(",") if m.strip()]
-    if not workers or min(workers) < 1:
-        parser.error(f"--workers {args.workers!r}: give one or more numbers of at least 1")
     if not models or any(m not in MODELS for m in models):
         parser.error(f"--model {args.model!r}: give one or more of {', '.join(MODELS)}")
     try:

@@ -36,7 +36,7 @@ import torch  # noqa: E402
 
 from a3c_http.config import TrainConfig  # noqa: E402
 from a3c_http.learner import train  # noqa: E402
-from scripts.bench import _commit, _interrupt, fmt, table  # noqa: E402
+from scripts.bench import _commit, _interrupt, counts, fmt, table  # noqa: E402
 from scripts.bench_learn import TASKS, require_env  # noqa: E402
 from scripts.bench_solve import config_overrides  # noqa: E402
 from scripts.bench_steps import say  # noqa: E402
@@ -91,16 +91,6 @@ def show(env_id: str, rows: list[dict], overrides: dict) -> None:
             fmt(r["updates_median"]), fmt(r["env_steps_per_worker"])] for r in rows])
 
 
-def numbers(text: str, what: str, parser: argparse.ArgumentParser) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        parser.error(f"{what} {text!r}: give one or more numbers of at least 1, e.g. 1,2,4")
-    return values
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", default="1,2,4,8,16",
@@ -123,8 +113,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=ROOT / "runs" / "bench_staleness.json",
                         help="where the runs go (default runs/bench_staleness.json)")
     args = parser.parse_args()
-    workers = numbers(args.workers, "--workers", parser)
-    lags = numbers(args.lags, "--lags", parser)
+    workers = counts("--workers", args.workers, parser)
+    lags = counts("--lags", args.lags, parser)
     targets = [name for name, task in TASKS.items() if task.stop_at_target]
     if args.task not in targets:
         parser.error(f"--task {args.task!r}: give one of {', '.join(targets)}")
