@@ -72,10 +72,10 @@ def train(
     model = model_for(config)
     net = FlatNetwork(model, config)
     if workers == 1 and lag == 1:
-        actors = [_Actor(model, None, config, config.seed)]
+        actors = [_Actor(model, config, config.seed)]
     else:  # copies: no random number drawn, so that the first worker's actions are A2C's draws
         actors = [
-            _Actor(copy.deepcopy(model), net, config, config.seed + 1_000_003 * i)
+            _Actor(copy.deepcopy(model), config, config.seed + 1_000_003 * i, net, lag)
             for i in range(workers)
         ]
     recent: deque[float] = deque(maxlen=window)
@@ -99,7 +99,7 @@ def train(
             )
             updates += 1
             staleness_total += staleness
-            actor.replied(updates, net, lag)
+            actor.replied(updates)
             for episode in rollout.episodes:
                 recent.append(episode.reward)
                 returns.append(episode.reward)
@@ -128,25 +128,33 @@ def train(
 
 class _Actor:
     """One worker played in turn: its environments, its model, the version of the weights in it
-    and the weights of the steps after its pushes, until it loads them. `global_net`: the
-    network whose weights it copies, None when its model is the global one (A2C)."""
+    and the weights of the steps after its pushes, until it loads them `lag` pushes later.
+    `global_net`: the network whose weights it copies; None when its model is the global one
+    (A2C)."""
 
     def __init__(
-        self, model: ActorCritic, global_net: FlatNetwork | None, config: TrainConfig, seed: int
+        self,
+        model: ActorCritic,
+        config: TrainConfig,
+        seed: int,
+        global_net: FlatNetwork | None = None,
+        lag: int = 1,
     ) -> None:
         self.model = model
         self.collector = RolloutCollector.for_config(config, seed)
         self.version = 0
+        self._global = global_net
         self._flat = None if global_net is None else bind(model, global_net.layout)
+        self._lag = lag
         self._replies: deque[tuple[int, torch.Tensor]] = deque()
 
-    def replied(self, version: int, global_net: FlatNetwork, lag: int) -> None:
+    def replied(self, version: int) -> None:
         """The master's step after this worker's push made `version`: load the weights of the
         step `lag` pushes ago."""
-        if self._flat is None:
+        if self._global is None:
             self.version = version  # its model is the global network
             return
-        self._replies.append((version, global_net.snapshot()))
-        if len(self._replies) >= lag:
+        self._replies.append((version, self._global.snapshot()))
+        if len(self._replies) >= self._lag:
             self.version, weights = self._replies.popleft()
             self._flat.copy_(weights)
