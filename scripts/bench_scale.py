@@ -26,7 +26,9 @@ The default --workers are the powers of two up to the host's cores less one, the
 and that number itself (1, 2, 4, 8, 15 on 16 cores, the row the scaling bar reads; 1 on 2): each
 worker process then has a core, its push process and this script's polling (2 GET /status a
 second) sharing them. `--pin` runs each process on one core
-(taskset): the master on the first, worker i on the (i + 1)-th, around again past the last.
+(taskset): the master on the first, worker i on the (i + 1)-th, around again past the last;
+with A3C_FRONTS=k the master (and so its fronts) on the first 1 + k cores, the workers on the
+others.
 Prints a table per model and writes every figure to the JSON file after each window and each N's
 solve runs, so a cut run keeps what it measured. `--quick` gives tiny budgets, only to check that
 the script works. Ctrl-C or SIGTERM ends every process it started (by pid) and exits with what
@@ -65,6 +67,7 @@ from a3c_http.localcluster import (  # noqa: E402
     wait_for,
     with_descendants,
 )
+from a3c_http.settings import Settings  # noqa: E402
 from scripts.bench import _commit, _interrupt, counts, fmt, table  # noqa: E402
 from scripts.bench_learn import TASKS  # noqa: E402
 from scripts.bench_server import MODELS, n_params  # noqa: E402
@@ -159,16 +162,26 @@ def add_efficiency(levels: list[dict]) -> None:
 # -- the measurements -----------------------------------------------------------------------------
 
 
+def pin_sets(workers: int, cores: list[int], fronts: int = 0) -> list[str]:
+    """taskset's core lists for the master and then each of `workers` workers: the master takes
+    the first 1 + `fronts` cores (its fronts start on its cores, A3C_FRONTS), each worker one of
+    the cores after them, around again past the last (over all cores when none is left)."""
+    master = cores[: 1 + fronts]
+    rest = cores[len(master):] or cores
+    return [",".join(map(str, master)), *(str(rest[i % len(rest)]) for i in range(workers))]
+
+
 @contextlib.contextmanager
-def cluster_of(n: int, pin_cores: list[int] | None) -> Iterator[LocalCluster]:
-    """A master and `n` workers on free loopback ports, each pinned to a core of `pin_cores`
-    (taskset execs uvicorn: the pid stays the one the cluster ends), ended on the way out."""
+def cluster_of(n: int, pin: list[str] | None) -> Iterator[LocalCluster]:
+    """A master and `n` workers on free loopback ports, each pinned to its cores in `pin`
+    (`pin_sets`; taskset execs uvicorn: the pid stays the one the cluster ends), ended on the
+    way out."""
     with tempfile.TemporaryDirectory(prefix="a3c-bench-") as tmp:
         cluster = LocalCluster(Path(tmp) / "run", Path(tmp) / "logs",
                                [("127.0.0.1", free_port()) for _ in range(n)])
-        if pin_cores:
-            for i, process in enumerate(cluster.processes):
-                process.wrapper = ["taskset", "-c", str(pin_cores[i % len(pin_cores)])]
+        if pin:
+            for process, cores in zip(cluster.processes, pin, strict=True):
+                process.wrapper = ["taskset", "-c", cores]
         try:
             say(f"  starting a master and {n} worker{'s' * (n > 1)}")
             cluster.start(timeout_s=120)
@@ -305,10 +318,14 @@ def main() -> int:
         overrides = config_overrides(args.config, OWN_FIELDS, OWN_WHY)
     except ValueError as exc:
         parser.error(f"--config {args.config!r}: {exc}")
-    pin_cores = None
+    try:
+        fronts = Settings.from_env().fronts  # the master's, which reads the same environment
+    except ValueError as exc:
+        parser.error(f"the master's settings: {exc}")
+    pin = None
     if args.pin:
         if shutil.which("taskset"):
-            pin_cores = cores
+            pin = pin_sets(max(workers), cores, fronts)
         else:
             say("--pin: taskset is not installed (util-linux): the processes are not pinned")
     plan = Plan.of(args)
@@ -317,7 +334,7 @@ def main() -> int:
     figures: dict = {"meta": {
         "argv": sys.argv[1:], "plan": asdict(plan), "workers": workers, "models": models,
         "config": overrides,
-        "cores": len(cores), "cpu_count": os.cpu_count(), "pinned": pin_cores is not None,
+        "cores": len(cores), "cpu_count": os.cpu_count(), "pinned": pin, "fronts": fronts,
         "master_counted": "as one core: the default workers are powers of two up to cores - 1, "
         "and cores - 1",
         "staleness": "the window's: difference of staleness_total over that of updates_applied",
@@ -327,7 +344,7 @@ def main() -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     code = 0
     try:
-        with cluster_of(max(workers), pin_cores) as cluster:
+        with cluster_of(max(workers), pin) as cluster:
             for name in models:
                 hidden = MODELS[name]
                 model = figures["models"][name] = {
