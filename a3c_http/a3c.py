@@ -149,7 +149,7 @@ class PlainRMSprop(torch.optim.RMSprop):
     around them (foreach and compile paths, grad-mode and device checks). `apply` is the step
     without the hook torch.optim wraps every optimizer's `step` in (the profiler's record and
     the step hooks), which the master calls (a3c_http/flatnet.py): on the default model as one
-    flat tensor 16 us a step against 23 through `step` and 26 for torch's RMSprop (timeit, this
+    flat tensor 16 us a step against 22 through `step` and 26 for torch's RMSprop (timeit, this
     machine, idle); a million parameters take 0.63 against 0.68 ms, about half of it the square
     root (MKL's, as torch calls it).
     Its state has RMSprop's names: it saves and loads as torch's. `RMSpropTF` is the same loop

@@ -70,8 +70,6 @@ class FlatNetwork:
             self.optimizer.load_state_dict(flat_optimizer_state(optimizer_state, layout))
         self._spare: list[torch.Tensor] = []  # where `step` keeps what it may have to undo
         self._bounded = _bounded(self.optimizer)
-        # PlainRMSprop's step without the hooks torch.optim wraps `step` in (a3c_http/a3c.py)
-        self._apply = getattr(self.optimizer, "apply", self.optimizer.step)
         self.reach = self._measure_reach()  # at least the size of every weight
 
     def _measure_reach(self) -> float:
@@ -113,7 +111,8 @@ class FlatNetwork:
         )
         group["lr"] = lr * lr_scale
         try:
-            self._apply()
+            # PlainRMSprop's step without the hook torch.optim wraps `step` in (a3c_http/a3c.py)
+            getattr(self.optimizer, "apply", self.optimizer.step)()
         finally:
             self.params.grad = None
             group["lr"] = lr
