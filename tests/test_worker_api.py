@@ -77,7 +77,7 @@ def _env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("A3C_TOKEN", "A3C_MAX_BODY_BYTES"):
         monkeypatch.delenv(name, raising=False)
     # The master of these tests is never there: give up on it quickly.
-    monkeypatch.setenv("A3C_MASTER_RETRY_S", "0.5")
+    monkeypatch.setenv("A3C_MASTER_RETRY_S", "0.2")
 
 
 @pytest.fixture
