@@ -265,7 +265,7 @@ def test_a_compressed_reply_is_refused_and_none_is_asked_for() -> None:
 def test_a_stop_from_another_thread_ends_a_call_whose_reply_trickles() -> None:
     stop = threading.Event()
     outcome: list[BaseException] = []
-    with BadPeer("trickle", interval_s=0.3) as master, bounded(
+    with BadPeer("trickle", interval_s=0.1) as master, bounded(
         master.url, timeout_s=30.0, retry_deadline_s=60.0, stop=stop
     ) as client:
 

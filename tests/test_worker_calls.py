@@ -17,7 +17,7 @@ from tests.test_worker_api import start_body, wait_for, wait_until, worker
 def test_stop_while_the_masters_reply_trickles_in_is_prompt() -> None:
     # The master closes first (the inner context), which also ends the worker's last call to
     # it, POST /worker_done, which a stop does not cut short.
-    with worker() as c, BadPeer("trickle", interval_s=0.3) as master:
+    with worker() as c, BadPeer("trickle", interval_s=0.1) as master:
         assert c.post("/start_worker", json=start_body(master.port)).status_code == 202
         wait_until(lambda: master.sent >= 1)  # the reply to POST /worker_started trickles in
         started = time.monotonic()
