@@ -139,7 +139,7 @@ def test_a_save_taken_first_never_lands_over_a_later_one(
     request = threading.Thread(target=finish_the_run)
     request.start()
     # While the first save is held, the later one must wait for it (it may not overtake it).
-    request.join(timeout=0.5)
+    request.join(timeout=0.2)  # ample: a save that overtook would take ms
     release.set()
     housekeeping.join(10)
     request.join(10)
