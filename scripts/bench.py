@@ -181,19 +181,22 @@ def show_throughput(f: dict) -> None:
 
 
 def show_master(f: dict) -> None:
+    fronts = f.get("fronts") or 0  # then also the master's own process's CPU a push
     for name, m in f["models"].items():
         rows = [[str(r["workers"]), fmt(r["pushes_per_s"]), fmt(r["p50_ms"], ".2f"),
                  fmt(r["p99_ms"], ".2f"), fmt(r["max_ms"], ".1f"),
                  ", ".join(f"{k}: {v}" for k, v in r["errors"].items()) or "0",
                  fmt(r["applied"]), str(r["lost"]), fmt(r.get("master_ms_per_push"), ".3f"),
+                 *([fmt(r.get("master_own_ms_per_push"), ".3f")] if fronts else []),
                  fmt(r.get("master_cpu"), ".0%"), fmt(r["client_cpu"], ".0%")]
                 for r in m["levels"]]
         table(f"master, {name} model ({m['params']:,} parameters, "
               f"{m.get('wire_dtype', 'float32')}); max_staleness "
               f"{f['max_staleness']:,}: n pushers at once are up to n - 1 versions stale by "
-              "construction", ["workers", "pushes/s", "p50 ms", "p99 ms", "max ms", "errors",
-                               "applied", "lost", "master ms/push", "master CPU", "client CPU"],
-              rows)
+              "construction" + (f"; {fronts} fronts, in the master's CPU" if fronts else ""),
+              ["workers", "pushes/s", "p50 ms", "p99 ms", "max ms", "errors", "applied", "lost",
+               "master ms/push", *(["own process ms/push"] if fronts else []), "master CPU",
+               "client CPU"], rows)
 
 
 def show_latency(f: dict) -> None:

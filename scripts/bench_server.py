@@ -111,10 +111,12 @@ def master(
             rows = []
             for n in levels:
                 before, cpu = cluster.status(), cluster.master.cpu_seconds()  # fronts too
+                own = {pid: t for pid, t in cpu.items() if pid == cluster.master.pid}
                 level = push_level(host, port, n, bodies, run_id, before["model_version"],
                                    warmup_s, window_s, max_count, tag=f"sim-{tag}-{n}",
                                    master_port=cluster.master.port)
-                after, cpu = cluster.status(), cpu_delta(cpu, cluster.master.cpu_seconds())
+                after, now = cluster.status(), cluster.master.cpu_seconds()
+                cpu, own_cpu = cpu_delta(cpu, now), cpu_delta(own, now)
                 applied = after["updates_applied"] - before["updates_applied"]
                 rejected = after["updates_rejected"] - before["updates_rejected"]
                 row = {**level.summary(), "applied": applied, "lost": level.ok - applied,
@@ -124,11 +126,17 @@ def master(
                        "master_ms_per_push": (
                            round(cpu * 1000 / (applied + rejected), 3)
                            if cpu is not None and applied + rejected else None),
-                       "master_cpu": round(cpu / level.wall_s, 3) if cpu is not None else None}
+                       "master_cpu": round(cpu / level.wall_s, 3) if cpu is not None else None,
+                       # With fronts: the master's own process alone, what caps its pushes/s.
+                       "master_own_ms_per_push": (
+                           round(own_cpu * 1000 / (applied + rejected), 3)
+                           if fronts and own_cpu is not None and applied + rejected else None)}
                 rows.append(row)
                 say(f"    {n:>3} workers: {row['pushes_per_s'] or 0:,.0f} pushes/s, p50 "
                     f"{row['p50_ms']} ms, p99 {row['p99_ms']} ms, master "
-                    f"{row['master_ms_per_push']} ms CPU a push, errors {row['errors'] or 0}")
+                    f"{row['master_ms_per_push']} ms CPU a push"
+                    + (f" ({row['master_own_ms_per_push']} in its own process)" if fronts else "")
+                    + f", errors {row['errors'] or 0}")
             out["models"][name] = {"hidden_sizes": hidden, "wire_dtype": dtype, "params": count,
                                    "levels": rows}
     return out
