@@ -1,8 +1,8 @@
 """Benchmark: how the cluster scales with its number of workers on one host.
 
     .venv/bin/python scripts/bench_scale.py [--workers 1,2,4,8] [--seeds 3] [--budget 150000]
-        [--time-cap 600] [--model default,1M] [--config '{"max_in_flight": 0}'] [--pin] [--quick]
-        [--json runs/bench_scale.json]
+        [--time-cap 600] [--model default,1M] [--config '{"max_in_flight": 0}'] [--fronts 2]
+        [--pin] [--quick] [--json runs/bench_scale.json]
 
 A master and as many workers as the largest N of --workers, each its own uvicorn process on a
 free loopback port (a3c_http.localcluster), started once; for each model and each N, one after
@@ -27,8 +27,9 @@ and that number itself (1, 2, 4, 8, 15 on 16 cores, the row the scaling bar read
 worker process then has a core, its push process and this script's polling (2 GET /status a
 second) sharing them. `--pin` runs each process on one core
 (taskset): the master on the first, worker i on the (i + 1)-th, around again past the last;
-with A3C_FRONTS=k the master (and so its fronts) on the first 1 + k cores, the workers on the
-others.
+with fronts (--fronts k, or A3C_FRONTS=k) the master, and so its fronts, on the first 1 + k
+cores, the workers on the others. The master's CPU counts its fronts'; `master_own_ms_per_push`
+is its own process's alone, which caps a master with fronts.
 Prints a table per model and writes every figure to the JSON file after each window and each N's
 solve runs, so a cut run keeps what it measured. `--quick` gives tiny budgets, only to check that
 the script works. Ctrl-C or SIGTERM ends every process it started (by pid) and exits with what
@@ -120,7 +121,8 @@ OWN_WHY = "set by this script (CartPole-v1; --model sets hidden_sizes)"
 
 def window_figures(n: int, first: dict, last: dict) -> dict:
     """A window's figures from its two readings: {"t": monotonic s, "status": GET /status,
-    "master": cpu_of(master), "workers": cpu_of(workers and their children)}."""
+    "master": cpu_of(the master and its fronts), "workers": cpu_of(workers and their children),
+    and "master_own": cpu_of(the master's process alone), which may be left out}."""
     seconds = last["t"] - first["t"]
     a, b = first["status"], last["status"]
 
@@ -132,6 +134,7 @@ def window_figures(n: int, first: dict, last: dict) -> dict:
                  for k, v in b["updates_rejected_by"].items()}
     by_reason = {k: v for k, v in by_reason.items() if v}
     master = cpu_delta(first["master"], last["master"])
+    own = cpu_delta(first.get("master_own", {}), last.get("master_own", {}))
     workers = cpu_delta(first["workers"], last["workers"])
     rate = grown("env_steps") / seconds
     return {
@@ -146,6 +149,9 @@ def window_figures(n: int, first: dict, last: dict) -> dict:
         "master_cpu_cores": None if master is None else round(master / seconds, 3),
         "master_ms_per_push": (round(1000 * master / (applied + refused), 4)
                                if master is not None and applied + refused else None),
+        # the master's process without its fronts: what caps a master that has them
+        "master_own_ms_per_push": (round(1000 * own / (applied + refused), 4)
+                                   if own is not None and applied + refused else None),
         "workers_cpu_cores": None if workers is None else round(workers / seconds, 3),
     }
 
@@ -215,7 +221,7 @@ def steady_window(
     def reading() -> dict:
         status = cluster.status()
         return {"t": time.monotonic(), "status": status, "master": cpu_of(master_pids),
-                "workers": cpu_of(worker_pids)}
+                "master_own": cpu_of([cluster.master.pid]), "workers": cpu_of(worker_pids)}
 
     first = reading()
     said = [first["t"]]
@@ -289,10 +295,13 @@ def show(name: str, model: dict, overrides: dict) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cores = host_cores()
-    parser.add_argument("--workers", default=",".join(map(str, default_workers(len(cores)))),
+    parser.add_argument("--workers", default=None,
                         help="comma-separated numbers of workers, measured in this order "
-                        "(default: powers of two up to this host's cores less the master's, and "
-                        "that number)")
+                        "(default: powers of two up to this host's cores less the master's and "
+                        "its fronts', and that number)")
+    parser.add_argument("--fronts", type=int, default=None,
+                        help="give the master this many fronts (A3C_FRONTS, on a free loopback "
+                        "port), whose CPU counts as the master's (default: A3C_FRONTS, else 0)")
     parser.add_argument("--model", default="default",
                         help=f"comma-separated, of {', '.join(MODELS)} (default: default)")
     parser.add_argument("--seeds", type=int, default=None, help="solve runs per N (3; --quick 1)")
@@ -310,7 +319,12 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=ROOT / "runs" / "bench_scale.json",
                         help="where the figures go (default runs/bench_scale.json)")
     args = parser.parse_args()
-    workers = counts("--workers", args.workers, parser)
+    if args.fronts is not None:
+        if not 0 <= args.fronts <= 64:
+            parser.error(f"--fronts {args.fronts}: give 0 to 64")
+        os.environ["A3C_FRONTS"] = str(args.fronts)  # the master this script starts reads it
+        if args.fronts and not os.environ.get("A3C_FRONTS_BIND"):
+            os.environ["A3C_FRONTS_BIND"] = f"127.0.0.1:{free_port()}"
     models = [m.strip() for m in args.model.split(",") if m.strip()]
     if not models or any(m not in MODELS for m in models):
         parser.error(f"--model {args.model!r}: give one or more of {', '.join(MODELS)}")
@@ -322,6 +336,8 @@ def main() -> int:
         fronts = Settings.from_env().fronts  # the master's, which reads the same environment
     except ValueError as exc:
         parser.error(f"the master's settings: {exc}")
+    workers = counts("--workers", args.workers or ",".join(
+        map(str, default_workers(max(1, len(cores) - fronts)))), parser)
     pin = None
     if args.pin:
         if shutil.which("taskset"):
@@ -356,7 +372,9 @@ def main() -> int:
                     say(f"  steady: {level['env_steps_per_s']:,.0f} env steps/s, "
                         f"{level['updates_per_s']:,.0f} updates/s, master "
                         f"{fmt(level['master_cpu_cores'], '.2f')} cores, "
-                        f"{fmt(level['master_ms_per_push'], '.3f')} ms a push")
+                        f"{fmt(level['master_ms_per_push'], '.3f')} ms a push"
+                        + (f" ({fmt(level['master_own_ms_per_push'], '.3f')} in its own "
+                           "process)" if fronts else ""))
                     model["levels"].append(level)
                     add_efficiency(model["levels"])
                     args.json.write_text(json.dumps(figures, indent=1))

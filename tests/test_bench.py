@@ -159,7 +159,8 @@ def _reading(t: float, steps: int, applied: int, by: dict, staleness: int, maste
              workers: dict) -> dict:
     status = {"env_steps": steps, "updates_applied": applied, "updates_rejected": sum(by.values()),
               "updates_rejected_by": by, "staleness_total": staleness}
-    return {"t": t, "status": status, "master": {10: master}, "workers": workers}
+    return {"t": t, "status": status, "master": {10: master, 11: master / 2},
+            "master_own": {10: master}, "workers": workers}
 
 
 def test_a_scale_window_counts_only_its_own_span_and_the_efficiency_is_against_the_fewest() -> None:
@@ -174,8 +175,10 @@ def test_a_scale_window_counts_only_its_own_span_and_the_efficiency_is_against_t
     assert r["refused"] == {"stale": 6, "invalid": 2}
     assert r["refusals_per_s"] == {"stale": 3.0, "invalid": 1.0}
     assert r["staleness_mean"] == 2.0  # not the run's cumulative 900 / 300
-    assert r["master_cpu_cores"] == pytest.approx(0.208)
-    assert r["master_ms_per_push"] == pytest.approx(2.0)  # 0.416 CPU s over 208 pushes
+    # The master (pid 10) and a front of it (11), which used half what the master did.
+    assert r["master_cpu_cores"] == pytest.approx(0.312)
+    assert r["master_ms_per_push"] == pytest.approx(3.0)  # 0.624 CPU s over 208 pushes
+    assert r["master_own_ms_per_push"] == pytest.approx(2.0)  # the master's 0.416 alone
     assert r["workers_cpu_cores"] == pytest.approx(0.75)  # worker 20 alone
     levels = [{"workers": 4, "env_steps_per_s": 6_000.0},
               {"workers": 2, "env_steps_per_s": 4_000.0}]
