@@ -15,8 +15,14 @@ LENGTHS = struct.Struct("<II")
 
 
 def frame(head: dict[str, Any], body: bytes = b"") -> bytes:
+    return b"".join(frame_parts(head, body))
+
+
+def frame_parts(head: dict[str, Any], body: bytes = b"") -> tuple[bytes, bytes, bytes]:
+    """A frame's lengths, head and body, for a writer that takes them apart (writelines): the
+    body is not copied into one buffer with them."""
     encoded = json.dumps(head).encode()
-    return LENGTHS.pack(len(encoded), len(body)) + encoded + body
+    return LENGTHS.pack(len(encoded), len(body)), encoded, body
 
 
 def write_frame(fd: int, head: dict[str, Any], body: bytes = b"") -> None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import json
 import logging
 import os
 import socket
@@ -40,7 +39,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from a3c_http.frames import LENGTHS, Frames
+from a3c_http.frames import Frames, frame_parts
 from a3c_http.settings import Settings
 from master.hotpath import Reply
 from master.schemas import PushHeaders
@@ -127,9 +126,8 @@ class _Channel(asyncio.Protocol):
             status, reply_headers, content = _FAILED
         transport = self.transport
         if transport is not None and not transport.is_closing():
-            head = json.dumps({"id": call, "status": status, "headers": reply_headers}).encode()
-            # frame()'s bytes without joining the weights to them
-            transport.writelines((LENGTHS.pack(len(head), len(content)), head, content))
+            head = {"id": call, "status": status, "headers": reply_headers}
+            transport.writelines(frame_parts(head, content))
 
     # A front that stops reading its answers: read none of its pushes until they drain.
     def pause_writing(self) -> None:
