@@ -80,7 +80,7 @@ def bind(address: str, wait_s: float = BIND_WAIT_S) -> socket.socket:
 class _Front:
     """One front process and the master's end of its socket pair."""
 
-    def __init__(self, index: int, listening: socket.socket, log_path: Path | None) -> None:
+    def __init__(self, index: int, listening: socket.socket) -> None:
         self.index = index
         self.sock, theirs = socket.socketpair()
         theirs.set_inheritable(True)
@@ -175,7 +175,7 @@ class Fronts:
         return self
 
     def _start(self, index: int) -> None:
-        front = _Front(index, self.listening, None)
+        front = _Front(index, self.listening)
         self._fronts.append(front)
 
         def channel() -> _Channel:

@@ -71,7 +71,7 @@ from a3c_http.localcluster import (  # noqa: E402
 from a3c_http.settings import Settings  # noqa: E402
 from scripts.bench import _commit, _interrupt, counts, fmt, table  # noqa: E402
 from scripts.bench_learn import TASKS  # noqa: E402
-from scripts.bench_server import MODELS, n_params  # noqa: E402
+from scripts.bench_server import MODELS, ms_a_push, n_params  # noqa: E402
 from scripts.bench_solve import config_overrides  # noqa: E402
 from scripts.bench_steps import PROGRESS_S, STEADY_FROM, UNREACHABLE, say, solve_run  # noqa: E402
 
@@ -147,11 +147,9 @@ def window_figures(n: int, first: dict, last: dict) -> dict:
         "staleness_mean": round(grown("staleness_total") / applied, 3) if applied else None,
         "master_cpu_s": None if master is None else round(master, 3),
         "master_cpu_cores": None if master is None else round(master / seconds, 3),
-        "master_ms_per_push": (round(1000 * master / (applied + refused), 4)
-                               if master is not None and applied + refused else None),
+        "master_ms_per_push": ms_a_push(master, applied + refused, 4),
         # the master's process without its fronts: what caps a master that has them
-        "master_own_ms_per_push": (round(1000 * own / (applied + refused), 4)
-                                   if own is not None and applied + refused else None),
+        "master_own_ms_per_push": ms_a_push(own, applied + refused, 4),
         "workers_cpu_cores": None if workers is None else round(workers / seconds, 3),
     }
 
@@ -220,8 +218,10 @@ def steady_window(
 
     def reading() -> dict:
         status = cluster.status()
-        return {"t": time.monotonic(), "status": status, "master": cpu_of(master_pids),
-                "master_own": cpu_of([cluster.master.pid]), "workers": cpu_of(worker_pids)}
+        master = cpu_of(master_pids)
+        own = {pid: s for pid, s in master.items() if pid == cluster.master.pid}
+        return {"t": time.monotonic(), "status": status, "master": master, "master_own": own,
+                "workers": cpu_of(worker_pids)}
 
     first = reading()
     said = [first["t"]]

@@ -80,6 +80,11 @@ def start_run(
     return reply.json()["data"]["run_id"], TrainConfig(**fields)
 
 
+def ms_a_push(cpu_s: float | None, pushes: int, digits: int = 3) -> float | None:
+    """CPU seconds spent over `pushes` pushes handled, in ms a push; None without either."""
+    return round(cpu_s * 1000 / pushes, digits) if cpu_s is not None and pushes else None
+
+
 def n_params(config: TrainConfig) -> int:
     return sum(p.numel() for p in model_for(config).parameters())
 
@@ -123,14 +128,11 @@ def master(
                        "rejected": rejected,
                        # The master's CPU over the whole level, warm-up included, per push it
                        # answered (applied or refused), and in cores over the level's time.
-                       "master_ms_per_push": (
-                           round(cpu * 1000 / (applied + rejected), 3)
-                           if cpu is not None and applied + rejected else None),
+                       "master_ms_per_push": ms_a_push(cpu, applied + rejected),
                        "master_cpu": round(cpu / level.wall_s, 3) if cpu is not None else None,
                        # With fronts: the master's own process alone, what caps its pushes/s.
                        "master_own_ms_per_push": (
-                           round(own_cpu * 1000 / (applied + rejected), 3)
-                           if fronts and own_cpu is not None and applied + rejected else None)}
+                           ms_a_push(own_cpu, applied + rejected) if fronts else None)}
                 rows.append(row)
                 say(f"    {n:>3} workers: {row['pushes_per_s'] or 0:,.0f} pushes/s, p50 "
                     f"{row['p50_ms']} ms, p99 {row['p99_ms']} ms, master "
