@@ -24,7 +24,7 @@ from a3c_http.wire import WireError
 from master import housekeeping, routes_run, routes_seed, routes_view, routes_weights, tensorboard
 from master.errors import Invalid
 from master.fronts import Fronts
-from master.hotpath import GradientRoute, push
+from master.hotpath import GradientRoute, begin, push
 from master.metrics import MasterMetrics
 from master.state import ClusterState, StateConflict
 
@@ -51,7 +51,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         thread.start()
         state.evaluator.start()
         if settings.fronts:
-            state.fronts = Fronts(settings, own_push, asyncio.get_running_loop()).start()
+            state.fronts = Fronts(settings, own_begin, asyncio.get_running_loop()).start()
         # Everything built so far (torch, FastAPI, the app) lives as long as the process: out of
         # the garbage collector's sight, a full collection takes microseconds instead of ~90 ms,
         # which would otherwise land on the latency of whichever requests it interrupts.
@@ -78,7 +78,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.cluster = state
     app.state.metrics = MasterMetrics(state.status)
-    own_push = functools.partial(push, state, app.state.metrics)  # also the fronts' pushes
+    own_push = functools.partial(push, state, app.state.metrics)
+    own_begin = functools.partial(begin, state, app.state.metrics)  # the fronts' pushes
     # The routes of the workers' training loop: hundreds of requests a second. The 409s of their
     # updates are part of the loop too (stale pushes, and after a restart every push computed
     # before it): counted in updates_rejected_by, summed up by the progress line.

@@ -34,7 +34,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -113,21 +113,37 @@ class _Channel(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        answers: list[bytes] = []  # one write for all the pushes of this read answered at once
         for head, body in self.frames.feed(data):
             self.fronts.forwarded += 1
+            call = head["id"]
             headers = PushHeaders.model_construct(**head["headers"])  # judged by the front
-            self.fronts.spawn(self._answer(head["id"], headers, body))
+            try:
+                reply = self.fronts.begin(headers, body)
+            except Exception:
+                reply = self._failed()
+            if isinstance(reply, tuple):
+                answers.extend(_answer_parts(call, reply))
+            else:
+                self.fronts.spawn(self._answer_later(call, reply))
+        self._write(answers)
 
-    async def _answer(self, call: int, headers: PushHeaders, body: bytes) -> None:
+    async def _answer_later(self, call: int, pending: Awaitable[Reply]) -> None:
         try:
-            status, reply_headers, content = await self.fronts.push(headers, body)
-        except Exception:  # the master's own 500: the front answers it too
-            logger.exception("a push through front %d failed", self.front.index)
-            status, reply_headers, content = _FAILED
+            reply = await pending
+        except Exception:
+            reply = self._failed()
+        self._write(_answer_parts(call, reply))
+
+    def _failed(self) -> Reply:
+        """The master's own 500, which the front answers too."""
+        logger.exception("a push through front %d failed", self.front.index)
+        return _FAILED
+
+    def _write(self, parts: list[bytes]) -> None:
         transport = self.transport
-        if transport is not None and not transport.is_closing():
-            head = {"id": call, "status": status, "headers": reply_headers}
-            transport.writelines(frame_parts(head, content))
+        if parts and transport is not None and not transport.is_closing():
+            transport.writelines(parts)
 
     # A front that stops reading its answers: read none of its pushes until they drain.
     def pause_writing(self) -> None:
@@ -143,17 +159,17 @@ class _Channel(asyncio.Protocol):
 
 
 class Fronts:
-    """Starts `count` fronts on `address`, serves their pushes with `push` (the master's hot
+    """Starts `count` fronts on `address`, serves their pushes with `begin` (the master's hot
     path, run on `loop`), restarts a front that dies, and ends them all at `close`."""
 
     def __init__(
         self,
         settings: Settings,
-        push: Callable[[PushHeaders, bytes], Any],
+        begin: Callable[[PushHeaders, bytes], Reply | Awaitable[Reply]],
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.count = settings.fronts
-        self.push = push
+        self.begin = begin
         self.loop = loop
         self.listening = bind(settings.fronts_bind or "")
         self.port = self.listening.getsockname()[1]
@@ -234,6 +250,11 @@ class Fronts:
                 front.proc.kill()
                 front.proc.wait()
         self.listening.close()
+
+
+def _answer_parts(call: int, reply: Reply) -> list[bytes]:
+    status, headers, content = reply
+    return list(frame_parts({"id": call, "status": status, "headers": headers}, content))
 
 
 _FAILED: Reply = (

@@ -38,7 +38,7 @@ from a3c_http.service import validation_body
 from a3c_http.wire import WireError
 from master.errors import Invalid, StateConflict
 from master.metrics import MasterMetrics
-from master.rounds import settle
+from master.rounds import Outcome, settle, settled
 from master.schemas import PushHeaders
 from master.state import ClusterState
 
@@ -57,12 +57,40 @@ _ALIASES = {field.alias.lower(): field.alias for field in PushHeaders.model_fiel
 Reply = tuple[int, list[tuple[str, str]], bytes]
 
 
+def begin(
+    state: ClusterState, metrics: MasterMetrics, headers: PushHeaders, body: bytes
+) -> Reply | Awaitable[Reply]:
+    """One gradient push: its status, headers and body (the new weights, or the error's JSON),
+    at once where the master waits for nothing (a body of up to INLINE_BYTES in async mode: a
+    worker's every push), else an awaitable of them (a larger body, applied off the loop; a
+    sync round, answered when it closes). A caller that takes the answer at once saves the task
+    a coroutine would need (the fronts' channel, master/fronts.py)."""
+    started = time.perf_counter()
+    if len(body) > INLINE_BYTES:
+        return _offloaded(state, metrics, headers, body, started)
+    try:
+        outcome, figures = state.apply_gradients(*_arguments(headers, body))
+        if not outcome.future.done():
+            return _settled(state, metrics, outcome, figures, started)
+        return _success(metrics, started, settled(outcome), figures)
+    except _REFUSALS as exc:
+        return _refusal(exc)
+
+
 async def push(
     state: ClusterState, metrics: MasterMetrics, headers: PushHeaders, body: bytes
 ) -> Reply:
-    """One gradient push: its status, headers and body (the new weights, or the error's JSON)."""
-    started = time.perf_counter()
-    args = (
+    """`begin`'s answer, awaited where it must be."""
+    reply = begin(state, metrics, headers, body)
+    return reply if isinstance(reply, tuple) else await reply
+
+
+# What the master refuses a push for: 409 (StateConflict) or 422; the global state is untouched.
+_REFUSALS = (StateConflict, WireError, Invalid)
+
+
+def _arguments(headers: PushHeaders, body: bytes) -> tuple[Any, ...]:
+    return (
         headers.worker_id,
         headers.model_version,
         body,
@@ -71,16 +99,41 @@ async def push(
         headers.loss,
         headers.grad_norm,
     )
+
+
+async def _offloaded(
+    state: ClusterState, metrics: MasterMetrics, headers: PushHeaders, body: bytes, started: float
+) -> Reply:
     try:
-        if len(body) <= INLINE_BYTES:
-            outcome, figures = state.apply_gradients(*args)
-        else:
-            outcome, figures = await run_in_threadpool(state.apply_gradients, *args)
-        weights, version, duplicate = await settle(outcome, state.params.close_round)
-    except StateConflict as exc:
-        return _error(409, {"detail": str(exc)}, [(STOP_HEADER, "1")] if exc.stop else [])
-    except (WireError, Invalid) as exc:
-        return _error(422, {"detail": str(exc)})
+        outcome, figures = await run_in_threadpool(
+            state.apply_gradients, *_arguments(headers, body)
+        )
+    except _REFUSALS as exc:
+        return _refusal(exc)
+    return await _settled(state, metrics, outcome, figures, started)
+
+
+async def _settled(
+    state: ClusterState,
+    metrics: MasterMetrics,
+    outcome: Outcome,
+    figures: dict[str, Any],
+    started: float,
+) -> Reply:
+    try:
+        answer = await settle(outcome, state.params.close_round)
+    except _REFUSALS as exc:
+        return _refusal(exc)
+    return _success(metrics, started, answer, figures)
+
+
+def _success(
+    metrics: MasterMetrics,
+    started: float,
+    answer: tuple[bytes, int, bool],
+    figures: dict[str, Any],
+) -> Reply:
+    weights, version, duplicate = answer
     reply_headers = [
         ("content-type", CONTENT_TYPE),
         (VERSION_HEADER, str(version)),
@@ -91,6 +144,12 @@ async def push(
         reply_headers.append((DUPLICATE_HEADER, "1"))
     metrics.push_seconds.observe(time.perf_counter() - started)
     return 200, reply_headers, weights
+
+
+def _refusal(exc: Exception) -> Reply:
+    if isinstance(exc, StateConflict):
+        return _error(409, {"detail": str(exc)}, [(STOP_HEADER, "1")] if exc.stop else [])
+    return _error(422, {"detail": str(exc)})
 
 
 def figure_headers(figures: dict[str, Any]) -> Iterable[tuple[str, str]]:

@@ -99,6 +99,11 @@ async def settle(outcome: Outcome, close_round: Callable[[int], None]) -> tuple[
         except TimeoutError:
             await run_in_threadpool(close_round, outcome.round)
             await waiting
+    return settled(outcome)
+
+
+def settled(outcome: Outcome) -> tuple[bytes, int, bool]:
+    """`settle`'s answer for an outcome that is known (`outcome.future.done()`)."""
     weights, version = outcome.future.result()
     return weights, version, outcome.duplicate
 

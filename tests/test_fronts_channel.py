@@ -1,8 +1,8 @@
 """master/fronts.py `_Channel`, the master's end of a front's socket pair, on an event loop of the
 test's own with a stand-in for the master's hot path: every push read gets its answer, framed
-back with its id, and a front that stops reading its answers holds neither the loop nor more of
-the master's memory than the transport's buffer: the channel reads none of its pushes until the
-answers drain, then goes on."""
+back with its id, whether the hot path answered it at once or later, and a front that stops
+reading its answers holds neither the loop nor more of the master's memory than the transport's
+buffer: the channel reads none of its pushes until the answers drain, then goes on."""
 
 from __future__ import annotations
 
@@ -31,8 +31,15 @@ class StandInFronts:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def push(self, headers: Any, body: bytes) -> tuple[int, list, bytes]:
-        return 200, [("x-a3c-worker", headers.worker_id)], WEIGHTS
+    def begin(self, headers: Any, body: bytes) -> Any:
+        """Answered at once, as a push in async mode is; every other push's answer comes later,
+        as a sync round's does."""
+        reply = 200, [("x-a3c-worker", headers.worker_id)], WEIGHTS
+        return self._later(reply) if int(headers.worker_id[1:]) % 2 else reply
+
+    async def _later(self, reply: Any) -> Any:
+        await asyncio.sleep(0)
+        return reply
 
     def lost(self, front: Any) -> None:
         self.lost_fronts.append(front)
