@@ -70,7 +70,7 @@ def begin(
         return _offloaded(state, metrics, headers, body, started)
     try:
         outcome, figures = state.apply_gradients(*_arguments(headers, body))
-        if not outcome.future.done():
+        if not outcome.known():
             return _settled(state, metrics, outcome, figures, started)
         return _success(metrics, started, settled(outcome), figures)
     except _REFUSALS as exc:

@@ -201,7 +201,7 @@ def test_a_round_steps_on_the_mean_not_the_sum() -> None:
         params.join_round(params.update_of(w, 0, g, config, limits), config, None, workers)
         for w, g in zip(sorted(workers), grads, strict=True)
     ]
-    assert all(o.future.done() for o in outcomes) and params.version == 1
+    assert all(o.known() for o in outcomes) and params.version == 1
     for name in names:
         assert torch.allclose(params.model.state_dict()[name], before[name] - 1.5e-3)
 
