@@ -48,10 +48,13 @@ def widen_pipe(fd: int, size: int = 1 << 20) -> None:
 
 
 class Frames:
-    """Frames out of the bytes of a pipe or a socket, as they arrive."""
+    """Frames out of the bytes of a pipe or a socket, as they arrive. `writable`: each body is a
+    bytearray of its own, which a decoder may take as a tensor's memory (a3c_http/wire.py
+    `Layout.decode`) rather than copy again; else bytes."""
 
-    def __init__(self) -> None:
+    def __init__(self, writable: bool = False) -> None:
         self._buffer = bytearray()
+        self._body = bytearray if writable else bytes
 
     def feed(self, data: bytes) -> list[tuple[dict[str, Any], bytes]]:
         self._buffer += data
@@ -63,6 +66,6 @@ class Frames:
                 break
             with memoryview(self._buffer) as view:  # one copy of the body, not two
                 head = json.loads(bytes(view[LENGTHS.size : end - body_len]))
-                frames.append((head, bytes(view[end - body_len : end])))
+                frames.append((head, self._body(view[end - body_len : end])))
             del self._buffer[:end]
         return frames

@@ -60,7 +60,9 @@ class Channel:
         answer = asyncio.get_running_loop().create_future()
         self._waiting[call] = answer
         assert self._writer is not None
-        self._writer.write(frame({"id": call, "headers": headers.model_dump()}, body))
+        # By their header names, which the master validates them by again (master/fronts.py).
+        given = headers.model_dump(by_alias=True, exclude_none=True)
+        self._writer.write(frame({"id": call, "headers": given}, body))
         head, content = await answer
         return head["status"], [tuple(pair) for pair in head["headers"]], content
 

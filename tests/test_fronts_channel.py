@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from a3c_http.frames import Frames, frame
+from a3c_http.protocol import VERSION_HEADER, WORKER_ID_HEADER
 from master.fronts import _Channel
 
 WEIGHTS = b"w" * 100_000  # an answer far larger than a push: they back up first
@@ -50,8 +51,10 @@ class StandInFront:
 
 
 def pushes(first: int, count: int) -> bytes:
-    return b"".join(frame({"id": i, "headers": {"worker_id": f"w{i}"}}, b"g" * 10)
-                    for i in range(first, first + count))
+    return b"".join(
+        frame({"id": i, "headers": {WORKER_ID_HEADER: f"w{i}", VERSION_HEADER: 0}}, b"g" * 10)
+        for i in range(first, first + count)
+    )
 
 
 async def until(condition: Any, what: str, timeout_s: float = 10.0) -> None:
