@@ -27,9 +27,9 @@ and that number itself (1, 2, 4, 8, 15 on 16 cores, the row the scaling bar read
 worker process then has a core, its push process and this script's polling (2 GET /status a
 second) sharing them. `--pin` runs each process on one core
 (taskset): the master on the first, worker i on the (i + 1)-th, around again past the last;
-with fronts (--fronts k, or A3C_FRONTS=k) the master, and so its fronts, on the first 1 + k
-cores, the workers on the others. The master's CPU counts its fronts'; `master_own_ms_per_push`
-is its own process's alone, which caps a master with fronts.
+the master's fronts (--fronts k, or A3C_FRONTS=k) on the workers' cores, among the workers, so
+that 15 workers and the master still fill 16 cores. The master's CPU counts its fronts';
+`master_own_ms_per_push` is its own process's alone, which caps a master with fronts.
 Prints a table per model and writes every figure to the JSON file after each window and each N's
 solve runs, so a cut run keeps what it measured. `--quick` gives tiny budgets, only to check that
 the script works. Ctrl-C or SIGTERM ends every process it started (by pid) and exits with what
@@ -166,29 +166,41 @@ def add_efficiency(levels: list[dict]) -> None:
 # -- the measurements -----------------------------------------------------------------------------
 
 
-def pin_sets(workers: int, cores: list[int], fronts: int = 0) -> list[str]:
-    """taskset's core lists for the master and then each of `workers` workers: the master takes
-    the first 1 + `fronts` cores (its fronts start on its cores, A3C_FRONTS), each worker one of
-    the cores after them, around again past the last (over all cores when none is left)."""
-    master = cores[: 1 + fronts]
-    rest = cores[len(master):] or cores
-    return [",".join(map(str, master)), *(str(rest[i % len(rest)]) for i in range(workers))]
+def pin_sets(workers: int, cores: list[int]) -> list[str]:
+    """taskset's core lists for the master and then each of `workers` workers: the master the
+    first core, each worker one of the others, around again past the last (over all cores when
+    there is no other)."""
+    rest = cores[1:] or cores
+    return [str(cores[0]), *(str(rest[i % len(rest)]) for i in range(workers))]
+
+
+def fronts_cores(cores: list[int]) -> set[int]:
+    """Where pinned fronts run: on the workers' cores, among them (the kernel places them), so
+    that the master keeps its core to itself and a host full of workers stays full (15 workers
+    and the master on 16 cores, the row the scaling bar reads, with the fronts' work shared
+    among them)."""
+    return set(cores[1:] or cores)
 
 
 @contextlib.contextmanager
-def cluster_of(n: int, pin: list[str] | None) -> Iterator[LocalCluster]:
+def cluster_of(n: int, pin: list[str] | None, cores: list[int]) -> Iterator[LocalCluster]:
     """A master and `n` workers on free loopback ports, each pinned to its cores in `pin`
-    (`pin_sets`; taskset execs uvicorn: the pid stays the one the cluster ends), ended on the
-    way out."""
+    (`pin_sets`; taskset execs uvicorn: the pid stays the one the cluster ends) and the
+    master's fronts, if it has any, to `fronts_cores`; ended on the way out."""
     with tempfile.TemporaryDirectory(prefix="a3c-bench-") as tmp:
         cluster = LocalCluster(Path(tmp) / "run", Path(tmp) / "logs",
                                [("127.0.0.1", free_port()) for _ in range(n)])
         if pin:
-            for process, cores in zip(cluster.processes, pin, strict=True):
-                process.wrapper = ["taskset", "-c", cores]
+            for process, cores_of in zip(cluster.processes, pin, strict=True):
+                process.wrapper = ["taskset", "-c", cores_of]
         try:
             say(f"  starting a master and {n} worker{'s' * (n > 1)}")
             cluster.start(timeout_s=120)
+            if pin:
+                # Started on the master's core, which they inherit; a front the master starts
+                # again later stays there.
+                for pid in (cluster.status().get("fronts") or {}).get("pids", []):
+                    os.sched_setaffinity(pid, fronts_cores(cores))
             yield cluster
         finally:
             cluster.close()
@@ -297,8 +309,8 @@ def main() -> int:
     cores = host_cores()
     parser.add_argument("--workers", default=None,
                         help="comma-separated numbers of workers, measured in this order "
-                        "(default: powers of two up to this host's cores less the master's and "
-                        "its fronts', and that number)")
+                        "(default: powers of two up to this host's cores less the master's, and "
+                        "that number)")
     parser.add_argument("--fronts", type=int, default=None,
                         help="give the master this many fronts (A3C_FRONTS, on a free loopback "
                         "port), whose CPU counts as the master's (default: A3C_FRONTS, else 0)")
@@ -336,12 +348,12 @@ def main() -> int:
         fronts = Settings.from_env().fronts  # the master's, which reads the same environment
     except ValueError as exc:
         parser.error(f"the master's settings: {exc}")
-    workers = counts("--workers", args.workers or ",".join(
-        map(str, default_workers(max(1, len(cores) - fronts)))), parser)
+    workers = counts("--workers", args.workers or ",".join(map(str, default_workers(len(cores)))),
+                     parser)
     pin = None
     if args.pin:
         if shutil.which("taskset"):
-            pin = pin_sets(max(workers), cores, fronts)
+            pin = pin_sets(max(workers), cores)
         else:
             say("--pin: taskset is not installed (util-linux): the processes are not pinned")
     plan = Plan.of(args)
@@ -360,7 +372,7 @@ def main() -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     code = 0
     try:
-        with cluster_of(max(workers), pin) as cluster:
+        with cluster_of(max(workers), pin, cores) as cluster:
             for name in models:
                 hidden = MODELS[name]
                 model = figures["models"][name] = {

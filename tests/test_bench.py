@@ -24,6 +24,7 @@ from scripts.bench_scale import (
     OWN_WHY,
     add_efficiency,
     default_workers,
+    fronts_cores,
     pin_sets,
     window_figures,
 )
@@ -188,14 +189,14 @@ def test_a_scale_window_counts_only_its_own_span_and_the_efficiency_is_against_t
     assert [default_workers(c) for c in (16, 9, 2, 1)] == [[1, 2, 4, 8, 15], [1, 2, 4, 8], [1], [1]]
 
 
-def test_pinned_fronts_get_cores_of_their_own_beside_the_master() -> None:
-    # taskset's lists, the master's first: fronts start on their master's cores.
+def test_pinned_the_master_has_a_core_of_its_own_and_its_fronts_share_the_workers() -> None:
+    # taskset's lists, the master's first.
     assert pin_sets(3, list(range(16))) == ["0", "1", "2", "3"]
-    assert pin_sets(3, list(range(16)), fronts=2) == ["0,1,2", "3", "4", "5"]
+    assert fronts_cores(list(range(16))) == set(range(1, 16))
     # Past the last core the workers go around again over theirs, not the master's.
-    assert pin_sets(4, [0, 1, 2], fronts=1) == ["0,1", "2", "2", "2", "2"]
+    assert pin_sets(4, [0, 1, 2]) == ["0", "1", "2", "1", "2"]
     assert pin_sets(2, [0, 1]) == ["0", "1", "1"]
-    assert pin_sets(1, [5], fronts=3) == ["5", "5"]  # nothing left: all the cores there are
+    assert pin_sets(1, [5]) == ["5", "5"] and fronts_cores([5]) == {5}  # all the cores there are
 
 
 def test_the_staleness_summary_takes_medians_of_solved_runs_and_counts_the_rest() -> None:
