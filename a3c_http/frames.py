@@ -48,13 +48,10 @@ def widen_pipe(fd: int, size: int = 1 << 20) -> None:
 
 
 class Frames:
-    """Frames out of the bytes of a pipe or a socket, as they arrive. `writable`: each body is a
-    bytearray of its own, which a decoder may take as a tensor's memory (a3c_http/wire.py
-    `Layout.decode`) rather than copy again; else bytes."""
+    """Frames out of the bytes of a pipe or a socket, as they arrive."""
 
-    def __init__(self, writable: bool = False) -> None:
+    def __init__(self) -> None:
         self._buffer = bytearray()
-        self._body = bytearray if writable else bytes
 
     def feed(self, data: bytes) -> list[tuple[dict[str, Any], bytes]]:
         self._buffer += data
@@ -66,6 +63,70 @@ class Frames:
                 break
             with memoryview(self._buffer) as view:  # one copy of the body, not two
                 head = json.loads(bytes(view[LENGTHS.size : end - body_len]))
-                frames.append((head, self._body(view[end - body_len : end])))
+                frames.append((head, bytes(view[end - body_len : end])))
             del self._buffer[:end]
+        return frames
+
+
+class FrameReader:
+    """Frames read straight into their memory, for an asyncio `BufferedProtocol` (the master's
+    end of its fronts' channels, master/fronts.py): the loop asks `buffer()` where to put what
+    it reads and says with `filled(n)` how much it put there, which returns the frames that
+    completed. Heads and small bodies land in a staging buffer and are copied out of it; a body
+    of `direct_bytes` or more gets a bytearray of its own, and the rest of it is read into that
+    bytearray itself. So a model's body, 4 MB for a million parameters, crosses from the socket
+    to the gradient vector in the kernel's one copy, where `Frames` appends each read to its
+    buffer and copies the body out of it again. Bodies are bytearrays, each its own memory, which
+    a decoder may take as a tensor's (a3c_http/wire.py `Layout.decode`)."""
+
+    def __init__(self, stage_bytes: int = 256 * 1024, direct_bytes: int = 64 * 1024) -> None:
+        self._stage = bytearray(stage_bytes)
+        self._fill = 0  # bytes of the staging buffer in use
+        self._direct_bytes = direct_bytes
+        self._head: dict[str, Any] | None = None  # the frame whose body is read directly
+        self._body: bytearray | None = None
+        self._got = 0  # bytes of that body read
+
+    def buffer(self) -> memoryview:
+        """Where the next read goes: the rest of a direct body, or the staging buffer's room."""
+        if self._body is not None:
+            return memoryview(self._body)[self._got :]
+        if self._fill == len(self._stage):  # a frame larger than the room it was given
+            self._stage.extend(bytes(len(self._stage)))
+        return memoryview(self._stage)[self._fill :]
+
+    def filled(self, n: int) -> list[tuple[dict[str, Any], bytearray]]:
+        """`n` bytes were read into the last `buffer()`: the frames they completed."""
+        if self._body is not None:
+            self._got += n
+            if self._got < len(self._body):
+                return []
+            assert self._head is not None
+            frames = [(self._head, self._body)]
+            self._head = self._body = None
+            return frames
+        self._fill += n
+        frames = []
+        stage, fill, start = self._stage, self._fill, 0
+        while fill - start >= LENGTHS.size:
+            head_len, body_len = LENGTHS.unpack_from(stage, start)
+            body_at = start + LENGTHS.size + head_len
+            end = body_at + body_len
+            if fill < body_at:  # the head is not in yet
+                break
+            if fill >= end:
+                head = json.loads(bytes(stage[start + LENGTHS.size : body_at]))
+                frames.append((head, stage[body_at:end]))  # a slice: a copy of its own
+                start = end
+                continue
+            if body_len >= self._direct_bytes:  # the rest of this body goes straight to it
+                self._head = json.loads(bytes(stage[start + LENGTHS.size : body_at]))
+                self._body = bytearray(body_len)
+                self._got = fill - body_at
+                self._body[: self._got] = stage[body_at:fill]
+                start = fill
+            break
+        if start:  # what is left moves to the front
+            stage[: fill - start] = stage[start:fill]
+        self._fill = fill - start
         return frames

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from a3c_http.frames import Frames, frame_parts
+from a3c_http.frames import FrameReader, frame_parts
 from a3c_http.settings import Settings
 from master.hotpath import Reply
 from master.schemas import PushHeaders
@@ -99,22 +99,27 @@ class _Front:
         self.channel: _Channel | None = None  # once the loop has taken the socket
 
 
-class _Channel(asyncio.Protocol):
+class _Channel(asyncio.BufferedProtocol):
     """The master's end of one front's socket pair, on the event loop: each frame read is a
-    push, applied as the master's own port applies one, and its answer framed back."""
+    push, applied as the master's own port applies one, and its answer framed back. A push's
+    body is read into its own memory, which becomes its gradient vector (a3c_http/frames.py
+    `FrameReader`)."""
 
     def __init__(self, fronts: Fronts, front: _Front) -> None:
         self.fronts = fronts
         self.front = front
-        self.frames = Frames(writable=True)  # a push's body becomes its gradient vector
+        self.reader = FrameReader()
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.reader.buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
         answers: list[bytes] = []  # one write for all the pushes of this read answered at once
-        for head, body in self.frames.feed(data):
+        for head, body in self.reader.filled(nbytes):
             self.fronts.forwarded += 1
             call = head["id"]
             try:

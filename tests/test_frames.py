@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import threading
 
-from a3c_http.frames import Frames, frame, widen_pipe, write_frame
+from a3c_http.frames import FrameReader, Frames, frame, widen_pipe, write_frame
 
 
 def test_a_frame_larger_than_the_pipe_arrives_whole_and_in_order() -> None:
@@ -35,13 +36,22 @@ def test_a_widened_pipe_holds_a_megabyte() -> None:
         os.close(write_end)
 
 
-def test_writable_bodies_are_each_their_own_memory() -> None:
-    """A writable body may become a tensor's memory (the master's fronts' channel): what the
-    reader does to it, and what arrives after it, change no other frame's body."""
-    frames = Frames(writable=True)
-    first, second = frame({"n": 0}, b"a" * 64), frame({"n": 1}, b"b" * 64)
-    (_, body0), = frames.feed(first + second[:10])
-    assert isinstance(body0, bytearray)
-    body0[:] = b"z" * 64
-    (_, body1), = frames.feed(second[10:])
-    assert body1 == b"b" * 64 and frames.feed(first) == [({"n": 0}, bytearray(b"a" * 64))]
+
+def test_a_frame_reader_gives_every_frame_whole_and_in_order_however_the_reads_fall() -> None:
+    """Small frames are staged, bodies of `direct_bytes` or more read into their own memory
+    (the master's fronts' channel), whatever the sizes of the reads that bring them; a staged
+    frame larger than the staging buffer grows it."""
+    bodies = [b"", b"s" * 10, bytes(range(256)) * 300, b"t" * 5, b"L" * 300_000, b"e" * 1024]
+    stream = b"".join(frame({"n": n}, body) for n, body in enumerate(bodies))
+    sizes = [(4096, 1024), (16, 10**9)]  # (staging buffer, direct_bytes)
+    for (stage, direct), reads in itertools.product(sizes, ([1, 7, 3], [65_536], [8, 200_000])):
+        reader, got, at, i = FrameReader(stage, direct), [], 0, 0
+        while at < len(stream):
+            room = reader.buffer()
+            n = min(len(room), reads[i % len(reads)], len(stream) - at)
+            room[:n] = stream[at : at + n]
+            room.release()
+            got += reader.filled(n)
+            at, i = at + n, i + 1
+        assert got == [({"n": n}, body) for n, body in enumerate(bodies)], reads
+        assert all(isinstance(body, bytearray) for _, body in got)
