@@ -148,8 +148,10 @@ def window_figures(n: int, first: dict, last: dict) -> dict:
         "master_cpu_s": None if master is None else round(master, 3),
         "master_cpu_cores": None if master is None else round(master / seconds, 3),
         "master_ms_per_push": ms_a_push(master, applied + refused, 4),
-        # the master's process without its fronts: what caps a master that has them
+        # the master's process without its fronts: what caps a master that has them (full at
+        # 1.0 core)
         "master_own_ms_per_push": ms_a_push(own, applied + refused, 4),
+        "master_own_cpu_cores": None if own is None else round(own / seconds, 3),
         "workers_cpu_cores": None if workers is None else round(workers / seconds, 3),
     }
 
@@ -385,7 +387,8 @@ def main() -> int:
                         f"{level['updates_per_s']:,.0f} updates/s, master "
                         f"{fmt(level['master_cpu_cores'], '.2f')} cores, "
                         f"{fmt(level['master_ms_per_push'], '.3f')} ms a push"
-                        + (f" ({fmt(level['master_own_ms_per_push'], '.3f')} in its own "
+                        + (f" ({fmt(level['master_own_ms_per_push'], '.3f')} ms and "
+                           f"{fmt(level['master_own_cpu_cores'], '.2f')} cores in its own "
                            "process)" if fronts else ""))
                     model["levels"].append(level)
                     add_efficiency(model["levels"])

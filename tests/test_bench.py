@@ -180,6 +180,7 @@ def test_a_scale_window_counts_only_its_own_span_and_the_efficiency_is_against_t
     assert r["master_cpu_cores"] == pytest.approx(0.312)
     assert r["master_ms_per_push"] == pytest.approx(3.0)  # 0.624 CPU s over 208 pushes
     assert r["master_own_ms_per_push"] == pytest.approx(2.0)  # the master's 0.416 alone
+    assert r["master_own_cpu_cores"] == pytest.approx(0.208)
     assert r["workers_cpu_cores"] == pytest.approx(0.75)  # worker 20 alone
     levels = [{"workers": 4, "env_steps_per_s": 6_000.0},
               {"workers": 2, "env_steps_per_s": 4_000.0}]
