@@ -14,13 +14,15 @@ takes pushes too; workers the master starts are told the fronts' URL (`push_url`
 
 On the master's side each front's socket pair is a connection of the master's event loop
 (`_Channel`): the frames it reads are pushes, each applied by the master's own hot path
-(master/hotpath.py `push`) as a push of its own port is, and each answer is written back by the
+(master/hotpath.py `begin`) as a push of its own port is, and each answer is written back by the
 loop's transport, which never blocks: a front that stops reading gets no more of its pushes read
-until its answers drain. No thread stands between a front and the loop. A first version had a
-reader and a writer thread a front, and every push crossed between them and the loop: on this
-project's 2-core machine that cost the master's process as much a push as the HTTP work the
-fronts took off it (0.157 against 0.156 ms a push, 16 simulated workers). A front that dies is
-started again; the fronts end with the master (their socket pair closes; a killed master's too).
+until its answers drain. A push answered at once (async mode: every worker's push) needs no task,
+and the answers to one read leave in one write. No thread stands between a front and the loop.
+A first version had a reader and a writer thread a front, and every push crossed between them
+and the loop: on this project's 2-core machine that cost the master's process as much a push as
+the HTTP work the fronts took off it (0.157 against 0.156 ms a push, 16 simulated workers). A
+front that dies is started again; the fronts end with the master (their socket pair closes; a
+killed master's too).
 """
 
 from __future__ import annotations
