@@ -253,3 +253,28 @@ def test_glibc_takes_the_settings_that_keep_freed_buffers() -> None:
         pytest.skip("no C library to ask")
     assert keep_freed_memory(8 * 1024 * 1024)
     assert keep_freed_memory(1 << 40)  # refused by glibc as it is: clamped to 32 MiB
+
+
+def test_a_push_is_answered_at_once_unless_it_must_wait_for_its_sync_round(tmp_path) -> None:
+    """master/hotpath.py `begin`: the answer itself where the master waits for nothing (what the
+    fronts' channel answers without a task), an awaitable where a sync round must close first."""
+    import inspect
+
+    from master.hotpath import begin
+    from master.schemas import PushHeaders
+    from tests.support import master_running
+
+    def first_push(c) -> object:
+        state, metrics = c.app.state.cluster, c.app.state.metrics
+        layout = state.params.net.wire
+        headers = PushHeaders.model_validate({"X-Worker-Id": "w1", "X-Model-Version": 0})
+        return begin(state, metrics, headers, layout.encode(torch.full((layout.numel,), 1e-3)))
+
+    with master_running(tmp_path / "async") as c:
+        reply = first_push(c)
+        assert isinstance(reply, tuple) and reply[0] == 200
+        assert c.app.state.cluster.params.version == 1
+    with master_running(tmp_path / "sync", sync_mode="sync") as c:
+        pending = first_push(c)  # w2 has not sent: the round stays open
+        assert inspect.isawaitable(pending) and c.app.state.cluster.params.version == 0
+        pending.close()
