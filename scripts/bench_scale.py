@@ -39,7 +39,6 @@ was measured.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -47,9 +46,7 @@ import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -71,6 +68,7 @@ from a3c_http.localcluster import (  # noqa: E402
 from a3c_http.settings import Settings  # noqa: E402
 from scripts.bench import _commit, _interrupt, counts, fmt, table  # noqa: E402
 from scripts.bench_learn import TASKS  # noqa: E402
+from scripts.bench_placement import cluster_of, default_workers, host_cores, pin_sets  # noqa: E402
 from scripts.bench_server import MODELS, ms_a_push, n_params  # noqa: E402
 from scripts.bench_solve import config_overrides  # noqa: E402
 from scripts.bench_steps import PROGRESS_S, STEADY_FROM, UNREACHABLE, say, solve_run  # noqa: E402
@@ -92,23 +90,6 @@ class Plan:
         if args.quick:
             return cls(args.budget or 3_000, 1.0, 30.0, args.time_cap or 3.0, args.seeds or 1)
         return cls(args.budget or 150_000, 5.0, 300.0, args.time_cap or 600.0, args.seeds or 3)
-
-
-def host_cores() -> list[int]:
-    """The cores this process may run on (a container's share, not the machine's)."""
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
-
-
-def default_workers(cores: int) -> list[int]:
-    """Powers of two up to `cores` - 1, and `cores` - 1 itself: the master is counted as a core
-    of its own, and a host full of workers is the row the scaling bar reads (16 cores: 1, 2, 4,
-    8 and 15)."""
-    out = [1]
-    while out[-1] * 2 <= cores - 1:
-        out.append(out[-1] * 2)
-    return out if cores - 1 <= out[-1] else [*out, cores - 1]
 
 
 # The fields each run of this script sets itself (CartPole-v1; the model sets hidden_sizes).
@@ -166,46 +147,6 @@ def add_efficiency(levels: list[dict]) -> None:
 
 
 # -- the measurements -----------------------------------------------------------------------------
-
-
-def pin_sets(workers: int, cores: list[int]) -> list[str]:
-    """taskset's core lists for the master and then each of `workers` workers: the master the
-    first core, each worker one of the others, around again past the last (over all cores when
-    there is no other)."""
-    rest = cores[1:] or cores
-    return [str(cores[0]), *(str(rest[i % len(rest)]) for i in range(workers))]
-
-
-def fronts_cores(cores: list[int]) -> set[int]:
-    """Where pinned fronts run: on the workers' cores, among them (the kernel places them), so
-    that the master keeps its core to itself and a host full of workers stays full (15 workers
-    and the master on 16 cores, the row the scaling bar reads, with the fronts' work shared
-    among them)."""
-    return set(cores[1:] or cores)
-
-
-@contextlib.contextmanager
-def cluster_of(n: int, pin: list[str] | None, cores: list[int]) -> Iterator[LocalCluster]:
-    """A master and `n` workers on free loopback ports, each pinned to its cores in `pin`
-    (`pin_sets`; taskset execs uvicorn: the pid stays the one the cluster ends) and the
-    master's fronts, if it has any, to `fronts_cores`; ended on the way out."""
-    with tempfile.TemporaryDirectory(prefix="a3c-bench-") as tmp:
-        cluster = LocalCluster(Path(tmp) / "run", Path(tmp) / "logs",
-                               [("127.0.0.1", free_port()) for _ in range(n)])
-        if pin:
-            for process, cores_of in zip(cluster.processes, pin, strict=True):
-                process.wrapper = ["taskset", "-c", cores_of]
-        try:
-            say(f"  starting a master and {n} worker{'s' * (n > 1)}")
-            cluster.start(timeout_s=120)
-            if pin:
-                # Started on the master's core, which they inherit; a front the master starts
-                # again later stays there.
-                for pid in (cluster.status().get("fronts") or {}).get("pids", []):
-                    os.sched_setaffinity(pid, fronts_cores(cores))
-            yield cluster
-        finally:
-            cluster.close()
 
 
 def steady_window(

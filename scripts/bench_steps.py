@@ -84,16 +84,20 @@ def learner_rate(budget: int) -> dict:
 
 
 @contextlib.contextmanager
-def local_cluster(n_workers: int) -> Iterator[LocalCluster]:
-    """A master and `n_workers` workers on free loopback ports, ended by pid on the way out."""
+def local_cluster(n_workers: int, pin: list[str] | None = None) -> Iterator[LocalCluster]:
+    """A master and `n_workers` workers on free loopback ports, ended by pid on the way out;
+    `pin`: taskset's core lists for the master and then each worker (taskset execs uvicorn: the
+    pid stays the one the cluster ends)."""
     with tempfile.TemporaryDirectory(prefix="a3c-bench-") as tmp:
         cluster = LocalCluster(
             Path(tmp) / "run", Path(tmp) / "logs",
             [("127.0.0.1", free_port()) for _ in range(n_workers)],
         )
+        for process, cores in zip(cluster.processes, pin or [], strict=bool(pin)):
+            process.wrapper = ["taskset", "-c", cores]
         try:
-            say(f"  starting a master and {n_workers} workers")
-            cluster.start()
+            say(f"  starting a master and {n_workers} worker{'s' * (n_workers > 1)}")
+            cluster.start(timeout_s=120)
             yield cluster
         finally:
             cluster.close()

@@ -19,15 +19,8 @@ from a3c_http.config import TrainConfig
 from a3c_http.model import model_for
 from scripts.bench import bar
 from scripts.bench_load import ready_bodies
-from scripts.bench_scale import (
-    OWN_FIELDS,
-    OWN_WHY,
-    add_efficiency,
-    default_workers,
-    fronts_cores,
-    pin_sets,
-    window_figures,
-)
+from scripts.bench_placement import default_workers, fronts_cores, pin_sets
+from scripts.bench_scale import OWN_FIELDS, OWN_WHY, add_efficiency, window_figures
 from scripts.bench_solve import config_overrides
 from scripts.bench_staleness import summary as staleness_summary
 from scripts.bench_steps import median_round, steady_rate
