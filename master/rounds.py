@@ -94,7 +94,7 @@ async def settle(outcome: Outcome, close_round: Callable[[int], None]) -> tuple[
     """The new weights, their version and whether the request was a retry, once the outcome is
     known; at the round's deadline, `close_round(number)` closes it with what it gathered. Raises
     what the round failed with (StateConflict: the run ended, or the weights were replaced)."""
-    if outcome.future is not None and not outcome.future.done():
+    if not outcome.known():
         waiting = asyncio.wrap_future(outcome.future)
         try:
             await asyncio.wait_for(
