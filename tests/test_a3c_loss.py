@@ -234,28 +234,42 @@ def test_rollout_loss_is_the_loss_of_the_rollouts_advantages() -> None:
     assert torch.allclose(got.entropy, expected.entropy)
 
 
-def test_the_plain_rmsprop_step_is_torchs_bit_for_bit() -> None:
-    """make_optimizer's RMSprop (torch's operations without torch.optim's dispatch) against
-    torch's own, on the master's one flat tensor, with learning rates scaled as staleness scaling
-    does."""
+def test_the_plain_rmsprop_step_is_torchs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """make_optimizer's RMSprop against torch's own, on the master's one flat tensor, with
+    learning rates scaled as staleness scaling does: through the fused kernel within float32's
+    rounding, and a gradient the kernel cannot read (strided) through torch's operations, bit
+    for bit."""
     from a3c_http.a3c import PlainRMSprop, make_optimizer
     from a3c_http.config import TrainConfig
 
+    fused = []
+    kernel = torch._fused_adagrad_
+    counted = lambda *args, **kwargs: fused.append(1) or kernel(*args, **kwargs)  # noqa: E731
+    monkeypatch.setattr(torch, "_fused_adagrad_", counted)
     config = TrainConfig(seed=0)
-    torch.manual_seed(1)
-    ours = torch.nn.Parameter(torch.randn(1_000))
-    theirs = torch.nn.Parameter(ours.detach().clone())
-    optimizer = make_optimizer([ours], config)
-    reference = torch.optim.RMSprop([theirs], lr=config.lr, alpha=0.99, eps=1e-5)
-    assert type(optimizer) is PlainRMSprop
-    for scale in (1.0, 0.5, 1.0, 0.25):
-        ours.grad, theirs.grad = (g := torch.randn(1_000)), g.clone()
-        for opt in (optimizer, reference):
-            opt.param_groups[0]["lr"] = config.lr * scale
-            opt.step()
-        assert torch.equal(ours.detach(), theirs.detach())
-    mine, torchs = optimizer.state[ours], reference.state[theirs]
-    assert torch.equal(mine["square_avg"], torchs["square_avg"]) and mine["step"] == torchs["step"]
+    for strided in (False, True):
+        torch.manual_seed(1)
+        ours = torch.nn.Parameter(torch.randn(1_000))
+        theirs = torch.nn.Parameter(ours.detach().clone())
+        optimizer = make_optimizer([ours], config)
+        reference = torch.optim.RMSprop([theirs], lr=config.lr, alpha=0.99, eps=1e-5)
+        assert type(optimizer) is PlainRMSprop
+        for scale in (1.0, 0.5, 1.0, 0.25):
+            g = torch.randn(2_000)[::2] if strided else torch.randn(1_000)
+            ours.grad, theirs.grad = g, g.clone()
+            for opt in (optimizer, reference):
+                opt.param_groups[0]["lr"] = config.lr * scale
+                opt.step()
+            mine, torchs = optimizer.state[ours], reference.state[theirs]
+            if strided:
+                assert torch.equal(ours.detach(), theirs.detach())
+                assert torch.equal(mine["square_avg"], torchs["square_avg"])
+            else:  # a few units in the last place (1.2e-7 near 1), far below a step (7e-4)
+                torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=0, atol=5e-7)
+                square_avg = mine["square_avg"]
+                torch.testing.assert_close(square_avg, torchs["square_avg"], rtol=2e-6, atol=0)
+        assert mine["step"] == torchs["step"] == 4
+        assert len(fused) == 4  # the contiguous case's steps, none of the strided one's
 
 
 def test_tensorflows_rmsprop_starts_its_mean_square_at_ones_and_adds_eps_under_the_root() -> None:
