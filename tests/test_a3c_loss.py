@@ -272,6 +272,24 @@ def test_the_plain_rmsprop_step_is_torchs(monkeypatch: pytest.MonkeyPatch) -> No
         assert len(fused) == 4  # the contiguous case's steps, none of the strided one's
 
 
+def test_adam_is_torchs_fused_adam_within_rounding() -> None:
+    from a3c_http.a3c import make_optimizer
+    from a3c_http.config import TrainConfig
+
+    config = TrainConfig(seed=0, optimizer="adam")
+    torch.manual_seed(1)
+    ours = torch.nn.Parameter(torch.randn(1_000))
+    theirs = torch.nn.Parameter(ours.detach().clone())
+    optimizer = make_optimizer([ours], config)
+    reference = torch.optim.Adam([theirs], lr=config.lr)  # torch's default: foreach
+    assert optimizer.param_groups[0]["fused"] and not reference.param_groups[0]["fused"]
+    for _ in range(3):
+        ours.grad, theirs.grad = (g := torch.randn(1_000)), g.clone()
+        optimizer.step()
+        reference.step()
+    torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=0, atol=5e-7)
+
+
 def test_tensorflows_rmsprop_starts_its_mean_square_at_ones_and_adds_eps_under_the_root() -> None:
     from a3c_http.a3c import RMSpropTF
 
