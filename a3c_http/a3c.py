@@ -217,11 +217,15 @@ class PlainRMSprop(torch.optim.RMSprop):
     @staticmethod
     def _fusable(p: torch.Tensor, square_avg: torch.Tensor) -> bool:
         """Whether the fused kernel takes these tensors: it reads their memory as one run of
-        float32 values on the CPU (it would read a strided gradient wrongly)."""
-        return FUSED and all(
-            t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
-            for t in (p, p.grad, square_avg)
-        )
+        float32 values on the CPU (it would read a strided gradient wrongly). Spelled out
+        rather than looped over: it is asked at every step of the master."""
+        g = p.grad
+        return (
+            FUSED
+            and p.is_cpu and g.is_cpu and square_avg.is_cpu
+            and p.dtype == g.dtype == square_avg.dtype == torch.float32
+            and p.is_contiguous() and g.is_contiguous() and square_avg.is_contiguous()
+        )  # fmt: skip
 
     @staticmethod
     def _first_square_avg(p: torch.Tensor) -> torch.Tensor:
