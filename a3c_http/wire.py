@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
@@ -125,6 +126,10 @@ WIRE_DTYPES: dict[str, tuple[str, torch.dtype, int, float]] = {
     "float32": ("F32", torch.float32, 4, 0.0),
     "bfloat16": ("BF16", torch.bfloat16, 2, 2.0**-8),
 }
+
+
+# safetensors' `__metadata__`, a map of str to str, read from its JSON (`Layout._own_header`).
+_METADATA = TypeAdapter(dict[str, str], config=ConfigDict(strict=True))
 
 
 def _is_metadata(value: object) -> bool:
@@ -284,11 +289,10 @@ class Layout:
             return {}
         if not (rest.startswith(self._metadata_key) and rest.endswith(b"}")):
             return None
-        try:
-            metadata = json.loads(rest[len(self._metadata_key) : -1])
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        try:  # pydantic's parser: 0.6 us for a push's report, json.loads and a check 2.3
+            return _METADATA.validate_json(rest[len(self._metadata_key) : -1])
+        except ValidationError:
             return None
-        return metadata if _is_metadata(metadata) else None
 
     def _vector(self, data: bytes | bytearray, start: int, finite_params: bool) -> torch.Tensor:
         """The vector of a body in this layout whose data begins at `start` (`decode`)."""
