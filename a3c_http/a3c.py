@@ -143,8 +143,22 @@ def gradients(
     return grads, float(norm)
 
 
-# torch's fused Adagrad kernel on the CPU (torch 2.4 and later): PlainRMSprop's one-pass step.
-FUSED = hasattr(torch, "_fused_adagrad_")
+def _fused_adagrad_on_cpu() -> bool:
+    """Whether this torch has Adagrad's fused kernel for the CPU (2.4 and later) and it computes
+    what PlainRMSprop counts on: a sum of 1 and eps 1 move a weight by -lr 1 / (1 + 1)."""
+    weight = torch.zeros(1)
+    try:
+        torch._fused_adagrad_(
+            [weight], [torch.ones(1)], [torch.zeros(1)], [torch.ones(())], lr=1.0, lr_decay=0.0,
+            weight_decay=0.0, eps=1.0, maximize=False,
+        )  # fmt: skip
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+    return weight.item() == -0.5
+
+
+# PlainRMSprop's one-pass step: torch's fused Adagrad kernel, where this torch has it.
+FUSED = _fused_adagrad_on_cpu()
 # Its sum is alpha / (1 - alpha) times square_avg, 99 times at alpha 0.99 (make_optimizer's): a
 # checked gradient's then stays finite (a3c_http/flatnet.py GRADIENT_LIMIT: 99e36 + 1e36 is
 # below float32's 3.4e38). A larger alpha takes torch's operations.
@@ -267,8 +281,12 @@ def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
     result within float32 rounding of torch's default Adam)."""
     if config.optimizer == "adam":
         params = list(params)
-        fused = all(p.device.type == "cpu" and p.dtype == torch.float32 for p in params)
-        return torch.optim.Adam(params, lr=config.lr, fused=fused)
+        if all(p.device.type == "cpu" and p.dtype == torch.float32 for p in params):
+            try:
+                return torch.optim.Adam(params, lr=config.lr, fused=True)
+            except RuntimeError:  # a torch without the CPU kernel (before 2.4)
+                pass
+        return torch.optim.Adam(params, lr=config.lr)
     if config.optimizer == "rmsprop_tf":
         return RMSpropTF(params, lr=config.lr, alpha=0.99, eps=1e-5)
     return PlainRMSprop(params, lr=config.lr, alpha=0.99, eps=1e-5)

@@ -272,6 +272,16 @@ def test_the_plain_rmsprop_step_is_torchs(monkeypatch: pytest.MonkeyPatch) -> No
         assert len(fused) == 4  # the contiguous case's steps, none of the strided one's
 
 
+def test_a_torch_without_the_fused_kernel_steps_with_its_operations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from a3c_http import a3c
+
+    assert a3c._fused_adagrad_on_cpu()
+    monkeypatch.delattr(torch, "_fused_adagrad_")
+    assert not a3c._fused_adagrad_on_cpu()
+
+
 def test_adam_is_torchs_fused_adam_within_rounding() -> None:
     from a3c_http.a3c import make_optimizer
     from a3c_http.config import TrainConfig
