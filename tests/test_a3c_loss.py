@@ -272,7 +272,7 @@ def test_the_plain_rmsprop_step_is_torchs(monkeypatch: pytest.MonkeyPatch) -> No
         assert len(fused) == 4  # the contiguous case's steps, none of the strided one's
 
 
-def test_a_torch_without_the_fused_kernel_steps_with_its_operations(
+def test_the_fused_kernel_probe_says_no_on_a_torch_without_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from a3c_http import a3c
