@@ -152,7 +152,7 @@ def _fused_adagrad_on_cpu() -> bool:
             [weight], [torch.ones(1)], [torch.zeros(1)], [torch.ones(())], lr=1.0, lr_decay=0.0,
             weight_decay=0.0, eps=1.0, maximize=False,
         )  # fmt: skip
-    except (AttributeError, RuntimeError, NotImplementedError):
+    except (AttributeError, TypeError, RuntimeError, NotImplementedError):  # absent, or changed
         return False
     return weight.item() == -0.5
 
