@@ -15,6 +15,7 @@ LENGTHS = struct.Struct("<II")
 
 
 def frame(head: dict[str, Any], body: bytes = b"") -> bytes:
+    """One frame in one buffer (tests build streams of them; writers take `frame_parts`)."""
     return b"".join(frame_parts(head, body))
 
 
@@ -28,8 +29,7 @@ def frame_parts(head: dict[str, Any], body: bytes = b"") -> tuple[bytes, bytes, 
 def write_frame(fd: int, head: dict[str, Any], body: bytes = b"") -> None:
     """Write one frame to a file descriptor (a pipe), whole: in one system call where the pipe
     has room, and without first joining its parts (a body is a model's size)."""
-    encoded = json.dumps(head).encode()
-    parts = [LENGTHS.pack(len(encoded), len(body)), encoded, body]
+    parts = frame_parts(head, body)
     written = os.writev(fd, parts)
     if written < sum(map(len, parts)):  # a full pipe: the rest as it drains
         view = memoryview(b"".join(parts))[written:]

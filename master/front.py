@@ -32,7 +32,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from a3c_http import logs, memory
-from a3c_http.frames import LENGTHS, frame
+from a3c_http.frames import LENGTHS, frame_parts
 from a3c_http.service import install_common
 from a3c_http.settings import Settings
 from master.hotpath import GradientRoute, Reply
@@ -62,7 +62,7 @@ class Channel:
         assert self._writer is not None
         # By their header names, which the master validates them by again (master/fronts.py).
         given = headers.model_dump(by_alias=True, exclude_none=True)
-        self._writer.write(frame({"id": call, "headers": given}, body))
+        self._writer.writelines(frame_parts({"id": call, "headers": given}, body))  # no join
         head, content = await answer
         return head["status"], [tuple(pair) for pair in head["headers"]], content
 
