@@ -210,7 +210,7 @@ class PlainRMSprop(torch.optim.RMSprop):
                     state["square_avg"] = self._first_square_avg(p)
                 state["step"] += 1
                 square_avg = state["square_avg"]
-                if alpha <= FUSED_ALPHA_MAX and self._fusable(p, square_avg):
+                if self._fusable(p, square_avg, alpha):
                     self._fused_step(p, square_avg, state["step"], alpha, eps, lr)
                     continue
                 square_avg.mul_(alpha).addcmul_(p.grad, p.grad, value=1 - alpha)
@@ -231,13 +231,15 @@ class PlainRMSprop(torch.optim.RMSprop):
         square_avg.mul_(1 - alpha)  # the new square_avg again
 
     @staticmethod
-    def _fusable(p: torch.Tensor, square_avg: torch.Tensor) -> bool:
-        """Whether the fused kernel takes these tensors: it reads their memory as one run of
-        float32 values on the CPU (it would read a strided gradient wrongly). Spelled out
-        rather than looped over: it is asked at every step of the master."""
+    def _fusable(p: torch.Tensor, square_avg: torch.Tensor, alpha: float) -> bool:
+        """Whether the fused step takes this step: alpha within FUSED_ALPHA_MAX, and tensors the
+        kernel reads as one run of float32 values on the CPU (it would read a strided gradient
+        wrongly). Spelled out rather than looped over: it is asked at every step of the
+        master."""
         g = p.grad
         return (
             FUSED
+            and alpha <= FUSED_ALPHA_MAX
             and p.is_cpu and g.is_cpu and square_avg.is_cpu
             and p.dtype == g.dtype == square_avg.dtype == torch.float32
             and p.is_contiguous() and g.is_contiguous() and square_avg.is_contiguous()
@@ -261,7 +263,7 @@ class RMSpropTF(PlainRMSprop):
     lr / sqrt(1 - alpha), as RMSprop's (a3c_http/flatnet.py)."""
 
     @staticmethod
-    def _fusable(p: torch.Tensor, square_avg: torch.Tensor) -> bool:
+    def _fusable(p: torch.Tensor, square_avg: torch.Tensor, alpha: float) -> bool:
         return False  # Adagrad's kernel adds eps after the root, TensorFlow's form under it
 
     @staticmethod
