@@ -1,7 +1,12 @@
 """Messages between our own processes: frames of 8 bytes (the lengths of a JSON head and of a
 body, little-endian uint32), the head, the body. The push process (a3c_http/pushproc.py) speaks
 them with its worker over pipes, the master's fronts (master/fronts.py) with the master over
-socket pairs. Bodies are bytes as they are (tensors, replies): nothing is pickled."""
+socket pairs. Bodies are bytes as they are (tensors, replies): nothing is pickled.
+
+Heads are JSON, written and read by pydantic's Rust codec (`pydantic_core.to_json`, `from_json`):
+a push's head and its answer's cost the master 0.9 us through it against 4.5 through the `json`
+module, on every push that comes through a front. What that codec refuses, a string with a lone
+surrogate (an exception's message can hold one), goes through the `json` module instead."""
 
 from __future__ import annotations
 
@@ -10,6 +15,8 @@ import os
 import struct
 from contextlib import suppress
 from typing import Any
+
+from pydantic_core import PydanticSerializationError, from_json, to_json
 
 LENGTHS = struct.Struct("<II")
 
@@ -22,8 +29,24 @@ def frame(head: dict[str, Any], body: bytes = b"") -> bytes:
 def frame_parts(head: dict[str, Any], body: bytes = b"") -> tuple[bytes, bytes, bytes]:
     """A frame's lengths, head and body, for a writer that takes them apart (writelines): the
     body is not copied into one buffer with them."""
-    encoded = json.dumps(head).encode()
+    encoded = encode_head(head)
     return LENGTHS.pack(len(encoded), len(body)), encoded, body
+
+
+def encode_head(head: dict[str, Any]) -> bytes:
+    """A frame's head as JSON (the module's docstring)."""
+    try:
+        return to_json(head)
+    except PydanticSerializationError:
+        return json.dumps(head).encode()
+
+
+def decode_head(data: bytes) -> dict[str, Any]:
+    """A frame's head from its JSON, as `json.loads` reads it (the module's docstring)."""
+    try:
+        return from_json(data)
+    except ValueError:
+        return json.loads(data)
 
 
 def write_frame(fd: int, head: dict[str, Any], body: bytes = b"") -> None:
@@ -62,7 +85,7 @@ class Frames:
             if len(self._buffer) < end:
                 break
             with memoryview(self._buffer) as view:  # one copy of the body, not two
-                head = json.loads(bytes(view[LENGTHS.size : end - body_len]))
+                head = decode_head(bytes(view[LENGTHS.size : end - body_len]))
                 frames.append((head, bytes(view[end - body_len : end])))
             del self._buffer[:end]
         return frames
@@ -115,12 +138,12 @@ class FrameReader:
             if fill < body_at:  # the head is not in yet
                 break
             if fill >= end:
-                head = json.loads(bytes(stage[start + LENGTHS.size : body_at]))
+                head = decode_head(bytes(stage[start + LENGTHS.size : body_at]))
                 frames.append((head, stage[body_at:end]))  # a slice: a copy of its own
                 start = end
                 continue
             if body_len >= self._direct_bytes:  # the rest of this body goes straight to it
-                self._head = json.loads(bytes(stage[start + LENGTHS.size : body_at]))
+                self._head = decode_head(bytes(stage[start + LENGTHS.size : body_at]))
                 self._body = bytearray(body_len)
                 self._got = fill - body_at
                 self._body[: self._got] = stage[body_at:fill]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
 import socket
 import sys
@@ -32,7 +31,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from a3c_http import logs, memory
-from a3c_http.frames import LENGTHS, frame_parts
+from a3c_http.frames import LENGTHS, decode_head, frame_parts
 from a3c_http.service import install_common
 from a3c_http.settings import Settings
 from master.hotpath import GradientRoute, Reply
@@ -70,7 +69,7 @@ class Channel:
         try:
             while True:
                 head_len, body_len = LENGTHS.unpack(await reader.readexactly(LENGTHS.size))
-                head = json.loads(await reader.readexactly(head_len))
+                head = decode_head(await reader.readexactly(head_len))
                 content = await reader.readexactly(body_len)
                 answer = self._waiting.pop(head["id"], None)
                 if answer is not None and not answer.done():
