@@ -41,7 +41,7 @@ def encode_head(head: dict[str, Any]) -> bytes:
         return json.dumps(head).encode()
 
 
-def decode_head(data: bytes) -> dict[str, Any]:
+def decode_head(data: bytes | bytearray) -> dict[str, Any]:
     """A frame's head from its JSON, as `json.loads` reads it (the module's docstring)."""
     try:
         return from_json(data)
@@ -135,19 +135,17 @@ class FrameReader:
             head_len, body_len = LENGTHS.unpack_from(stage, start)
             body_at = start + LENGTHS.size + head_len
             end = body_at + body_len
-            if fill < body_at:  # the head is not in yet
-                break
+            if fill < body_at or (fill < end and body_len < self._direct_bytes):
+                break  # the head, or the rest of a staged body, is not in yet
+            head = decode_head(stage[start + LENGTHS.size : body_at])  # a slice: its own copy
             if fill >= end:
-                head = decode_head(bytes(stage[start + LENGTHS.size : body_at]))
-                frames.append((head, stage[body_at:end]))  # a slice: a copy of its own
+                frames.append((head, stage[body_at:end]))
                 start = end
                 continue
-            if body_len >= self._direct_bytes:  # the rest of this body goes straight to it
-                self._head = decode_head(bytes(stage[start + LENGTHS.size : body_at]))
-                self._body = bytearray(body_len)
-                self._got = fill - body_at
-                self._body[: self._got] = stage[body_at:fill]
-                start = fill
+            # The rest of this body goes straight to memory of its own.
+            self._head, self._body, self._got = head, bytearray(body_len), fill - body_at
+            self._body[: self._got] = stage[body_at:fill]
+            start = fill
             break
         if start:  # what is left moves to the front
             stage[: fill - start] = stage[start:fill]
