@@ -15,17 +15,22 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from a3c_http import logs, memory
-from a3c_http.protocol import STOP_HEADER
-from a3c_http.service import install_common
-from a3c_http.settings import Settings
-from a3c_http.store import RunDirInUse
-from a3c_http.wire import WireError
-from master import housekeeping, routes_run, routes_seed, routes_view, routes_weights, tensorboard
+from a3c_http.config.settings import Settings
+from a3c_http.server import logs, memory
+from a3c_http.server.service import install_common
+from a3c_http.store.runstore import RunDirInUse
+from a3c_http.wire.protocol import STOP_HEADER
+from a3c_http.wire.tensors import WireError
+from master.api import original as routes_seed
+from master.api import run as routes_run
+from master.api import view as routes_view
+from master.api import weights as routes_weights
+from master.api.metrics import MasterMetrics
+from master.background import housekeeping
 from master.errors import Invalid
-from master.fronts import Fronts
-from master.hotpath import GradientRoute, begin, push
-from master.metrics import MasterMetrics
+from master.ingress.fronts import Fronts
+from master.ingress.gradients import GradientRoute, begin, push
+from master.persistence import tensorboard
 from master.state import ClusterState, StateConflict
 
 # How long a stopping master waits for a save in progress before its own last save.

@@ -1,23 +1,25 @@
 """ClusterState: the master's state, as three parts under a thin facade.
 
-- `ledger` (master/ledger.py): the run, its statistics and the worker registry, one lock;
-- `params` (master/params.py): the parameter server (global network, optimizer, versions), one
-  lock, so that episode reports never wait behind an optimizer step;
-- `persister` (master/persistence.py): the run folder, one mutex for snapshot, write and archive.
+- `ledger` (master/run/ledger.py): the run, its statistics and the worker registry, one lock;
+- `params` (master/learning/parameter_server.py): the parameter server (global network, optimizer,
+  versions), one lock, so that episode reports never wait behind an optimizer step;
+- `persister` (master/persistence/saver.py): the run folder, one mutex for snapshot, write and
+  archive.
 
-Lock order: the persister's mutex, then the ledger's lock, then the parameter server's; a part
-never calls another while it holds its own lock, so only the persister, `start_run` and the
-evaluator (master/evaluator.py, taking the weights it plays) ever hold two. No file is written
+Lock order: the persister's mutex, then the ledger's lock, then the parameter server's; a part never
+calls another while it holds its own lock, so only the persister, `start_run` and the evaluator
+(master/background/evaluator.py, taking the weights it plays) ever hold two. No file is written
 while the ledger's or the parameter server's lock is held.
 
 The routes call the parts directly for what concerns one part only; the facade does what spans
 them: starting a run, updates (the ledger admits, the parameter server applies), status, saving
-at once whatever finished the run, and logging the run's events (master/events.py) once the
+at once whatever finished the run, and logging the run's events (master/run/events.py) once the
 ledger's lock is released. In sync mode it also tells the parameter server when the workers a
 round waits for are gone, so the round closes without them.
 
-At start it takes up the run in its folder (master/resume.py), or starts idle with the reason it
-cannot (`resume_error`). No save ever raises into a request: a failed one is recorded (/status
+At start it takes up the run in its folder (master/persistence/resume.py), or starts idle with the
+reason it cannot (`resume_error`). No save ever raises into a request: a failed one is recorded
+(/status
 `save_error`) and the housekeeping thread retries it.
 """
 
@@ -29,33 +31,33 @@ from typing import TYPE_CHECKING, Any
 import torch
 from pydantic import ValidationError
 
-from a3c_http import wire
-from a3c_http.a3c import learning_rate
-from a3c_http.config import TrainConfig
-from a3c_http.exploration import check_actions
-from a3c_http.model import model_for
-from a3c_http.protocol import ROLLOUT_METADATA
-from a3c_http.service import describe_error
-from a3c_http.settings import Settings
-from a3c_http.store import RunStore
+from a3c_http.algos.a3c import learning_rate
+from a3c_http.algos.exploration import check_actions
+from a3c_http.config.settings import Settings
+from a3c_http.config.training import TrainConfig
+from a3c_http.models.actor_critic import model_for
+from a3c_http.server.service import describe_error
+from a3c_http.store.runstore import RunStore
+from a3c_http.wire import tensors as wire
+from a3c_http.wire.protocol import ROLLOUT_METADATA
+from master.api.schemas import RolloutReport
+from master.background.evaluator import Evaluator
 from master.errors import Invalid, StateConflict
-from master.evaluator import Evaluator
-from master.events import lock_file_restored, resume_failed
-from master.ledger import RunLedger
-from master.params import ParameterServer
-from master.persistence import Persister
-from master.resume import (
+from master.learning.parameter_server import ParameterServer
+from master.learning.rounds import Outcome
+from master.persistence.resume import (
     VERSIONS_SKIPPED_AFTER_A_CRASH,
     CannotResume,
     resume,
     saved_config,
     versions_to_skip,
 )
-from master.rounds import Outcome
-from master.schemas import RolloutReport
+from master.persistence.saver import Persister
+from master.run.events import lock_file_restored, resume_failed
+from master.run.ledger import RunLedger
 
 if TYPE_CHECKING:
-    from master.fronts import Fronts
+    from master.ingress.fronts import Fronts
 
 __all__ = [
     "VERSIONS_SKIPPED_AFTER_A_CRASH",
@@ -88,8 +90,9 @@ class ClusterState:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.store = RunStore.acquire(settings.run_dir)
-        # Why the run in the folder could not be resumed (master/resume.py), until a new run.
-        self.fronts: Fronts | None = None  # master/fronts.py, started by the app
+        # Why the run in the folder could not be resumed (master/persistence/resume.py), until a new
+        # run.
+        self.fronts: Fronts | None = None  # master/ingress/fronts.py, started by the app
         self.resume_error: CannotResume | None = None
         self._new_parts()
         try:
@@ -232,8 +235,8 @@ class ClusterState:
         """Take one worker's gradients (with the loss and the norm before clipping it reported,
         if it did): applied at once, or in sync mode added to the current round. The body's
         metadata may carry the rollout's finished episodes and the worker's statistics
-        (master/schemas.py RolloutReport), counted first, whatever becomes of the gradients.
-        Returns the outcome (master/rounds.py `settle`: the new weights, their version and
+        (master/api/schemas.py RolloutReport), counted first, whatever becomes of the gradients.
+        Returns the outcome (master/learning/rounds.py `settle`: the new weights, their version and
         whether the request was a retry of gradients taken already) and the run's figures as
         `POST /episode` answers them. Raises StateConflict (stale, an outlier, no running run,
         or a worker that is not registered) or WireError; no gradient is taken then, and for an
@@ -299,5 +302,5 @@ class ClusterState:
         }
 
     def persist(self, force: bool = False, clean: bool = False, wait_s: float = -1) -> bool:
-        """Save what changed (master/persistence.py: a failure is recorded, never raised)."""
+        """Save what changed (master/persistence/saver.py: a failure is recorded, never raised)."""
         return self.persister.save(force, clean, wait_s)

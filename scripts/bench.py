@@ -14,7 +14,7 @@
   (200 replies against `updates_applied`)
   (scripts/bench_server.py, scripts/bench_load.py);
 - latency: env steps/s of the 2-worker cluster with its workers behind a loopback proxy that
-  delays each direction by 0, 1, 5 and 20 ms (a3c_http/delayproxy.py), and the time to solve
+  delays each direction by 0, 1, 5 and 20 ms (a3c_http/testing/delayproxy.py), and the time to solve
   CartPole-v1 at 5 ms;
 - wire: bytes of one gradient exchange on the wire against the raw float32 size of the
   parameters, and the encode and decode times, with tensors as float32 and as bfloat16

@@ -13,7 +13,7 @@ another only through RMSprop's mean square v, which is linear in the squared gra
 so every v_i comes out of one matrix product over the k squared gradients, and the k steps of the
 weights out of one sum. This keeps A3C's semantics exactly (unlike one step on the gradients' sum
 or mean, which RMSprop would see as one large gradient; the mean is `sync` mode). The question is
-only its cost: this script times k steps of the master's own optimizer (a3c_http/a3c.py
+only its cost: this script times k steps of the master's own optimizer (a3c_http/algos/a3c.py
 `PlainRMSprop.apply`, one flat parameter vector as the master steps it) against the batched step
 of the same k gradients, one torch thread, medians of 7 rounds, and prints the largest
 difference of the weights between the two (float32 rounding).
@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from a3c_http.a3c import make_optimizer  # noqa: E402
-from a3c_http.config import TrainConfig  # noqa: E402
-from a3c_http.model import model_for  # noqa: E402
-from a3c_http.wire import Layout  # noqa: E402
+from a3c_http.algos.a3c import make_optimizer  # noqa: E402
+from a3c_http.config.training import TrainConfig  # noqa: E402
+from a3c_http.models.actor_critic import model_for  # noqa: E402
+from a3c_http.wire.tensors import Layout  # noqa: E402
 
 MODELS = {"default": [64, 64], "1M": [700, 700]}
 ROUNDS = 7

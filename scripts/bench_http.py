@@ -20,14 +20,14 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from a3c_http import wire  # noqa: E402
-from a3c_http.a3c import gradients, rollout_loss  # noqa: E402
-from a3c_http.client import MasterClient  # noqa: E402
-from a3c_http.config import TrainConfig  # noqa: E402
-from a3c_http.localcluster import LocalCluster  # noqa: E402
-from a3c_http.model import model_for  # noqa: E402
-from a3c_http.rollout import RolloutCollector  # noqa: E402
-from a3c_http.standin import StandInWorker  # noqa: E402
+from a3c_http.algos.a3c import gradients, rollout_loss  # noqa: E402
+from a3c_http.config.training import TrainConfig  # noqa: E402
+from a3c_http.envs.rollout import RolloutCollector  # noqa: E402
+from a3c_http.models.actor_critic import model_for  # noqa: E402
+from a3c_http.net.client import MasterClient  # noqa: E402
+from a3c_http.testing.localcluster import LocalCluster  # noqa: E402
+from a3c_http.testing.standin import StandInWorker  # noqa: E402
+from a3c_http.wire import tensors as wire  # noqa: E402
 
 
 def timed(fn, n: int) -> list[float]:

@@ -104,13 +104,13 @@ def require_env(env_id: str) -> None:
         if env_id not in gym.registry:
             minatar.gym.register_envs()
     elif env_id.startswith("a3c_http/"):
-        from a3c_http.envs import register_family
+        from a3c_http.envs.make import register_family
 
-        register_family(env_id)  # the project's own tasks (a3c_http/tasks.py)
+        register_family(env_id)  # the project's own tasks (a3c_http/envs/tasks.py)
     if env_id not in gym.registry:
         raise RuntimeError(
             f"{env_id} is not a registered gymnasium environment"
-            + (" (a3c_http/tasks.py did not register it: this checkout has no such task)"
+            + (" (a3c_http/envs/tasks.py did not register it: this checkout has no such task)"
                if env_id.startswith("a3c_http/") else "")
         )
 
@@ -223,8 +223,8 @@ def run_recurrent_ppo(env_id: str, seed: int, task: Task, cap_s: float, budget: 
 
 
 def run_inprocess(env_id: str, seed: int, overrides: dict, budget: int) -> dict:
-    from a3c_http.config import TrainConfig
-    from a3c_http.learner import train
+    from a3c_http.algos.single_process import train
+    from a3c_http.config.training import TrainConfig
 
     r = train(TrainConfig(**{"env_id": env_id, "seed": seed, **overrides}), budget)
     return {"solved": r.solved, "env_steps": r.env_steps, "seconds": r.seconds,

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from a3c_http import wire
-from a3c_http.protocol import (
+from a3c_http.wire import tensors as wire
+from a3c_http.wire.protocol import (
     DUPLICATE_HEADER,
     GRAD_NORM_HEADER,
     LOSS_HEADER,
@@ -55,10 +55,10 @@ class Body:
 
 def ready_bodies(layout: wire.Layout, count: int = 8, seed: int = 0) -> list[Body]:
     """`count` gradient bodies of the model's shape with random values, in the layout a worker
-    sends (a3c_http/wire.py `Layout`), whose norms (about 0.4, never above the default clipping
-    of 0.5, as the master insists) and losses (about 1) vary by about 10 % from one to the next:
-    the master's outlier check judges them against a window with some spread, as in a real run,
-    and refuses none."""
+    sends (a3c_http/wire/tensors.py `Layout`), whose norms (about 0.4, never above the default
+    clipping of 0.5, as the master insists) and losses (about 1) vary by about 10 % from one to the
+    next: the master's outlier check judges them against a window with some spread, as in a real
+    run, and refuses none."""
     gen = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(count):

@@ -7,7 +7,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from a3c_http.localcluster import LocalCluster
+from a3c_http.testing.localcluster import LocalCluster
 from scripts.bench_steps import local_cluster
 
 

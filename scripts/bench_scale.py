@@ -4,8 +4,8 @@
         [--time-cap 600] [--model default,1M] [--config '{"max_in_flight": 0}'] [--fronts 2]
         [--pin] [--quick] [--json runs/bench_scale.json]
 
-A master and as many workers as the largest N of --workers, each its own uvicorn process on a
-free loopback port (a3c_http.localcluster), started once; for each model and each N, one after
+A master and as many workers as the largest N of --workers, each its own uvicorn process on a free
+loopback port (a3c_http.testing.localcluster), started once; for each model and each N, one after
 another (never two at once), runs that name N of the workers (the others sit idle):
 
 - a steady-state window of a run of the default config (with the model's hidden_sizes, and the
@@ -55,8 +55,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from a3c_http.config import TrainConfig  # noqa: E402
-from a3c_http.localcluster import (  # noqa: E402
+from a3c_http.config.settings import Settings  # noqa: E402
+from a3c_http.config.training import TrainConfig  # noqa: E402
+from a3c_http.testing.localcluster import (  # noqa: E402
     LocalCluster,
     ServiceProcess,
     cpu_delta,
@@ -65,7 +66,6 @@ from a3c_http.localcluster import (  # noqa: E402
     wait_for,
     with_descendants,
 )
-from a3c_http.settings import Settings  # noqa: E402
 from scripts.bench import _commit, _interrupt, counts, fmt, table  # noqa: E402
 from scripts.bench_learn import TASKS  # noqa: E402
 from scripts.bench_placement import cluster_of, default_workers, host_cores, pin_sets  # noqa: E402

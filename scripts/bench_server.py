@@ -18,16 +18,16 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from a3c_http import wire
-from a3c_http.a3c import gradients, rollout_loss
-from a3c_http.client import MasterClient
-from a3c_http.config import TrainConfig
-from a3c_http.delayproxy import DelayProxy
-from a3c_http.envs import MissingDependency, register_family
-from a3c_http.localcluster import LocalCluster, cpu_delta, free_port
-from a3c_http.model import ActorCritic, model_for
-from a3c_http.rollout import RolloutCollector
-from a3c_http.standin import StandInWorker
+from a3c_http.algos.a3c import gradients, rollout_loss
+from a3c_http.config.training import TrainConfig
+from a3c_http.envs.make import MissingDependency, register_family
+from a3c_http.envs.rollout import RolloutCollector
+from a3c_http.models.actor_critic import ActorCritic, model_for
+from a3c_http.net.client import MasterClient
+from a3c_http.testing.delayproxy import DelayProxy
+from a3c_http.testing.localcluster import LocalCluster, cpu_delta, free_port
+from a3c_http.testing.standin import StandInWorker
+from a3c_http.wire import tensors as wire
 from scripts.bench_load import push_level, ready_bodies
 from scripts.bench_steps import UNREACHABLE, say
 
@@ -49,7 +49,7 @@ MAX_STALENESS = 1_000_000
 
 @contextlib.contextmanager
 def standin_master(fronts: int = 0) -> Iterator[tuple[LocalCluster, StandInWorker]]:
-    """A master process (with `fronts` fronts, master/fronts.py) and no worker process; the
+    """A master process (with `fronts` fronts, master/ingress/fronts.py) and no worker process; the
     stand-in is the run's only worker host."""
     env = {"A3C_FRONTS": str(fronts), "A3C_FRONTS_BIND": f"127.0.0.1:{free_port()}"}
     with tempfile.TemporaryDirectory(prefix="a3c-bench-") as tmp, StandInWorker() as worker:

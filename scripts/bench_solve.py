@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT))
 
 from pydantic import ValidationError  # noqa: E402
 
-from a3c_http.config import TrainConfig  # noqa: E402
-from a3c_http.localcluster import LocalCluster, free_port  # noqa: E402
-from a3c_http.service import describe_error  # noqa: E402
+from a3c_http.config.training import TrainConfig  # noqa: E402
+from a3c_http.server.service import describe_error  # noqa: E402
+from a3c_http.testing.localcluster import LocalCluster, free_port  # noqa: E402
 
 
 def config_overrides(text: str, reserved: tuple[str, ...] = (), why: str = "") -> dict:

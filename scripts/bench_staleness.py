@@ -4,15 +4,15 @@ steps to a task's target for each number of workers and each lag, over seeds.
     .venv/bin/python scripts/bench_staleness.py [--workers 1,2,4,8,16] [--lags 1,2] [--seeds 3]
         [--task CartPole-v1] [--config '{"hidden_sizes": [700, 700]}'] [--budget N]
 
-The learner in one process plays the workers in turn (a3c_http/learner.py): each computes its
-rollouts on its own copy of the weights, the master's step applies them, and the worker loads the
-weights of the step after its own push `lag` turns before. Lag 1 is a worker that waits for each
-reply (`max_in_flight: 0`): every update is W - 1 versions old. Lag 2 is one that keeps a push in
-flight while it computes the next, as the cluster's workers on loopback: 2W - 1 (README,
-"Staleness"). A cluster's timing spreads the staleness around these figures; here it is exact, and
-a run can be repeated. On a host with a core per worker, each worker steps its environments at
-about one worker's rate, so the time to the target goes as the env steps it takes over W: the
-table's "per worker" column, whose fall with W is what more workers buy.
+The learner in one process plays the workers in turn (a3c_http/algos/single_process.py): each
+computes its rollouts on its own copy of the weights, the master's step applies them, and the worker
+loads the weights of the step after its own push `lag` turns before. Lag 1 is a worker that waits
+for each reply (`max_in_flight: 0`): every update is W - 1 versions old. Lag 2 is one that keeps a
+push in flight while it computes the next, as the cluster's workers on loopback: 2W - 1 (README,
+"Staleness"). A cluster's timing spreads the staleness around these figures; here it is exact, and a
+run can be repeated. On a host with a core per worker, each worker steps its environments at about
+one worker's rate, so the time to the target goes as the env steps it takes over W: the table's "per
+worker" column, whose fall with W is what more workers buy.
 
 Runs one after another, with one torch thread. Prints a line per run and a table, and writes the
 runs to --json.
@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from a3c_http.config import TrainConfig  # noqa: E402
-from a3c_http.learner import train  # noqa: E402
+from a3c_http.algos.single_process import train  # noqa: E402
+from a3c_http.config.training import TrainConfig  # noqa: E402
 from scripts.bench import _commit, _interrupt, counts, fmt, table  # noqa: E402
 from scripts.bench_learn import TASKS, require_env  # noqa: E402
 from scripts.bench_solve import config_overrides  # noqa: E402

@@ -18,10 +18,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from a3c_http.config import TrainConfig
-from a3c_http.delayproxy import DelayProxy
-from a3c_http.learner import train
-from a3c_http.localcluster import LocalCluster, ServiceProcess, free_port, wait_for
+from a3c_http.algos.single_process import train
+from a3c_http.config.training import TrainConfig
+from a3c_http.testing.delayproxy import DelayProxy
+from a3c_http.testing.localcluster import LocalCluster, ServiceProcess, free_port, wait_for
 
 PROGRESS_S = 5.0  # a progress line at least this often
 STEADY_FROM = 0.1  # the share of the budget left out as start-up

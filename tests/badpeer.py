@@ -1,5 +1,5 @@
 """A peer that answers HTTP badly on purpose, for the bounds of our outbound calls
-(a3c_http/outbound.py): a raw server on a loopback port, in threads of the test's process.
+(a3c_http/net/outbound.py): a raw server on a loopback port, in threads of the test's process.
 
 Every request gets `200 OK` and then a body of the `body` kind:
 

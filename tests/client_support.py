@@ -8,8 +8,8 @@ from collections.abc import Callable
 import httpx
 import torch
 
-from a3c_http import wire
-from a3c_http.client import MasterClient
+from a3c_http.net.client import MasterClient
+from a3c_http.wire import tensors as wire
 
 BASE = "http://master.test:33333"
 SPEC = {"w": (2, 2), "b": (2,)}

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from a3c_http import logs
-from a3c_http.localcluster import LocalCluster, free_port
-from a3c_http.standin import StandInWorker
+from a3c_http.server import logs
+from a3c_http.testing.localcluster import LocalCluster, free_port
+from a3c_http.testing.standin import StandInWorker
 from tests.log_capture import CapturedEvents
 from tests.support import TOKEN
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from a3c_http.delayproxy import LoopbackProxy
+from a3c_http.testing.delayproxy import LoopbackProxy
 
 
 class FaultProxy(LoopbackProxy):

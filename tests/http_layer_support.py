@@ -1,6 +1,6 @@
 """What the tests of the HTTP layer (test_http_*.py, test_master_launcher.py) share: both
-services in-process (TestClient) with the token and a body limit of LIMIT, and a master whose
-run's only worker is the stand-in (`a3c_http.localcluster.StandInWorker`), reached over loopback
+services in-process (TestClient) with the token and a body limit of LIMIT, and a master whose run's
+only worker is the stand-in (`a3c_http.testing.localcluster.StandInWorker`), reached over loopback
 by the real launcher; both services without a token (`open_master`, `open_worker`), answering to
 ALLOWED_HOST too; a well-formed body for each route that takes one.
 
@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from a3c_http.settings import Settings, WorkerSettings
-from a3c_http.standin import StandInWorker
+from a3c_http.config.settings import Settings, WorkerSettings
+from a3c_http.testing.standin import StandInWorker
 from master.app import create_app as create_master
 from tests.support import AUTH, TOKEN, master_running
 from worker.app import create_app as create_worker

@@ -1,4 +1,4 @@
-"""The events our loggers write (a3c_http/logs.py), as pytest's caplog captures them.
+"""The events our loggers write (a3c_http/server/logs.py), as pytest's caplog captures them.
 
 Once set up, our `a3c` logger does not hand its records to the root logger, where caplog listens.
 pytest attaches caplog's handler to such loggers too, but only to those that were so when the

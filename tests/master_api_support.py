@@ -1,7 +1,7 @@
 """What the tests of the master's API (test_master_*.py) share: the master in-process through
 TestClient, checked against /work/shared/API.md, and the calls they make to it.
 
-Runs that need workers use a fake `master.routes_run.launch` (the `launched` fixture, no HTTP):
+Runs that need workers use a fake `master.api.run.launch` (the `launched` fixture, no HTTP):
 the workers stay `starting` and the tests play the worker side themselves. Runs started against
 a closed port exercise the real launcher and finish with "no worker could be started".
 A test module imports the fixtures it uses, and always the autouse `_clean_env`, each as
@@ -20,8 +20,8 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 
-from a3c_http.settings import Settings
-from master import routes_run
+from a3c_http.config.settings import Settings
+from master.api import run as routes_run
 from master.app import create_app
 
 LOOPBACK = ("127.0.0.1", 50000)

@@ -1,5 +1,5 @@
-"""What the tests share beyond the harness (`a3c_http.localcluster`: processes, clusters, the
-stand-in worker, `wait_for`): run configs, a snapshot of everything a refused request must leave
+"""What the tests share beyond the harness (`a3c_http.testing.localcluster`: processes, clusters,
+the stand-in worker, `wait_for`): run configs, a snapshot of everything a refused request must leave
 as it was, and the catalogue of bad tensor bodies."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import save as st_save
 
-from a3c_http.config import TrainConfig
-from a3c_http.settings import Settings
+from a3c_http.config.settings import Settings
+from a3c_http.config.training import TrainConfig
 from master.app import create_app
 
 TOKEN = "test-token-0123456789abcdef"

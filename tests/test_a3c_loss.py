@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from a3c_http.a3c import a3c_loss, compute_advantages, gradients
-from a3c_http.model import ActorCritic
+from a3c_http.algos.a3c import a3c_loss, compute_advantages, gradients
+from a3c_http.models.actor_critic import ActorCritic
 
 # -- a3c_loss -------------------------------------------------------------------------------------
 
@@ -212,10 +212,10 @@ def test_gradients_are_copies() -> None:
 
 
 def test_rollout_loss_is_the_loss_of_the_rollouts_advantages() -> None:
-    from a3c_http.a3c import rollout_loss
-    from a3c_http.config import TrainConfig
-    from a3c_http.model import build_model
-    from a3c_http.rollout import RolloutCollector
+    from a3c_http.algos.a3c import rollout_loss
+    from a3c_http.config.training import TrainConfig
+    from a3c_http.envs.rollout import RolloutCollector
+    from a3c_http.models.actor_critic import build_model
 
     cfg = TrainConfig(seed=0, num_envs=2, t_max=30, gae_lambda=0.9, entropy_coef=0.05)
     torch.manual_seed(0)
@@ -239,8 +239,8 @@ def test_the_plain_rmsprop_step_is_torchs(monkeypatch: pytest.MonkeyPatch) -> No
     learning rates scaled as staleness scaling does: through the fused kernel within float32's
     rounding, and a gradient the kernel cannot read (strided) through torch's operations, bit
     for bit."""
-    from a3c_http.a3c import PlainRMSprop, make_optimizer
-    from a3c_http.config import TrainConfig
+    from a3c_http.algos.a3c import PlainRMSprop, make_optimizer
+    from a3c_http.config.training import TrainConfig
 
     fused = []
     kernel = torch._fused_adagrad_
@@ -275,7 +275,7 @@ def test_the_plain_rmsprop_step_is_torchs(monkeypatch: pytest.MonkeyPatch) -> No
 def test_the_fused_kernel_probe_says_no_on_a_torch_without_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from a3c_http import a3c
+    from a3c_http.algos import a3c
 
     assert a3c._fused_adagrad_on_cpu()
     monkeypatch.delattr(torch, "_fused_adagrad_")
@@ -283,8 +283,8 @@ def test_the_fused_kernel_probe_says_no_on_a_torch_without_it(
 
 
 def test_adam_is_torchs_fused_adam_within_rounding() -> None:
-    from a3c_http.a3c import make_optimizer
-    from a3c_http.config import TrainConfig
+    from a3c_http.algos.a3c import make_optimizer
+    from a3c_http.config.training import TrainConfig
 
     config = TrainConfig(seed=0, optimizer="adam")
     torch.manual_seed(1)
@@ -301,7 +301,7 @@ def test_adam_is_torchs_fused_adam_within_rounding() -> None:
 
 
 def test_tensorflows_rmsprop_starts_its_mean_square_at_ones_and_adds_eps_under_the_root() -> None:
-    from a3c_http.a3c import RMSpropTF
+    from a3c_http.algos.a3c import RMSpropTF
 
     p = torch.nn.Parameter(torch.zeros(3))
     optimizer = RMSpropTF([p], lr=0.1, alpha=0.99, eps=1e-5)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from a3c_http import wire
-from a3c_http.config import TrainConfig
-from a3c_http.model import model_for
+from a3c_http.config.training import TrainConfig
+from a3c_http.models.actor_critic import model_for
+from a3c_http.wire import tensors as wire
 from scripts.bench import bar
 from scripts.bench_load import ready_bodies
 from scripts.bench_placement import default_workers, fronts_cores, pin_sets

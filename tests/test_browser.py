@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from a3c_http.localcluster import LocalCluster, wait_for
+from a3c_http.testing.localcluster import LocalCluster, wait_for
 from tests.browser import Browser, chromium_or_skip
 from tests.support import ENDLESS_RUN, TOKEN
 

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from a3c_http.client import (
+from a3c_http.net.client import (
     A3CError,
     Conflict,
     MasterClient,
@@ -21,7 +21,7 @@ from a3c_http.client import (
     Stopped,
     Unauthorized,
 )
-from a3c_http.localcluster import wait_for
+from a3c_http.testing.localcluster import wait_for
 from tests.badpeer import BadPeer, without_proxies
 from tests.client_support import LAYOUT, TENSORS, Recorder, make_client, ok_health
 

@@ -11,8 +11,9 @@ import httpx
 import pytest
 import torch
 
-from a3c_http import protocol, wire
-from a3c_http.client import A3CError, MasterClient, ProtocolError
+from a3c_http.net.client import A3CError, MasterClient, ProtocolError
+from a3c_http.wire import protocol
+from a3c_http.wire import tensors as wire
 from tests.client_support import (
     BASE,
     LAYOUT,
@@ -143,14 +144,14 @@ def test_json_calls_carry_run_id_and_unwrap_data() -> None:
 
 
 def test_the_services_take_the_contracts_names_from_one_module() -> None:
-    """master/ and worker/ never import a3c_http.client for header names; the client and the
-    services share a3c_http.protocol."""
+    """master/ and worker/ never import a3c_http.net.client for header names; the client and the
+    services share a3c_http.wire.protocol."""
     root = Path(__file__).resolve().parent.parent
     offenders = []
     for folder in ("master", "worker"):
         for path in sorted((root / folder).glob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.ImportFrom) and node.module == "a3c_http.client":
+                if isinstance(node, ast.ImportFrom) and node.module == "a3c_http.net.client":
                     constants = [a.name for a in node.names if a.name.isupper()]
                     if constants:
                         offenders.append(f"{path.name}: {constants}")

@@ -1,6 +1,6 @@
-"""One send for a message's head and body (a3c_http/coalesce.py): the transport uvicorn's protocols
-write to, and the streams of our outbound calls (a3c_http/outbound.py). That the bytes still make
-valid HTTP is what every test through a real uvicorn or httpx shows."""
+"""One send for a message's head and body (a3c_http/server/coalesce.py): the transport uvicorn's
+protocols write to, and the streams of our outbound calls (a3c_http/net/outbound.py). That the bytes
+still make valid HTTP is what every test through a real uvicorn or httpx shows."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import httpcore
 
-from a3c_http.coalesce import HOLD_BYTES, HeldTransport
-from a3c_http.outbound import _SlicedStream
+from a3c_http.net.outbound import _SlicedStream
+from a3c_http.server.coalesce import HOLD_BYTES, HeldTransport
 
 
 class Recording(asyncio.Transport):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from a3c_http.config import MAX_SEED, TrainConfig
+from a3c_http.config.training import MAX_SEED, TrainConfig
 
 # -- TrainConfig ----------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Config files (a3c_http/configfile.py, `a3c-train --config` and `--print-config`): TOML and JSON
+"""Config files (a3c_http/config/files.py, `a3c-train --config` and `--print-config`): TOML and JSON
 files read into the body of POST /train, a run's saved config.json read as such a file, configs
 written as TOML that reads back to the same config, and a bad file as one line that names it."""
 
@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from a3c_http import configfile
 from a3c_http.cli.train import main, printed_config, run_config
-from a3c_http.config import TrainConfig
-from a3c_http.configfile import ConfigFileError, TomlError, config_toml, load, to_toml
-from a3c_http.presets import PRESETS
-from a3c_http.settings import Settings
+from a3c_http.config import files as configfile
+from a3c_http.config.files import ConfigFileError, TomlError, config_toml, load, to_toml
+from a3c_http.config.presets import PRESETS
+from a3c_http.config.settings import Settings
+from a3c_http.config.training import TrainConfig
 from master.state import ClusterState
 
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from a3c_http.settings import Settings
+from a3c_http.config.settings import Settings
+from master.api.view import PUBLIC_PATHS
 from master.app import create_app
-from master.routes_view import PUBLIC_PATHS
 from tests.support import TOKEN, master_running
 
 

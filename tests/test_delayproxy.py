@@ -1,5 +1,5 @@
-"""DelayProxy (a3c_http/delayproxy.py), the far-away master of the benchmarks: through it to an
-echo server on loopback, every byte arrives intact and in order, a round trip takes at least the
+"""DelayProxy (a3c_http/testing/delayproxy.py), the far-away master of the benchmarks: through it to
+an echo server on loopback, every byte arrives intact and in order, a round trip takes at least the
 delay both ways, the counters count what went through, and close() ends its thread."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from a3c_http.delayproxy import DelayProxy
+from a3c_http.testing.delayproxy import DelayProxy
 
 DELAY_S = 0.05
 

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 from packaging.specifiers import SpecifierSet
+from setuptools import find_packages
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -269,14 +270,16 @@ def test_the_build_context_holds_what_the_image_needs_and_nothing_else() -> None
     # Every package the wheel holds is copied and in the context, with its package data: a new
     # package that only pyproject.toml names fails here, not in someone's `docker build`.
     setuptools = PROJECT["tool"]["setuptools"]
-    for package in setuptools["packages"]:
+    packages = find_packages(str(ROOT), include=setuptools["packages"]["find"]["include"])
+    assert {"a3c_http.wire", "master.api", "worker"} <= set(packages), packages
+    for package in packages:
         top = package.split(".")[0]
         assert top in sources, f"the Dockerfile does not copy the package {top}"
         for path in (ROOT / package.replace(".", "/")).rglob("*.py"):
             assert not ignored_by_docker(path.relative_to(ROOT).as_posix()), path
     for package, patterns in setuptools.get("package-data", {}).items():
         for pattern in patterns:
-            data = list((ROOT / package).glob(pattern))
+            data = list((ROOT / package.replace(".", "/")).glob(pattern))
             assert data, f"package-data {package}/{pattern} names no file"
             for path in data:
                 assert not ignored_by_docker(path.relative_to(ROOT).as_posix()), path

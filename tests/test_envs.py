@@ -1,5 +1,5 @@
-"""The environment factory (a3c_http/envs.py): the wrappers a config asks for, the families that
-live in packages of their own, and what to install when one is missing."""
+"""The environment factory (a3c_http/envs/make.py): the wrappers a config asks for, the families
+that live in packages of their own, and what to install when one is missing."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation, RecordEpisodeStatistics
 from pydantic import ValidationError
 
-from a3c_http import envs
-from a3c_http.config import TrainConfig
-from a3c_http.envs import env_for
-from a3c_http.model import model_for
+from a3c_http.config.training import TrainConfig
+from a3c_http.envs import make as envs
+from a3c_http.envs.make import env_for
+from a3c_http.models.actor_critic import model_for
 
 
 def test_an_atari_preset_gets_the_papers_frames() -> None:

@@ -1,6 +1,7 @@
-"""Evaluation of the global network while it trains: the greedy episodes of a3c_http/evaluation.py,
-the master's evaluator (master/evaluator.py) with a stand-in for its child process, and once through
-the app with its real evaluation process: /status, the run folder, a restart."""
+"""Evaluation of the global network while it trains: the greedy episodes of
+a3c_http/policy/evaluation.py, the master's evaluator (master/background/evaluator.py) with a
+stand-in for its child process, and once through the app with its real evaluation process: /status,
+the run folder, a restart."""
 
 from __future__ import annotations
 
@@ -16,16 +17,17 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 
-from a3c_http import evaluation, wire
-from a3c_http.config import TrainConfig
-from a3c_http.evaluation import EvalResult, evaluate
-from a3c_http.localcluster import wait_for
-from a3c_http.model import model_for
-from a3c_http.settings import Settings
-from a3c_http.standin import StandInWorker
-from a3c_http.store import RunStore
-from master import evaluator as evaluator_module
+from a3c_http.config.settings import Settings
+from a3c_http.config.training import TrainConfig
+from a3c_http.models.actor_critic import model_for
+from a3c_http.policy import evaluation
+from a3c_http.policy.evaluation import EvalResult, evaluate
+from a3c_http.store.runstore import RunStore
+from a3c_http.testing.localcluster import wait_for
+from a3c_http.testing.standin import StandInWorker
+from a3c_http.wire import tensors as wire
 from master.app import create_app
+from master.background import evaluator as evaluator_module
 from master.state import ClusterState
 from tests.log_capture import CapturedEvents
 from tests.support import AUTH, OCTET, STAND_IN_RUN, TOKEN

@@ -1,6 +1,6 @@
-"""Per-worker exploration (a3c_http/exploration.py): the master's derivation from a worker's place,
-the widened Gaussian a worker acts and learns with, and the master's side through TestClient with
-stand-in workers (the worker's side is in test_worker_api.py)."""
+"""Per-worker exploration (a3c_http/algos/exploration.py): the master's derivation from a worker's
+place, the widened Gaussian a worker acts and learns with, and the master's side through TestClient
+with stand-in workers (the worker's side is in test_worker_api.py)."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from fastapi.testclient import TestClient
 from torch.distributions import Normal
 
 import worker.trainer as trainer_module
-from a3c_http import wire
-from a3c_http.client import MasterClient
-from a3c_http.config import TrainConfig
-from a3c_http.exploration import Exploration, ExplorationError, derive, widened
-from a3c_http.model import build_model, model_for
-from a3c_http.rollout import RolloutCollector
-from a3c_http.settings import Settings
-from a3c_http.standin import StandInWorker
+from a3c_http.algos.exploration import Exploration, ExplorationError, derive, widened
+from a3c_http.config.settings import Settings
+from a3c_http.config.training import TrainConfig
+from a3c_http.envs.rollout import RolloutCollector
+from a3c_http.models.actor_critic import build_model, model_for
+from a3c_http.net.client import MasterClient
+from a3c_http.testing.standin import StandInWorker
+from a3c_http.wire import tensors as wire
 from master.app import create_app
 from worker.trainer import Progress, Trainer
 

@@ -1,5 +1,5 @@
-"""a3c-export (a3c_http/export.py): a run folder's policy as a TorchScript or ONNX file that plays
-its task, from raw observations, to exactly the returns of the project's evaluation; and the
+"""a3c-export (a3c_http/policy/export.py): a run folder's policy as a TorchScript or ONNX file that
+plays its task, from raw observations, to exactly the returns of the project's evaluation; and the
 command's refusals."""
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 import torch
 
-from a3c_http import wire
-from a3c_http.config import TrainConfig
-from a3c_http.configfile import saved_config
-from a3c_http.envs import env_for
-from a3c_http.evaluation import MAX_EPISODE_STEPS, eval_seed, evaluate
-from a3c_http.export import METADATA, main, sidecar
-from a3c_http.model import ActorCritic, model_for
-from a3c_http.store import RunStore, Snapshot
+from a3c_http.config.files import saved_config
+from a3c_http.config.training import TrainConfig
+from a3c_http.envs.make import env_for
+from a3c_http.models.actor_critic import ActorCritic, model_for
+from a3c_http.policy.evaluation import MAX_EPISODE_STEPS, eval_seed, evaluate
+from a3c_http.policy.export import METADATA, main, sidecar
+from a3c_http.store.runstore import RunStore, Snapshot
+from a3c_http.wire import tensors as wire
 
 EPISODES = 6  # played side by side in one batch, as evaluation plays up to 16
 CASES = {

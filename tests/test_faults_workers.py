@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from a3c_http.localcluster import LocalCluster, ServiceProcess, free_port, wait_for
-from a3c_http.standin import StandInWorker
+from a3c_http.testing.localcluster import LocalCluster, ServiceProcess, free_port, wait_for
+from a3c_http.testing.standin import StandInWorker
 from tests.conftest import PATIENT
 from tests.faultproxy import FaultProxy
 from tests.support import ENDLESS_RUN, SHORT_RUN, TOKEN, registry

@@ -1,4 +1,4 @@
-"""Frames between our own processes (a3c_http/frames.py): whole whatever the pipe holds."""
+"""Frames between our own processes (a3c_http/wire/frames.py): whole whatever the pipe holds."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 import os
 import threading
 
-from a3c_http.frames import FrameReader, Frames, frame, widen_pipe, write_frame
+from a3c_http.wire.frames import FrameReader, Frames, frame, widen_pipe, write_frame
 
 # What heads carry: numbers, None, nested lists, text beyond ASCII; and a lone surrogate (an
 # exception's message can hold one), which the fast codec refuses both ways.

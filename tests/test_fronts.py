@@ -1,8 +1,9 @@
-"""The master's fronts (master/fronts.py, master/front.py): processes that take gradient pushes on
-a port of their own and hand them to the master. What only real processes show: pushes through
-the fronts are counted exactly as the master's own port counts them, under load and with retries;
-a front answers as the master's port does; a front that dies is started again; the fronts end
-with a killed master and come back with it; and a real run's workers push through them."""
+"""The master's fronts (master/ingress/fronts.py, master/ingress/front.py): processes that take
+gradient pushes on a port of their own and hand them to the master. What only real processes show:
+pushes through the fronts are counted exactly as the master's own port counts them, under load and
+with retries; a front answers as the master's port does; a front that dies is started again; the
+fronts end with a killed master and come back with it; and a real run's workers push through
+them."""
 
 from __future__ import annotations
 
@@ -16,17 +17,17 @@ import httpx
 import pytest
 import torch
 
-from a3c_http.config import TrainConfig
-from a3c_http.localcluster import (
+from a3c_http.config.training import TrainConfig
+from a3c_http.models.actor_critic import model_for
+from a3c_http.testing.localcluster import (
     LocalCluster,
     ServiceProcess,
     free_port,
     stat_fields,
     wait_for,
 )
-from a3c_http.model import model_for
-from a3c_http.standin import StandInWorker
-from a3c_http.wire import Layout
+from a3c_http.testing.standin import StandInWorker
+from a3c_http.wire.tensors import Layout
 from tests.support import AUTH, OCTET, SHORT_RUN, STAND_IN_RUN, TOKEN
 
 pytestmark = pytest.mark.integration

@@ -1,8 +1,8 @@
-"""master/fronts.py `_Channel`, the master's end of a front's socket pair, on an event loop of the
-test's own with a stand-in for the master's hot path: every push read gets its answer, framed
-back with its id, whether the hot path answered it at once or later, and a front that stops
-reading its answers holds neither the loop nor more of the master's memory than the transport's
-buffer: the channel reads none of its pushes until the answers drain, then goes on."""
+"""master/ingress/fronts.py `_Channel`, the master's end of a front's socket pair, on an event loop
+of the test's own with a stand-in for the master's hot path: every push read gets its answer, framed
+back with its id, whether the hot path answered it at once or later, and a front that stops reading
+its answers holds neither the loop nor more of the master's memory than the transport's buffer: the
+channel reads none of its pushes until the answers drain, then goes on."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import socket
 import time
 from typing import Any
 
-from a3c_http.frames import Frames, frame
-from a3c_http.protocol import VERSION_HEADER, WORKER_ID_HEADER
-from master.fronts import _Channel
+from a3c_http.wire.frames import Frames, frame
+from a3c_http.wire.protocol import VERSION_HEADER, WORKER_ID_HEADER
+from master.ingress.fronts import _Channel
 
 WEIGHTS = b"w" * 100_000  # an answer far larger than a push: they back up first
 
 
 class StandInFronts:
-    """What a channel needs of master/fronts.py `Fronts`."""
+    """What a channel needs of master/ingress/fronts.py `Fronts`."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop

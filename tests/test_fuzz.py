@@ -40,8 +40,8 @@ import torch
 from safetensors.torch import load, save
 from schemathesis import Case
 
-from a3c_http.localcluster import ServiceProcess, free_port
-from a3c_http.standin import StandInWorker
+from a3c_http.testing.localcluster import ServiceProcess, free_port
+from a3c_http.testing.standin import StandInWorker
 from tests.support import AUTH, TOKEN, bad_tensor_bodies
 
 pytestmark = pytest.mark.integration

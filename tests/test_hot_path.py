@@ -9,13 +9,13 @@ from concurrent.futures import Future
 import pytest
 import torch
 
-from a3c_http.a3c import make_optimizer
-from a3c_http.config import TrainConfig
-from a3c_http.flatnet import FlatNetwork
-from a3c_http.model import model_for
-from a3c_http.service import QuietAccessLog
-from master.hotpath import GradientRoute
-from master.seqwindow import WIDTH, SeqWindow
+from a3c_http.algos.a3c import make_optimizer
+from a3c_http.config.training import TrainConfig
+from a3c_http.models.actor_critic import model_for
+from a3c_http.optim.flatnet import FlatNetwork
+from a3c_http.server.service import QuietAccessLog
+from master.ingress.gradients import GradientRoute
+from master.learning.seqwindow import WIDTH, SeqWindow
 from worker.pipeline import Pipeline
 
 # -- SeqWindow ------------------------------------------------------------------------------------
@@ -186,7 +186,7 @@ def test_the_access_log_leaves_out_only_successes_of_the_hot_routes() -> None:
 
 
 def test_the_master_quiets_uvicorns_access_log_unless_told_otherwise(tmp_path) -> None:
-    from a3c_http.settings import Settings
+    from a3c_http.config.settings import Settings
     from master.app import create_app
 
     logger = logging.getLogger("uvicorn.access")
@@ -211,8 +211,8 @@ def test_the_master_quiets_uvicorns_access_log_unless_told_otherwise(tmp_path) -
 
 
 def test_the_hot_path_and_the_declared_route_answer_a_push_alike(tmp_path) -> None:
-    """POST /gradients is answered by master/hotpath.py before FastAPI routes it; the route
-    declared for the schema answers the same pushes the same way (here without that layer)."""
+    """POST /gradients is answered by master/ingress/gradients.py before FastAPI routes it; the
+    route declared for the schema answers the same pushes the same way (here without that layer)."""
     from tests.support import OCTET, master_running, push_rollout
 
     def answers(c) -> list:
@@ -243,11 +243,11 @@ def test_the_hot_path_and_the_declared_route_answer_a_push_alike(tmp_path) -> No
 
 
 def test_glibc_takes_the_settings_that_keep_freed_buffers() -> None:
-    """a3c_http/memory.py (what the settings save is a figure of bench.py's master section, not
-    a test's): glibc takes both, and a threshold above its own maximum is brought down to it."""
+    """a3c_http/server/memory.py (what the settings save is a figure of bench.py's master section,
+    not a test's): glibc takes both, and a threshold above its own maximum is brought down to it."""
     import ctypes.util
 
-    from a3c_http.memory import keep_freed_memory
+    from a3c_http.server.memory import keep_freed_memory
 
     if ctypes.util.find_library("c") is None:
         pytest.skip("no C library to ask")
@@ -256,12 +256,13 @@ def test_glibc_takes_the_settings_that_keep_freed_buffers() -> None:
 
 
 def test_a_push_is_answered_at_once_unless_it_must_wait_for_its_sync_round(tmp_path) -> None:
-    """master/hotpath.py `begin`: the answer itself where the master waits for nothing (what the
-    fronts' channel answers without a task), an awaitable where a sync round must close first."""
+    """master/ingress/gradients.py `begin`: the answer itself where the master waits for nothing
+    (what the fronts' channel answers without a task), an awaitable where a sync round must close
+    first."""
     import inspect
 
-    from master.hotpath import begin
-    from master.schemas import PushHeaders
+    from master.api.schemas import PushHeaders
+    from master.ingress.gradients import begin
     from tests.support import master_running
 
     def first_push(c) -> object:

@@ -11,8 +11,8 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from a3c_http import apidocs
-from master.routes_view import PUBLIC_PATHS
+from a3c_http.server import apidocs
+from master.api.view import PUBLIC_PATHS
 from tests.http_layer_support import GOOD_BODIES
 from tests.http_layer_support import _clean_env as _clean_env
 from tests.http_layer_support import master as master

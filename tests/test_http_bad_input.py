@@ -18,8 +18,8 @@ from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from a3c_http.settings import WorkerSettings
-from a3c_http.standin import StandInWorker
+from a3c_http.config.settings import WorkerSettings
+from a3c_http.testing.standin import StandInWorker
 from master.app import create_app as create_master
 from tests.http_layer_support import LIMIT, LOOPBACK, settings
 from tests.http_layer_support import _clean_env as _clean_env

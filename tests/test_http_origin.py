@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from master.routes_weights import TENSOR_PATHS
+from master.api.weights import TENSOR_PATHS
 from tests.http_layer_support import ALLOWED_HOST, GOOD_BODIES
 from tests.http_layer_support import _clean_env as _clean_env
 from tests.http_layer_support import master as master

@@ -11,12 +11,12 @@ import httpx
 import pytest
 import torch
 
-from a3c_http import wire
-from a3c_http.config import TrainConfig
-from a3c_http.localcluster import LocalCluster, ServiceProcess, free_port, wait_for
-from a3c_http.model import build_model
-from a3c_http.standin import StandInWorker
-from a3c_http.store import RunStore
+from a3c_http.config.training import TrainConfig
+from a3c_http.models.actor_critic import build_model
+from a3c_http.store.runstore import RunStore
+from a3c_http.testing.localcluster import LocalCluster, ServiceProcess, free_port, wait_for
+from a3c_http.testing.standin import StandInWorker
+from a3c_http.wire import tensors as wire
 from tests.conftest import MAX_BODY, PATIENT
 from tests.support import ENDLESS_RUN, OCTET, SHORT_RUN, STAND_IN_RUN, snapshot
 

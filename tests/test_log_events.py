@@ -1,5 +1,6 @@
-"""The events the master and the workers log (master/events.py, worker/app.py, worker/trainer.py):
-each once, with its run and worker, in-process (TestClient, a stand-in master for the trainer)."""
+"""The events the master and the workers log (master/run/events.py, worker/app.py,
+worker/trainer.py): each once, with its run and worker, in-process (TestClient, a stand-in master
+for the trainer)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 import worker.app as worker_app
-from a3c_http import logs, wire
-from a3c_http.client import MasterClient
-from a3c_http.config import TrainConfig
-from a3c_http.localcluster import free_port, wait_for
-from a3c_http.model import build_model
-from a3c_http.settings import Settings
+from a3c_http.config.settings import Settings
+from a3c_http.config.training import TrainConfig
+from a3c_http.models.actor_critic import build_model
+from a3c_http.net.client import MasterClient
+from a3c_http.server import logs
+from a3c_http.testing.localcluster import free_port, wait_for
+from a3c_http.wire import tensors as wire
 from master.app import create_app as create_master
 from tests.log_capture import CapturedEvents
 from tests.support import master_running, push_rollout, registry

@@ -1,5 +1,5 @@
-"""The services' logging set-up (a3c_http/logs.py): the text and JSON formats, A3C_LOG_LEVEL and
-A3C_LOG_FORMAT, one set-up however many apps a process makes, uvicorn's loggers left alone; and
+"""The services' logging set-up (a3c_http/server/logs.py): the text and JSON formats, A3C_LOG_LEVEL
+and A3C_LOG_FORMAT, one set-up however many apps a process makes, uvicorn's loggers left alone; and
 the pieces that decide what is logged: the client's lost contact, the progress lines."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import pytest
 
 import master.app
 import worker.app
-from a3c_http import logs
-from a3c_http.client import MasterClient
-from a3c_http.settings import Settings, WorkerSettings
-from master.events import ProgressLog
+from a3c_http.config.settings import Settings, WorkerSettings
+from a3c_http.net.client import MasterClient
+from a3c_http.server import logs
+from master.run.events import ProgressLog
 from tests.log_capture import CapturedEvents
 
 ROOT = logging.getLogger("a3c")
@@ -103,7 +103,8 @@ def test_json_is_one_object_per_line_with_the_events_fields(
 # -- the settings and the set-up ------------------------------------------------------------------
 
 
-# Each service's start once (the settings they share, a3c_http/config.py `_FromEnv`, judge both).
+# Each service's start once (the settings they share, a3c_http/config/training.py `_FromEnv`, judge
+# both).
 @pytest.mark.parametrize(
     ("service", "name", "raw"),
     [(master.app, "A3C_LOG_LEVEL", "loud"), (worker.app, "A3C_LOG_FORMAT", "xml")],

@@ -11,7 +11,7 @@ from pathlib import Path
 from fastapi.openapi.utils import get_openapi
 from fastapi.testclient import TestClient
 
-from a3c_http import apidocs
+from a3c_http.server import apidocs
 from master.app import create_app
 from tests.master_api_support import _clean_env as _clean_env
 from tests.master_api_support import make_settings, master, status

@@ -16,9 +16,9 @@ from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from a3c_http.normalize import statistics_entries
-from a3c_http.settings import Settings
-from a3c_http.standin import StandInWorker
+from a3c_http.config.settings import Settings
+from a3c_http.models.normalize import statistics_entries
+from a3c_http.testing.standin import StandInWorker
 from master.app import create_app
 from tests.support import OCTET
 

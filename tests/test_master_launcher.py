@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from a3c_http.localcluster import free_port
-from a3c_http.standin import StandInWorker
+from a3c_http.testing.localcluster import free_port
+from a3c_http.testing.standin import StandInWorker
 from master.app import create_app as create_master
 from tests.badpeer import BadPeer, without_proxies
 from tests.http_layer_support import LOOPBACK, settings, start_run

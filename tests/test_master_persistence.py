@@ -16,9 +16,9 @@ from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from a3c_http import wire
-from a3c_http.config import TrainConfig
-from a3c_http.store import RunStore
+from a3c_http.config.training import TrainConfig
+from a3c_http.store.runstore import RunStore
+from a3c_http.wire import tensors as wire
 from master import state as state_module
 from master.state import (
     VERSIONS_SKIPPED_AFTER_A_CRASH,

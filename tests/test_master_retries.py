@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from a3c_http import wire
+from a3c_http.wire import tensors as wire
 from tests.master_api_support import (
     OCTET,
     gradients_like,

@@ -11,9 +11,9 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import save as st_save
 
-from a3c_http import wire
-from a3c_http.localcluster import free_port
-from a3c_http.model import build_model
+from a3c_http.models.actor_critic import build_model
+from a3c_http.testing.localcluster import free_port
+from a3c_http.wire import tensors as wire
 from tests.master_api_support import (
     TRAIN,
     WORKERS,

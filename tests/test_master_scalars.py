@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from a3c_http.settings import Settings
+from a3c_http.config.settings import Settings
 from master.app import create_app
 from tests.master_api_support import LOOPBACK, make_settings, master, status
 from tests.master_api_support import _clean_env as _clean_env

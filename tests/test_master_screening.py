@@ -12,14 +12,14 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from a3c_http.config import TrainConfig
-from a3c_http.flatnet import FlatNetwork, NonFiniteStep, _bounded
-from a3c_http.model import model_for
-from a3c_http.normalize import batch_problem
-from a3c_http.settings import Settings
+from a3c_http.config.settings import Settings
+from a3c_http.config.training import TrainConfig
+from a3c_http.models.actor_critic import model_for
+from a3c_http.models.normalize import batch_problem
+from a3c_http.optim.flatnet import FlatNetwork, NonFiniteStep, _bounded
 from master.app import create_app
-from master.limits import RunLimits
-from master.screening import gradient_problem
+from master.learning.limits import RunLimits
+from master.learning.screening import gradient_problem
 from tests.support import OCTET, master_running, push_rollout, snapshot
 
 NORMALIZED = TrainConfig(seed=1, max_steps=None, normalize_obs=True, normalize_reward=True)
@@ -98,7 +98,7 @@ def test_the_norm_bound_allows_bfloat16s_rounding_and_no_more(
 
 def test_a_step_known_finite_skips_the_undo_and_one_that_is_not_keeps_it() -> None:
     """A checked gradient's step on finite weights far from float32's limit is known finite
-    (a3c_http/flatnet.py): no undo buffers, no check; near the limit, or for an optimizer the
+    (a3c_http/optim/flatnet.py): no undo buffers, no check; near the limit, or for an optimizer the
     bound does not cover, the step keeps both."""
     config = TrainConfig(seed=1, max_steps=None)
     net = FlatNetwork(model_for(config), config)

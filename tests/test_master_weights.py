@@ -10,7 +10,7 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 
-from a3c_http import wire
+from a3c_http.wire import tensors as wire
 from tests.master_api_support import (
     OCTET,
     gradients_like,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from a3c_http.localcluster import free_port
-from master import routes_run
+from a3c_http.testing.localcluster import free_port
+from master.api import run as routes_run
 from tests.master_api_support import (
     OCTET,
     TRAIN,
@@ -187,10 +187,10 @@ def test_episode_stops_the_run_at_max_episodes(client: TestClient, launched: lis
 
 class Clock:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        import master.ledger
+        import master.run.ledger
 
         self.now = 1_000_000.0
-        monkeypatch.setattr(master.ledger.time, "time", lambda: self.now)
+        monkeypatch.setattr(master.run.ledger.time, "time", lambda: self.now)
 
 
 def worker_states(c: TestClient) -> dict[str, str]:

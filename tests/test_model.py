@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.distributions import Categorical, Independent, Normal
 
-from a3c_http.config import TrainConfig
-from a3c_http.model import ActorCritic, UnsupportedSpace, build_model
+from a3c_http.config.training import TrainConfig
+from a3c_http.models.actor_critic import ActorCritic, UnsupportedSpace, build_model
 
 CARTPOLE_OBS = gym.spaces.Box(-np.inf, np.inf, shape=(4,), dtype=np.float32)
 PENDULUM_OBS = gym.spaces.Box(-8.0, 8.0, shape=(3,), dtype=np.float32)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from a3c_http import wire
+from a3c_http.wire import tensors as wire
 from tests.support import COUNTERS, OCTET, master_running
 from tests.support import push_rollout as push
 

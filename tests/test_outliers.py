@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from a3c_http import wire
-from a3c_http.config import TrainConfig
-from a3c_http.model import model_for
+from a3c_http.config.training import TrainConfig
+from a3c_http.models.actor_critic import model_for
+from a3c_http.wire import tensors as wire
 from master.errors import Invalid, StateConflict
-from master.limits import RunLimits
-from master.outliers import WINDOW, Window
-from master.params import ParameterServer
+from master.learning.limits import RunLimits
+from master.learning.outliers import WINDOW, Window
+from master.learning.parameter_server import ParameterServer
 from tests.support import OCTET, master_running, snapshot
 
 CONFIG = TrainConfig(seed=1, max_steps=None)
@@ -33,7 +33,7 @@ def server(config: TrainConfig = CONFIG) -> ParameterServer:
 
 
 def grads_of(params: ParameterServer, scale: float = 1e-3) -> torch.Tensor:
-    """A gradient vector as a decoded body is (a3c_http/flatnet.py); the default scale gives a
+    """A gradient vector as a decoded body is (a3c_http/optim/flatnet.py); the default scale gives a
     norm of 0.1, within max_grad_norm (0.5)."""
     return torch.full((params.net.layout.numel,), scale)
 

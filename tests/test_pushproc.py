@@ -1,6 +1,6 @@
-"""The push process (a3c_http/pushproc.py): gradient pushes sent by a child of the caller, against a
-small HTTP server on loopback that plays the master. Replies, errors and retries come back as
-MasterClient's own results; a stop ends the retries and a reply that trickles in, the size bound
+"""The push process (a3c_http/net/push_process.py): gradient pushes sent by a child of the caller,
+against a small HTTP server on loopback that plays the master. Replies, errors and retries come back
+as MasterClient's own results; a stop ends the retries and a reply that trickles in, the size bound
 holds in the child too; a child that dies fails what is pending."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
-from a3c_http import wire
-from a3c_http.client import Conflict, MasterClient, MasterUnavailable, ProtocolError, Stopped
-from a3c_http.localcluster import free_port, wait_for
+from a3c_http.net.client import Conflict, MasterClient, MasterUnavailable, ProtocolError, Stopped
+from a3c_http.testing.localcluster import free_port, wait_for
+from a3c_http.wire import tensors as wire
 from tests.badpeer import BadPeer
 from tests.client_support import LAYOUT, SPEC, TENSORS
 

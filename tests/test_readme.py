@@ -8,7 +8,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from a3c_http.config import TrainConfig
+from a3c_http.config.training import TrainConfig
 from master.app import create_app as create_master
 from worker.app import create_app as create_worker
 
@@ -33,7 +33,7 @@ def test_every_environment_variable_the_code_reads_is_documented() -> None:
 
 
 def test_every_route_is_in_the_endpoint_tables(tmp_path: Path) -> None:
-    from a3c_http.settings import Settings
+    from a3c_http.config.settings import Settings
 
     master = create_master(Settings(run_dir=tmp_path / "run"))
     worker = create_worker(token=None)

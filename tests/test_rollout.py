@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from a3c_http.envs import MissingDependency
-from a3c_http.model import build_model
-from a3c_http.rollout import Rollout, RolloutCollector
-from a3c_http.tasks import CUE_MEMORY
+from a3c_http.envs.make import MissingDependency
+from a3c_http.envs.rollout import Rollout, RolloutCollector
+from a3c_http.envs.tasks import CUE_MEMORY
+from a3c_http.models.actor_critic import build_model
 from tests.support import without_box2d
 
 # CartPole-v1 terminates when |x| > 2.4 or |theta| > 12 degrees.

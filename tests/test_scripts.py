@@ -15,9 +15,9 @@ import pytest
 from a3c_http.cli.evaluate import play
 from a3c_http.cli.plot import PlotError, plot
 from a3c_http.cli.progress import progress_line, refusal, resume_note
-from a3c_http.config import TrainConfig
-from a3c_http.settings import Settings
-from a3c_http.store import RunStore, Snapshot
+from a3c_http.config.settings import Settings
+from a3c_http.config.training import TrainConfig
+from a3c_http.store.runstore import RunStore, Snapshot
 from master.state import ClusterState
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,5 +1,5 @@
-"""The settings read from environment variables (a3c_http/config.py `Settings`, `WorkerSettings`):
-defaults, values, and a bad one refused at start in one line that names it."""
+"""The settings read from environment variables (a3c_http/config/training.py `Settings`,
+`WorkerSettings`): defaults, values, and a bad one refused at start in one line that names it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from a3c_http.settings import Settings, WorkerSettings
+from a3c_http.config.settings import Settings, WorkerSettings
 from tests.badpeer import without_proxies
 
 SETTINGS_VARS = (

@@ -1,4 +1,4 @@
-"""The staleness-aware step (staleness_scaling, a3c_http/a3c.py `lr_scale`) and the bound that
+"""The staleness-aware step (staleness_scaling, a3c_http/algos/a3c.py `lr_scale`) and the bound that
 still refuses what is too old, on the parameter server itself (unit: no HTTP)."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from a3c_http.config import TrainConfig
-from a3c_http.model import model_for
+from a3c_http.config.training import TrainConfig
+from a3c_http.models.actor_critic import model_for
 from master.errors import StateConflict
-from master.limits import RunLimits
-from master.params import ParameterServer
+from master.learning.limits import RunLimits
+from master.learning.parameter_server import ParameterServer
 
 
 def server(**config: object) -> tuple[ParameterServer, TrainConfig]:

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from a3c_http import store as store_module
-from a3c_http import wire
-from a3c_http.config import TrainConfig
-from a3c_http.localcluster import wait_for
-from a3c_http.settings import Settings
-from a3c_http.store import RunStore
-from master import housekeeping
+from a3c_http.config.settings import Settings
+from a3c_http.config.training import TrainConfig
+from a3c_http.store import runstore as store_module
+from a3c_http.store.runstore import RunStore
+from a3c_http.testing.localcluster import wait_for
+from a3c_http.wire import tensors as wire
+from master.background import housekeeping
 from master.state import ClusterState, StateConflict, saved_config
 from tests.log_capture import CapturedEvents
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from filelock import FileLock, Timeout
 
-from a3c_http import store
-from a3c_http.localcluster import ROOT, free_port
-from a3c_http.store import NonFiniteValue, RunDirInUse, RunStore, Snapshot, atomic_write
+from a3c_http.store import runstore as store
+from a3c_http.store.runstore import NonFiniteValue, RunDirInUse, RunStore, Snapshot, atomic_write
+from a3c_http.testing.localcluster import ROOT, free_port
 
 
 def numbered(n: int, **kw) -> Snapshot:
@@ -257,7 +257,7 @@ import sys
 sys.path.insert(0, sys.argv[2])
 from pathlib import Path
 from tests.test_store import numbered
-from a3c_http.store import RunStore
+from a3c_http.store.runstore import RunStore
 s = RunStore.acquire(Path(sys.argv[1]))
 loaded = s.load()
 n = loaded.state["n"] if loaded else 0

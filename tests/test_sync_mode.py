@@ -13,12 +13,12 @@ import httpx
 import torch
 from fastapi.testclient import TestClient
 
-from a3c_http import wire
-from a3c_http.config import TrainConfig
-from a3c_http.localcluster import wait_for
-from a3c_http.model import model_for
-from master.limits import RunLimits
-from master.params import ParameterServer
+from a3c_http.config.training import TrainConfig
+from a3c_http.models.actor_critic import model_for
+from a3c_http.testing.localcluster import wait_for
+from a3c_http.wire import tensors as wire
+from master.learning.limits import RunLimits
+from master.learning.parameter_server import ParameterServer
 from tests.support import OCTET, master_running
 
 SYNC = {"sync_mode": "sync"}

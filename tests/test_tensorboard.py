@@ -13,7 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E4
     EventAccumulator,
 )
 
-from master.tensorboard import TensorBoard  # noqa: E402
+from master.persistence.tensorboard import TensorBoard  # noqa: E402
 
 
 def push(c, seq: int, episodes: list, metrics: dict) -> None:

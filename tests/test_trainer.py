@@ -9,10 +9,10 @@ import threading
 import httpx
 import torch
 
-from a3c_http import wire
-from a3c_http.client import MasterClient
-from a3c_http.config import TrainConfig
-from a3c_http.model import build_model
+from a3c_http.config.training import TrainConfig
+from a3c_http.models.actor_critic import build_model
+from a3c_http.net.client import MasterClient
+from a3c_http.wire import tensors as wire
 from worker.trainer import Progress, Trainer
 
 CONFIG = TrainConfig(seed=3, num_envs=2, t_max=4, heartbeat_interval_s=0.01, heartbeat_timeout_s=10)

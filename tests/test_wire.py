@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from a3c_http import wire
-from a3c_http.model import ActorCritic
+from a3c_http.models.actor_critic import ActorCritic
+from a3c_http.wire import tensors as wire
 
 SPEC = {"layer.weight": (2, 3), "layer.bias": (2,)}
 
@@ -206,8 +206,8 @@ def test_a_push_header_that_only_begins_as_the_layouts_is_judged_whole(header: b
 
 
 def test_a_model_layout_puts_the_parameters_first() -> None:
-    from a3c_http.config import TrainConfig
-    from a3c_http.model import model_for
+    from a3c_http.config.training import TrainConfig
+    from a3c_http.models.actor_critic import model_for
 
     model = model_for(TrainConfig(normalize_obs=True))
     layout = wire.Layout.of(model)

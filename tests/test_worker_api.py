@@ -17,8 +17,8 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.testclient import TestClient
 
 import worker.app as worker_app
-from a3c_http.localcluster import free_port
-from a3c_http.localcluster import wait_for as poll
+from a3c_http.testing.localcluster import free_port
+from a3c_http.testing.localcluster import wait_for as poll
 from tests.schema_checks import assert_bearer_everywhere_but_healthz, assert_errors_declared
 from worker.app import create_app
 

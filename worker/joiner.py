@@ -18,8 +18,8 @@ import socket
 import threading
 from typing import Any, Protocol
 
-from a3c_http.client import A3CError, MasterClient, MasterUnavailable, Unauthorized
-from a3c_http.settings import WorkerSettings
+from a3c_http.config.settings import WorkerSettings
+from a3c_http.net.client import A3CError, MasterClient, MasterUnavailable, Unauthorized
 
 log = logging.getLogger("a3c.worker")
 

@@ -1,10 +1,10 @@
 """The gradient pushes a worker has in flight.
 
 A worker that waits for each reply before it steps again spends the round trip idle: at 20 ms each
-way, nine tenths of its time. Instead it hands each push to its client, which sends it from the
-push process (a3c_http/pushproc.py) or a sender thread, and goes on collecting its next rollout
-with the weights it has; the pushes in flight are futures, their replies are taken between
-rollouts, and the newest weights any of them brings are loaded then.
+way, nine tenths of its time. Instead it hands each push to its client, which sends it from the push
+process (a3c_http/net/push_process.py) or a sender thread, and goes on collecting its next rollout
+with the weights it has; the pushes in flight are futures, their replies are taken between rollouts,
+and the newest weights any of them brings are loaded then.
 
 How many may be in flight is what the round trip needs, no more: the shortest recent round trip
 (the path's own delay, without the time requests queue at a busy master) divided by the time the
@@ -48,7 +48,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 
-from a3c_http.pushproc import wait_for_replies
+from a3c_http.net.push_process import wait_for_replies
 
 # Round trips remembered for the shortest one: a few seconds of pushes, so a changed path is
 # followed.

@@ -25,16 +25,16 @@ from typing import Any
 
 import torch
 
-from a3c_http import wire
-from a3c_http.a3c import LossTerms, gradients, make_optimizer, rollout_loss
-from a3c_http.client import A3CError, Conflict, MasterClient, Stopped, Weights
-from a3c_http.config import TrainConfig
-from a3c_http.exploration import widened
-from a3c_http.flatnet import bind
-from a3c_http.logs import Events, Pace
-from a3c_http.model import ActorCritic, model_for
-from a3c_http.normalize import absorb
-from a3c_http.rollout import Rollout, RolloutCollector
+from a3c_http.algos.a3c import LossTerms, gradients, make_optimizer, rollout_loss
+from a3c_http.algos.exploration import widened
+from a3c_http.config.training import TrainConfig
+from a3c_http.envs.rollout import Rollout, RolloutCollector
+from a3c_http.models.actor_critic import ActorCritic, model_for
+from a3c_http.models.normalize import absorb
+from a3c_http.net.client import A3CError, Conflict, MasterClient, Stopped, Weights
+from a3c_http.optim.flatnet import bind
+from a3c_http.server.logs import Events, Pace
+from a3c_http.wire import tensors as wire
 from worker.pipeline import Pipeline
 
 
@@ -86,7 +86,7 @@ class Trainer:
         progress_s: float = 0.0,
     ) -> None:
         """`config` is this worker's own (its entropy_coef); `log_std_offset` widens the Gaussian
-        policy it acts and learns with (a3c_http/exploration.py). A progress line goes to
+        policy it acts and learns with (a3c_http/algos/exploration.py). A progress line goes to
         `events` every `progress_s` seconds (0: never)."""
         self.config = config
         self.client = client
@@ -98,7 +98,8 @@ class Trainer:
         self.policy: Any = None  # the model, or its widened Gaussian: what acts and is scored
         self.version = 0
         self.layout: wire.Layout | None = None
-        self.flat: torch.Tensor | None = None  # the model's weights (a3c_http/flatnet.py `bind`)
+        # the model's weights (a3c_http/optim/flatnet.py `bind`)
+        self.flat: torch.Tensor | None = None
         self.last_reply = time.monotonic()
         self.events = events or Events(logging.getLogger("a3c.worker"), None, worker_id)
         self.pace = Pace(progress_s)

@@ -6,7 +6,7 @@ that returns the exit code:
     a3c-train     a run on this host, or on a running master with --master URL (train.py)
     a3c-evaluate  play a run folder's weights (evaluate.py)
     a3c-plot      the reward plot of one run folder, or several compared (plot.py)
-    a3c-export    a standalone policy from a run folder (a3c_http/export.py)
+    a3c-export    a standalone policy from a run folder (a3c_http/policy/export.py)
 
 scripts/run_local.py, evaluate.py and plot_rewards.py call these from a checkout.
 """

@@ -1,7 +1,7 @@
 """`a3c-evaluate RUN_DIR [--episodes N] [--video DIR]`: play a run's global weights.
 
-Loads the run folder's weights (with the running statistics of a normalising model, which travel
-in them) and its config, plays N episodes with the deterministic action (a3c_http/evaluation.py:
+Loads the run folder's weights (with the running statistics of a normalising model, which travel in
+them) and its config, plays N episodes with the deterministic action (a3c_http/policy/evaluation.py:
 the most likely action, or the Gaussian's mean), prints a table, and as its last line one JSON
 object: mean_return, std_return, mean_length, episodes, env_id, model_version, run_id, returns.
 `--video DIR` records every episode with gymnasium's RecordVideo (needs moviepy, and pygame to
@@ -20,9 +20,9 @@ import gymnasium as gym
 import torch
 from gymnasium.error import DependencyNotInstalled
 
-from a3c_http.configfile import RunFolderError, read_run
-from a3c_http.envs import MissingDependency, env_for
-from a3c_http.evaluation import evaluate
+from a3c_http.config.files import RunFolderError, read_run
+from a3c_http.envs.make import MissingDependency, env_for
+from a3c_http.policy.evaluation import evaluate
 
 
 def video_env(config, folder: Path):  # noqa: ANN001, ANN201

@@ -15,7 +15,7 @@ from collections import defaultdict, deque
 from itertools import accumulate
 from pathlib import Path
 
-from a3c_http.store import RunStore
+from a3c_http.store.runstore import RunStore
 
 INSTALL = (
     "the reward plot needs matplotlib, the plot extra: pip install 'a3c-http[plot]' (in a "

@@ -33,13 +33,13 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import ValidationError
 
-from a3c_http import configfile
 from a3c_http.cli.progress import follow, start_run
-from a3c_http.config import TrainConfig
-from a3c_http.edge import is_loopback
-from a3c_http.localcluster import LocalCluster
-from a3c_http.service import describe_error
-from a3c_http.workerlist import WorkerListError, normalize_url, read_workers_file
+from a3c_http.config import files as configfile
+from a3c_http.config.training import TrainConfig
+from a3c_http.config.workerlist import WorkerListError, normalize_url, read_workers_file
+from a3c_http.server.edge import is_loopback
+from a3c_http.server.service import describe_error
+from a3c_http.testing.localcluster import LocalCluster
 
 # Without a workers file: what the checkout's workers.txt lists.
 DEFAULT_WORKERS = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
@@ -65,7 +65,7 @@ def parser() -> argparse.ArgumentParser:
         "--env",
         default=None,
         help="the gymnasium environment to train (default CartPole-v1); its preset "
-        "(a3c_http/presets.py) fills what the config does not give. Replaces the env_id of "
+        "(a3c_http/config/presets.py) fills what the config does not give. Replaces the env_id of "
         "--config and nothing else",
     )
     p.add_argument(

@@ -1,0 +1,247 @@
+"""The actor-critic network: an encoder (config `encoder`), an optional recurrent core (`core`),
+a policy head and a value head.
+
+- encoder `mlp`: the flattened observation; `nature_cnn` and `small_cnn`
+  (a3c_http/models/encoders.py): a CNN over image observations. Then tanh torsos of `hidden_sizes`,
+  shared or one per head (none with `hidden_sizes: []`).
+- core `none`: feed-forward; `lstm`: an LSTM cell of `lstm_size` units whose state each
+  environment carries (`initial_state`, `act`), zeroed where an episode starts, and which the loss
+  runs again over a rollout in time order from the state the rollout began with (`unroll`).
+- discrete action spaces get a categorical head (logits); Box action spaces a Gaussian head with
+  a learned, state-independent log standard deviation.
+
+The same class serves the master (which only holds and updates the weights) and the workers
+(which also act with it). The default (`mlp`, `none`) keeps the parameter names of the network
+before encoders and cores existed, so runs saved then still open.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+from torch.distributions import Categorical, Distribution, Independent, Normal
+
+from a3c_http.config.training import TrainConfig
+from a3c_http.envs.make import make_env
+from a3c_http.models.encoders import ImageEncoder, UnsupportedSpace, layer, mlp
+from a3c_http.models.normalize import RunningMeanStd
+
+__all__ = ["ActorCritic", "State", "UnsupportedSpace", "build_model", "model_for"]
+
+# A recurrent state: (h, c) of `[N, lstm_size]` each, or () for a feed-forward network.
+State = tuple[torch.Tensor, ...]
+
+
+class ActorCritic(nn.Module):
+    """Policy and value networks over one observation (the module's docstring).
+
+    shared_torso: one tanh MLP feeds both heads (the A3C paper's network); otherwise the policy and
+    the value each have their own (SB3's A2C and PPO default), so the value loss does not pull on
+    the policy's features. normalize_obs / normalize_reward add running statistics as buffers
+    (`obs_rms`, `ret_rms`, see a3c_http.models.normalize): observations are normalised inside
+    `forward`, so every holder of the weights (workers, evaluation, a resumed run) sees the same
+    inputs.
+    """
+
+    def __init__(
+        self,
+        obs_dim: int | Sequence[int],
+        action_dim: int,
+        discrete: bool,
+        hidden_sizes: Sequence[int] = (64, 64),
+        shared_torso: bool = False,
+        log_std_init: float = 0.0,
+        normalize_obs: bool = False,
+        normalize_reward: bool = False,
+        encoder: str = "mlp",
+        core: str = "none",
+        lstm_size: int = 128,
+    ) -> None:
+        super().__init__()
+        self.obs_shape = (obs_dim,) if isinstance(obs_dim, int) else tuple(obs_dim)
+        self.obs_dim = int(np.prod(self.obs_shape))
+        self.action_dim = action_dim
+        self.discrete = discrete
+        self.recurrent = core == "lstm"
+        if normalize_obs:
+            self.obs_rms = RunningMeanStd((self.obs_dim,))
+        if normalize_reward:
+            self.ret_rms = RunningMeanStd(())
+        width = self.obs_dim
+        if encoder != "mlp":
+            self.encoder = ImageEncoder(encoder, self.obs_shape)
+            width = self.encoder.width
+        if shared_torso or self.recurrent:
+            self.torso, width = mlp(width, hidden_sizes)
+        else:
+            self.policy_torso, _ = mlp(width, hidden_sizes)
+            self.value_torso, width = mlp(width, hidden_sizes)
+        if self.recurrent:
+            self.core = nn.LSTMCell(width, lstm_size)
+            nn.init.zeros_(self.core.bias_ih)
+            nn.init.zeros_(self.core.bias_hh)
+            width = lstm_size
+        self.policy_head = layer(width, action_dim, 0.01)
+        self.value_head = layer(width, 1, 1.0)
+        if not discrete:
+            self.log_std = nn.Parameter(torch.full((action_dim,), float(log_std_init)))
+
+    @classmethod
+    def for_spaces(
+        cls,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        hidden_sizes: Sequence[int],
+        **options: Any,
+    ) -> ActorCritic:
+        if not isinstance(observation_space, gym.spaces.Box):
+            raise UnsupportedSpace(
+                f"observation space {observation_space} is not a Box; only Box observations "
+                "are supported"
+            )
+        shape = tuple(int(n) for n in observation_space.shape)
+        if isinstance(action_space, gym.spaces.Discrete):
+            return cls(shape, int(action_space.n), True, hidden_sizes, **options)
+        if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+            return cls(shape, int(action_space.shape[0]), False, hidden_sizes, **options)
+        raise UnsupportedSpace(
+            f"action space {action_space} is neither Discrete nor a one-dimensional Box"
+        )
+
+    # The parts, over a batch `[B, *obs_shape]`.
+    def _features(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy's and the value's features before the core (the same tensor when shared)."""
+        if hasattr(self, "encoder"):
+            x = self.encoder(obs)
+        else:
+            x = obs.reshape(obs.shape[0], -1)
+            if x.dtype != torch.float32:
+                x = x.float()
+            if hasattr(self, "obs_rms"):
+                x = self.obs_rms.normalize(x)
+        if hasattr(self, "torso"):
+            shared = self.torso(x)
+            return shared, shared
+        return self.policy_torso(x), self.value_torso(x)
+
+    def _heads(self, pi: torch.Tensor, v: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
+        """The action distribution and the value from features of any leading shape."""
+        value = self.value_head(v).squeeze(-1)
+        out = self.policy_head(pi)
+        # No argument checks: the network's own outputs always fit, and the checks cost a tenth
+        # of a rollout's time. A diverged network still shows: its gradients are not finite, and
+        # the master refuses them (422).
+        if self.discrete:
+            return Categorical(logits=out, validate_args=False), value
+        std = self.log_std.clamp(-20.0, 2.0).exp().expand_as(out)
+        # Independent sums log-probabilities and entropies over the action dimensions.
+        return Independent(Normal(out, std, validate_args=False), 1, validate_args=False), value
+
+    def _core(
+        self, features: torch.Tensor, state: State, starts: torch.Tensor | None
+    ) -> tuple[torch.Tensor, State]:
+        h, c = state
+        if starts is not None:  # a new episode begins with a new memory
+            keep = (~starts).to(h.dtype).unsqueeze(-1)
+            h, c = h * keep, c * keep
+        h, c = self.core(features, (h, c))
+        return h, (h, c)
+
+    # The interface of rollouts, the loss and evaluation.
+    def initial_state(self, n: int) -> State:
+        """The state of `n` environments before their first step: zeros, or () without a core."""
+        if not self.recurrent:
+            return ()
+        zeros = torch.zeros(n, self.core.hidden_size)
+        return zeros, zeros.clone()
+
+    def act(
+        self, obs: torch.Tensor, state: State = (), starts: torch.Tensor | None = None
+    ) -> tuple[Distribution, torch.Tensor, State]:
+        """One step of `[N]` environments: the action distribution, the value and the state
+        after it. `starts[i]`: environment i's observation begins an episode (its state is
+        zeroed first)."""
+        pi, v = self._features(obs)
+        if self.recurrent:
+            pi, state = self._core(pi, state or self.initial_state(obs.shape[0]), starts)
+            v = pi
+        dist, value = self._heads(pi, v)
+        return dist, value, state
+
+    def unroll(
+        self, obs: torch.Tensor, state: State = (), starts: torch.Tensor | None = None
+    ) -> tuple[Distribution, torch.Tensor]:
+        """A rollout `[T, N, *obs_shape]` again, in time order from `state` (the one it began
+        with), zeroing the state where `starts` `[T, N]` is True: the action distributions and
+        values of every step, `[T, N]`. Gradients flow through the whole rollout (truncated
+        backpropagation through time)."""
+        steps, n = obs.shape[:2]
+        pi, v = self._features(obs.reshape(steps * n, *obs.shape[2:]))
+        if self.recurrent:
+            pi = pi.reshape(steps, n, -1)
+            state = state or self.initial_state(n)
+            outs = []
+            for t in range(steps):
+                out, state = self._core(pi[t], state, None if starts is None else starts[t])
+                outs.append(out)
+            pi = v = torch.stack(outs)
+        else:
+            pi, v = pi.reshape(steps, n, -1), v.reshape(steps, n, -1)
+        return self._heads(pi, v)
+
+    def forward(self, obs: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
+        """The action distribution and the state value for a batch of observations (a recurrent
+        network from its initial state)."""
+        dist, value, _ = self.act(obs)
+        return dist, value
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self(obs)[1]
+
+    @staticmethod
+    def greedy(dist: Distribution) -> torch.Tensor:
+        """The deterministic action of evaluation: the most likely one, or the Gaussian's mean."""
+        return dist.probs.argmax(-1) if isinstance(dist, Categorical) else dist.mean
+
+
+def model_for(config: TrainConfig) -> ActorCritic:
+    """The network a training config describes (the master, the workers and evaluation all build
+    it here, so they agree on every name and shape)."""
+    return build_model(
+        config.env_id,
+        config.env_kwargs,
+        config.hidden_sizes,
+        preprocess=config.preprocess,
+        frame_stack=config.frame_stack,
+        shared_torso=config.shared_torso,
+        log_std_init=config.log_std_init,
+        normalize_obs=config.normalize_obs,
+        normalize_reward=config.normalize_reward,
+        encoder=config.encoder,
+        core=config.core,
+        lstm_size=config.lstm_size,
+    )
+
+
+def build_model(
+    env_id: str,
+    env_kwargs: dict,
+    hidden_sizes: Sequence[int],
+    preprocess: str = "none",
+    frame_stack: int = 1,
+    **options: Any,
+) -> ActorCritic:
+    """The network for an environment (with the wrappers of `preprocess` and `frame_stack`),
+    sized from a throwaway instance of it; `options` go to ActorCritic."""
+    env = make_env(env_id, env_kwargs, preprocess, frame_stack)
+    try:
+        return ActorCritic.for_spaces(
+            env.observation_space, env.action_space, hidden_sizes, **options
+        )
+    finally:
+        env.close()

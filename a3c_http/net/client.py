@@ -1,0 +1,374 @@
+"""`MasterClient`: typed calls to the master over httpx, with timeouts and bounded retries (the
+requests and their errors: a3c_http/net/transport.py, whose names this module also exports).
+
+Episode reports, gradients and weights carry `X-A3C-Seq`, a number that rises with each call and
+stays the same on its retries, so a retry of a request whose reply was lost is not counted twice by
+the master. With a push process (a3c_http/net/push_process.py), gradient pushes leave the worker's
+process: `push_gradients_async` hands them to it and returns at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import torch
+
+from a3c_http.net.push_process import PushProcess
+from a3c_http.net.transport import (
+    A3CError,
+    Conflict,
+    MasterRejected,
+    MasterUnavailable,
+    ProtocolError,
+    Stopped,
+    Transport,
+    Unauthorized,
+)
+from a3c_http.server.logs import Events
+from a3c_http.wire import tensors as wire
+from a3c_http.wire.protocol import (
+    BEST_SCORE_HEADER,
+    CONTENT_TYPE,
+    DEFAULT_MAX_BODY_BYTES,
+    DUPLICATE_HEADER,
+    GLOBAL_EPISODE_HEADER,
+    GRAD_NORM_HEADER,
+    IMPROVED_HEADER,
+    LOSS_HEADER,
+    MOVING_AVERAGE_HEADER,
+    ROLLOUT_METADATA,
+    RUN_ID_HEADER,
+    SEQ_HEADER,
+    STOP_HEADER,
+    VERSION_HEADER,
+    WORKER_ID_HEADER,
+)
+
+__all__ = [
+    "A3CError",
+    "Conflict",
+    "MasterClient",
+    "MasterRejected",
+    "MasterUnavailable",
+    "ProtocolError",
+    "Stopped",
+    "Unauthorized",
+    "Weights",
+]
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Global weights: `vector` in `layout`'s order (`tensors`: its entries by name, as views).
+    A gradient push's reply also carries the run's figures, as `POST /episode` answers them."""
+
+    vector: torch.Tensor
+    layout: wire.Layout
+    version: int
+    stop: bool = False
+    figures: dict[str, Any] | None = None
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return self.layout.views(self.vector)
+
+
+def _figures(headers: Mapping[str, str]) -> dict[str, Any] | None:
+    """The run's figures a weights reply carries; `headers` by lower-case name (httpx's headers,
+    or a push process's reply)."""
+    if _GLOBAL_EPISODE not in headers:
+        return None
+    best, average = headers.get(_BEST_SCORE), headers.get(_MOVING_AVERAGE)
+    return {
+        "global_episode": int(headers[_GLOBAL_EPISODE]),
+        "best_score": float(best) if best is not None else None,
+        "moving_average": float(average) if average is not None else None,
+        "improved": headers.get(_IMPROVED) == "1",
+        "stop": headers.get(_STOP) == "1",
+        "duplicate": headers.get(_DUPLICATE) == "1",
+    }
+
+
+# The headers `_figures` and `_weights` read, by the lower-case names both kinds of headers have.
+_GLOBAL_EPISODE, _BEST_SCORE, _MOVING_AVERAGE, _IMPROVED, _STOP, _DUPLICATE, _VERSION = (
+    name.lower()
+    for name in (
+        GLOBAL_EPISODE_HEADER, BEST_SCORE_HEADER, MOVING_AVERAGE_HEADER, IMPROVED_HEADER,
+        STOP_HEADER, DUPLICATE_HEADER, VERSION_HEADER,
+    )
+)  # fmt: skip
+
+
+class MasterClient:
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        timeout_s: float = 10.0,
+        retry_deadline_s: float = 60.0,
+        backoff_s: float = 0.2,
+        max_backoff_s: float = 5.0,
+        transport: httpx.BaseTransport | None = None,
+        run_id: str | None = None,
+        stop: threading.Event | None = None,
+        events: Events | None = None,
+        push_threads: int = 1,
+        push_process: dict[str, Any] | None = None,
+        max_reply_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        proxy_from_env: bool = False,
+        push_url: str | None = None,
+    ) -> None:
+        """`push_gradients_async` sends up to `push_threads` pushes at once: from a child process
+        when `push_process` is given (its log settings, log_level and log_format, and worker_id;
+        started at the first push), else from threads of this process. `max_reply_bytes` and
+        `proxy_from_env`: the worker's A3C_MAX_BODY_BYTES and A3C_PROXY_FROM_ENV (`Transport`),
+        in this process and the push process alike. `push_url`: where gradient pushes go (the
+        master's fronts, master/ingress/fronts.py); unset, `base_url` as every other call."""
+        # Worker messages carry the run id so that a late message of an earlier run is refused.
+        self.run_id = run_id
+        events = events or Events(logging.getLogger("a3c.client"), run_id)
+        self.transport = Transport(
+            base_url, token, timeout_s, retry_deadline_s, backoff_s, max_backoff_s,
+            transport, stop, events, max_reply_bytes, proxy_from_env,
+        )
+        self.pushes = self.transport if push_url is None else Transport(
+            push_url, token, timeout_s, retry_deadline_s, backoff_s, max_backoff_s,
+            transport, stop, events, max_reply_bytes, proxy_from_env,
+        )
+        self.push_threads = max(1, push_threads)
+        self._push_options = push_process
+        self._pusher: PushProcess | None = None
+        self._senders: ThreadPoolExecutor | None = None
+        self._seq = itertools.count(1)
+
+    @property
+    def retry_deadline_s(self) -> float:
+        return self.transport.retry_deadline_s
+
+    @retry_deadline_s.setter
+    def retry_deadline_s(self, seconds: float) -> None:
+        self.transport.retry_deadline_s = self.pushes.retry_deadline_s = seconds
+
+    @property
+    def retries(self) -> int:
+        """Attempts beyond the first, over the client's life (its push process's included)."""
+        pushes = self.pushes.retries if self.pushes is not self.transport else 0
+        return self.transport.retries + pushes + (self._pusher.retries if self._pusher else 0)
+
+    def _seq_header(self) -> dict[str, str]:
+        return {SEQ_HEADER: str(next(self._seq))}
+
+    def close(self) -> None:
+        """Close the connections; pushes not sent yet are dropped."""
+        if self._pusher is not None:
+            self._pusher.close()
+        if self._senders is not None:
+            self._senders.shutdown(wait=False, cancel_futures=True)
+        self.transport.close()
+        if self.pushes is not self.transport:
+            self.pushes.close()
+
+    def __enter__(self) -> MasterClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return self.transport.request(method, path, **kwargs)
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self._request(method, path, **kwargs).json()
+
+    # -- run control ----------------------------------------------------------------------------
+
+    def healthz(self) -> bool:
+        return self._json("GET", "/healthz").get("status") == "ok"
+
+    def status(self) -> dict[str, Any]:
+        return self._json("GET", "/status")
+
+    def train(self, **body: Any) -> dict[str, Any]:
+        return self._json("POST", "/train", json=body)["data"]
+
+    def stop(self) -> dict[str, Any]:
+        return self._json("POST", "/stop", json={})
+
+    # -- worker lifecycle -----------------------------------------------------------------------
+
+    def join(
+        self, name: str, url: str | None, run_id: str | None, worker_id: str | None
+    ) -> dict[str, Any]:
+        """POST /join: `{"run": ... or None, "retry_s"}` (master/api/run.py)."""
+        body = {"name": name, "url": url, "run_id": run_id, "worker_id": worker_id}
+        return self._json("POST", "/join", json=body)["data"]
+
+    def worker_started(self, worker_id: str, url: str | None) -> dict[str, Any]:
+        return self._json(
+            "POST",
+            "/worker_started",
+            json={"worker_id": worker_id, "url": url, "run_id": self.run_id},
+        )
+
+    def worker_done(self, worker_id: str, error: str | None = None) -> dict[str, Any]:
+        """Sent once the worker was told to stop too: its one attempt is not cut short."""
+        return self._json(
+            "POST",
+            "/worker_done",
+            json={"worker_id": worker_id, "error": error, "run_id": self.run_id},
+            stoppable=False,
+        )
+
+    def heartbeat(self, worker_id: str, **stats: Any) -> bool:
+        """Report liveness and progress; returns True when the master says to stop."""
+        body = {"worker_id": worker_id, "run_id": self.run_id, **stats}
+        return bool(self._json("POST", "/heartbeat", json=body)["data"]["stop"])
+
+    def episode(self, worker_id: str, reward: float, length: int) -> dict[str, Any]:
+        body = {"worker_id": worker_id, "reward": reward, "length": length, "run_id": self.run_id}
+        return self._json("POST", "/episode", json=body, headers=self._seq_header())["data"]
+
+    # -- tensors --------------------------------------------------------------------------------
+
+    def _weights(
+        self, headers: Mapping[str, str], content: bytes, layout: wire.Layout
+    ) -> Weights:
+        """The weights of a reply: its headers by lower-case name (`_figures`), its body."""
+        try:
+            version = int(headers[_VERSION])
+            figures = _figures(headers)
+        except (KeyError, ValueError):
+            raise ProtocolError(
+                f"the weights reply has no integer {VERSION_HEADER} header, or a malformed "
+                "figure header"
+            ) from None
+        try:
+            vector, _ = layout.decode(content)
+        except wire.WireError as exc:
+            raise ProtocolError(f"the master's weights do not fit this model: {exc}") from exc
+        return Weights(vector, layout, version, stop=headers.get(_STOP) == "1", figures=figures)
+
+    def _weights_reply(self, response: httpx.Response, layout: wire.Layout) -> Weights:
+        return self._weights(response.headers, response.content, layout)
+
+    def get_weights(
+        self, layout: wire.Layout, if_not_version: int | None = None
+    ) -> Weights | None:
+        """The global weights, or None when they are still at `if_not_version`."""
+        headers = {"If-None-Match": f'"{if_not_version}"'} if if_not_version is not None else {}
+        response = self._request("GET", "/global_model_weights", headers=headers)
+        if response.status_code == 304:
+            return None
+        return self._weights_reply(response, layout)
+
+    def push_gradients(
+        self,
+        worker_id: str,
+        version: int,
+        grads: Mapping[str, torch.Tensor] | torch.Tensor,
+        layout: wire.Layout,
+        loss: float | None = None,
+        grad_norm: float | None = None,
+        wait_s: float = 0.0,
+        report: Mapping[str, Any] | None = None,
+    ) -> Weights:
+        """Send gradients computed on weights `version` (by name, or as one vector in the
+        layout's order), with the rollout's loss and their norm before clipping (for the
+        master's outlier check), and the rollout `report` (finished episodes and the worker's
+        statistics, master/api/schemas.py RolloutReport) in the body's metadata. Returns the new
+        global weights, with the run's figures. `wait_s`: how long the master may hold the
+        reply beyond the usual timeout (a sync round's `sync_timeout_s`). Raises `Conflict` when
+        they were too stale or an outlier. Safe to call from several threads at once."""
+        request = self._gradients(
+            worker_id, version, grads, layout, loss, grad_norm, wait_s, report
+        )
+        return self._weights_reply(
+            self.pushes.request("POST", "/gradients", direct=request), layout
+        )
+
+    def push_gradients_async(
+        self,
+        worker_id: str,
+        version: int,
+        grads: Mapping[str, torch.Tensor] | torch.Tensor,
+        layout: wire.Layout,
+        **extra: Any,
+    ) -> Future:
+        """`push_gradients` (the same arguments), sent from the push process or a sender thread
+        (see the constructor): returns at once, with a future of its result."""
+        if self._push_options is None:
+            if self._senders is None:
+                self._senders = ThreadPoolExecutor(self.push_threads, thread_name_prefix="a3c-push")
+            return self._senders.submit(
+                self.push_gradients, worker_id, version, grads, layout, **extra
+            )
+        if self._pusher is None:
+            options = {**self._push_options, **self.pushes.options(), "run_id": self.run_id}
+            self._pusher = PushProcess(options, self.push_threads, self.transport.stop_event)
+        request = self._gradients(worker_id, version, grads, layout, **extra)
+        return self._pusher.submit(
+            "POST", "/gradients", **request,
+            convert=lambda reply: self._weights(reply.headers, reply.content, layout),
+        )
+
+    def _gradients(
+        self,
+        worker_id: str,
+        version: int,
+        grads: Mapping[str, torch.Tensor] | torch.Tensor,
+        layout: wire.Layout,
+        loss: float | None = None,
+        grad_norm: float | None = None,
+        wait_s: float = 0.0,
+        report: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A gradient push as `Transport.direct`'s arguments (see `push_gradients`)."""
+        vector = grads if isinstance(grads, torch.Tensor) else layout.flatten(grads)
+        metadata = {ROLLOUT_METADATA: json.dumps(report)} if report is not None else None
+        reported = {LOSS_HEADER: loss, GRAD_NORM_HEADER: grad_norm}
+        headers = {
+            "Content-Type": CONTENT_TYPE,
+            WORKER_ID_HEADER: worker_id,
+            VERSION_HEADER: str(version),
+            **self._seq_header(),
+            **({RUN_ID_HEADER: self.run_id} if self.run_id else {}),
+            **{name: repr(float(v)) for name, v in reported.items() if v is not None},
+        }
+        return {
+            "content": layout.encode(vector, metadata),
+            "headers": headers,
+            "timeout": self.transport.timeout_s + wait_s,
+        }
+
+    def push_weights(
+        self,
+        worker_id: str,
+        tensors: Mapping[str, torch.Tensor],
+        temporary: bool,
+        layout: wire.Layout | None = None,
+    ) -> dict[str, Any]:
+        """Send weights (best_weights mode): encoded by `layout`, in its wire dtype, or without
+        one as float32 tensors one by one."""
+        body = wire.encode(tensors) if layout is None else layout.encode(layout.flatten(tensors))
+        return self._json(
+            "POST",
+            "/local_model_weights",
+            params={"worker_id": worker_id, "temporary": str(temporary).lower()},
+            content=body,
+            headers={
+                "Content-Type": CONTENT_TYPE,
+                **self._seq_header(),
+                **({RUN_ID_HEADER: self.run_id} if self.run_id else {}),
+            },
+        )
+
+    def best_score(self) -> float | None:
+        return self._json("GET", "/best_score")["data"]

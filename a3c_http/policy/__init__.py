@@ -1,0 +1,2 @@
+"""Using a trained policy: deterministic evaluation of a set of weights, and export to a standalone
+file."""

@@ -1,0 +1,328 @@
+"""Tensors on the wire: one safetensors file per body, one tensor per parameter, named as in the
+model's `state_dict()`: float32, or in a run of `wire_dtype` bfloat16 the parameters' tensors
+(weights and gradients) as bfloat16, half the bytes.
+
+safetensors is a plain header plus raw bytes, so decoding runs no code (unlike pickle or
+`torch.load`). `decode` checks everything a peer could get wrong before anything touches a model.
+
+`Layout` is the hot path's form of the same file: every entry of a model, parameters first, packed
+in one float32 vector. Its bodies are a fixed header and that vector's bytes, so encoding is one
+copy, and decoding a body laid out the same way (ours always are) is one header comparison and one
+copy; a body in any other valid layout (another safetensors writer) is read the general way. The
+header's `__metadata__` (safetensors' own string map) may carry what travels with the tensors: a
+gradient push's finished episodes and statistics (API.md).
+
+bfloat16 (`Layout.of(model, "bfloat16")`): the master and every worker of such a run encode the
+parameters' tensors as BF16 (float32 rounded to the nearest even, torch's `.to(torch.bfloat16)`) and
+decode them into their float32 vector; every vector in memory stays float32. The buffers (the
+running statistics of a3c_http/models/normalize.py) stay F32 in the same file: their count reaches
+millions, and bfloat16 holds integers exactly only up to 256 (a rollout's count of 1,001 would
+arrive as 1,000, and a run's count of 3,000,000 as 2,998,272; the master's check of a batch's count
+against t_max x num_envs could refuse a rounded one), its means are off by up to 0.4% of their size,
+which for observations far from zero is many of their standard deviations, and the same batch rounds
+the same way at every push, so that error would not average out. They are a few dozen values:
+float32 costs nothing. The F32 buffers come first in the data, as safetensors' own writer orders
+them, so that each tensor starts aligned to its size. A body must be in its run's dtype, either way
+(422 naming the dtype expected): a float32 body to a bfloat16 run comes from a worker that does not
+follow the run's config, and taking it would hide that it sends twice the bytes the run chose; a
+bfloat16 body to a float32 run would round what the run chose to keep whole.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+# Re-exported: the names of the contract live in a3c_http.wire.protocol.
+from a3c_http.wire.protocol import CONTENT_TYPE, VERSION_HEADER
+
+__all__ = [
+    "CONTENT_TYPE",
+    "VERSION_HEADER",
+    "Layout",
+    "Spec",
+    "WireError",
+    "decode",
+    "encode",
+    "spec_of",
+]
+
+Spec = Mapping[str, tuple[int, ...]]
+
+
+class WireError(ValueError):
+    """A tensor body that does not fit the model: its message says what is wrong."""
+
+
+def spec_of(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    """Names and shapes a body must have to fit `model`."""
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+
+def encode(tensors: Mapping[str, torch.Tensor]) -> bytes:
+    return st_save(
+        {name: t.detach().to(torch.float32).contiguous().cpu() for name, t in tensors.items()}
+    )
+
+
+def decode(
+    data: bytes,
+    spec: Spec,
+    dtypes: Mapping[str, torch.dtype] | None = None,
+    dtype_note: str = "",
+) -> dict[str, torch.Tensor]:
+    """Parse a safetensors body and check it against `spec`: the same names, the same shapes,
+    each tensor of its dtype in `dtypes` (default: float32), every value finite. Raises
+    `WireError` naming the first problem (`dtype_note` follows a wrong dtype's message)."""
+    if not data:
+        raise WireError("empty body: expected a safetensors file")
+    try:
+        tensors = st_load(bytes(data))
+    except (SafetensorError, ValueError, RuntimeError, OverflowError) as exc:
+        raise WireError(f"body is not a valid safetensors file: {exc}") from None
+    missing = sorted(set(spec) - set(tensors))
+    unexpected = sorted(set(tensors) - set(spec))
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing tensors {missing}")
+        if unexpected:
+            parts.append(f"unexpected tensors {unexpected}")
+        raise WireError("tensor names do not match the model: " + "; ".join(parts))
+    for name, shape in spec.items():
+        tensor = tensors[name]
+        expected = dtypes[name] if dtypes is not None else torch.float32
+        if tensor.dtype != expected:
+            raise WireError(
+                f"tensor {name!r} has dtype {_name(tensor.dtype)}, expected {_name(expected)}"
+                + dtype_note
+            )
+        if tuple(tensor.shape) != tuple(shape):
+            raise WireError(
+                f"tensor {name!r} has shape {list(tensor.shape)}, expected {list(shape)}"
+            )
+        if not bool(torch.isfinite(tensor).all()):
+            raise WireError(f"tensor {name!r} holds NaN or infinite values")
+    return tensors
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# safetensors' own bound on a header (100 MB); ours are about 100 bytes per tensor.
+_MAX_HEADER = 100_000_000
+# The dtypes a run may send its parameters' tensors in (TrainConfig.wire_dtype): safetensors'
+# name, torch's, the bytes of a value, and its relative rounding error from float32 (round to
+# nearest even: half a unit in the last place of bfloat16's 8-bit significand, 2**-8).
+WIRE_DTYPES: dict[str, tuple[str, torch.dtype, int, float]] = {
+    "float32": ("F32", torch.float32, 4, 0.0),
+    "bfloat16": ("BF16", torch.bfloat16, 2, 2.0**-8),
+}
+
+
+# safetensors' `__metadata__`, a map of str to str, read from its JSON (`Layout._own_header`).
+_METADATA = TypeAdapter(dict[str, str], config=ConfigDict(strict=True))
+
+
+def _is_metadata(value: object) -> bool:
+    """Whether `value` is what safetensors' `__metadata__` may be: a map of str to str."""
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    )
+
+
+class Layout:
+    """The entries of a model (`names`, with their `shapes`) at fixed offsets of one float32
+    vector of `numel` values: the parameters first (the optimizer's region, `n_params` values),
+    then the buffers (the running statistics of a3c_http/models/normalize.py, if any). `dtype`: what
+    the parameters travel as (`WIRE_DTYPES`); the buffers are always float32 (`dtypes`: each
+    entry's dtype in a body)."""
+
+    def __init__(
+        self,
+        entries: Sequence[tuple[str, tuple[int, ...]]],
+        n_params: int,
+        dtype: str = "float32",
+    ) -> None:
+        if dtype not in WIRE_DTYPES:
+            raise ValueError(f"wire dtype {dtype!r}: expected one of {sorted(WIRE_DTYPES)}")
+        self.names = [name for name, _ in entries]
+        self.shapes = {name: tuple(shape) for name, shape in entries}
+        self.slices: dict[str, slice] = {}
+        offset = 0
+        for name, shape in entries:
+            size = int(np.prod(shape, dtype=np.int64))
+            self.slices[name] = slice(offset, offset + size)
+            offset += size
+        self.numel = offset
+        self.n_params = n_params
+        self.dtype = dtype
+        code, torch_dtype, width, self.relative_error = WIRE_DTYPES[dtype]
+        # Where each entry's bytes are: in float32 the whole vector in its order; else the F32
+        # buffers first (from byte 0), then the parameters (from byte `_params_at`).
+        at = self._params_at = 0 if dtype == "float32" else 4 * (offset - n_params)
+        self.nbytes = 4 * offset if dtype == "float32" else at + width * n_params
+        self._entries: dict[str, dict] = {}
+        self.dtypes: dict[str, torch.dtype] = {}
+        for name, s in self.slices.items():
+            if dtype == "float32":
+                kind, begin, end = "F32", 4 * s.start, 4 * s.stop
+            elif s.start >= n_params:  # a buffer
+                kind, begin, end = "F32", 4 * (s.start - n_params), 4 * (s.stop - n_params)
+            else:
+                kind, begin, end = code, at + width * s.start, at + width * s.stop
+            self._entries[name] = {
+                "dtype": kind,
+                "shape": list(self.shapes[name]),
+                "data_offsets": [begin, end],
+            }
+            self.dtypes[name] = torch_dtype if kind == code else torch.float32
+        statistics = "" if dtype == "float32" else ", the running statistics as F32"
+        self._dtype_note = (
+            f" (this run's wire_dtype is {dtype}: the parameters travel as {code}{statistics})"
+        )
+        # The header is these entries' JSON, made once, then the metadata if any (`_header`,
+        # `_own_header`).
+        self._entries_json = json.dumps(self._entries, separators=(",", ":")).encode()
+        self._metadata_key = b',"__metadata__":' if self._entries else b'"__metadata__":'
+        self.header = self._header(None)
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, dtype: str = "float32") -> Layout:
+        params = [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+        buffers = [(name, tuple(b.shape)) for name, b in model.named_buffers()]
+        n_params = sum(int(np.prod(s, dtype=np.int64)) for _, s in params)
+        return cls(params + buffers, n_params, dtype)
+
+    @property
+    def body_bytes(self) -> int:
+        """The size of a body of this layout without metadata."""
+        return len(self.header) + self.nbytes
+
+    @property
+    def spec(self) -> dict[str, tuple[int, ...]]:
+        return dict(self.shapes)
+
+    def _header(self, metadata: Mapping[str, str] | None) -> bytes:
+        # A push's header differs from the next one's only in its metadata (its report), which
+        # follows the entries as json.dumps of the whole would place it.
+        raw = self._entries_json
+        if metadata:
+            extra = json.dumps(dict(metadata), separators=(",", ":")).encode()
+            raw = raw[:-1] + self._metadata_key + extra + b"}"
+        raw += b" " * (-len(raw) % 8)  # safetensors' own padding: the data starts 8-aligned
+        return len(raw).to_bytes(8, "little") + raw
+
+    def flatten(self, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """One vector of `tensors` (which must have this layout's names) in layout order."""
+        return torch.cat([tensors[name].detach().reshape(-1) for name in self.names]).to(
+            torch.float32
+        )
+
+    def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The entries of `flat`, by name, as views (no copy)."""
+        return {name: flat[s].view(self.shapes[name]) for name, s in self.slices.items()}
+
+    def encode(self, flat: torch.Tensor, metadata: Mapping[str, str] | None = None) -> bytes:
+        """A safetensors file of `flat` (a vector of `numel` float32 values): one copy (in
+        bfloat16, one conversion of the parameters)."""
+        header = self.header if not metadata else self._header(metadata)
+        if self.dtype == "float32":
+            # join copies the vector's memory straight after the header: one pass over it
+            return b"".join((header, memoryview(flat.detach().to(torch.float32).numpy())))
+        flat = flat.detach().to(torch.float32)
+        params = flat[: self.n_params].to(torch.bfloat16).view(torch.int16)
+        buffers = flat[self.n_params :].contiguous()
+        return b"".join((header, buffers.numpy().tobytes(), params.numpy().tobytes()))
+
+    def decode(
+        self, data: bytes | bytearray, finite_params: bool = True
+    ) -> tuple[torch.Tensor, dict[str, str]]:
+        """The vector of a safetensors body (in layout order) and its metadata. Checks what
+        `decode` checks; raises `WireError` naming the first problem. A float32 body in this
+        layout given as a bytearray, which the caller hands over, becomes the vector without a
+        copy (its memory); any other body is copied. `finite_params=False`: the parameters'
+        region is not checked for NaN and infinities, by a caller who checks it otherwise (the
+        master computes a gradient's norm, which such a value makes non-finite: one pass over a
+        large model instead of two); the buffers' are, always."""
+        if len(data) < 8:
+            raise WireError("body is not a valid safetensors file: shorter than its 8-byte header")
+        size = int.from_bytes(data[:8], "little")
+        if size > min(_MAX_HEADER, len(data) - 8):
+            raise WireError("body is not a valid safetensors file: its header overruns the body")
+        metadata = self._own_header(data, size)
+        if metadata is not None:
+            return self._vector(data, 8 + size, finite_params), metadata
+        try:
+            head = json.loads(data[8 : 8 + size])
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise WireError(f"body is not a valid safetensors file: header: {exc}") from None
+        if not isinstance(head, dict):
+            raise WireError("body is not a valid safetensors file: the header is not an object")
+        metadata = head.pop("__metadata__", None) or {}
+        if not _is_metadata(metadata):
+            raise WireError("not a valid safetensors file: __metadata__ must map str to str")
+        if head == self._entries and len(data) - 8 - size == self.nbytes:
+            return self._vector(data, 8 + size, finite_params), metadata
+        # Another writer's layout: read and check it the general way.
+        tensors = decode(data, self.shapes, self.dtypes, self._dtype_note)
+        return self._checked(self.flatten(tensors).numpy(), finite_params), metadata
+
+    def _own_header(self, data: bytes | bytearray, size: int) -> dict[str, str] | None:
+        """The metadata of a header of `size` bytes that is this layout's own, as `_header`
+        writes it: these entries byte for byte, then metadata or none (a push's report, the
+        master's weights), for a body of this layout's size. Only the metadata is parsed. None
+        for any other header (more keys after the entries, say): it is read the general way."""
+        entries = self._entries_json[:-1]
+        if len(data) - 8 - size != self.nbytes or not data.startswith(entries, 8):
+            return None
+        rest = bytes(data[8 + len(entries) : 8 + size]).rstrip(b" ")
+        if rest == b"}":
+            return {}
+        if not (rest.startswith(self._metadata_key) and rest.endswith(b"}")):
+            return None
+        try:  # pydantic's parser: 0.6 us for a push's report, json.loads and a check 2.3
+            return _METADATA.validate_json(rest[len(self._metadata_key) : -1])
+        except ValidationError:
+            return None
+
+    def _vector(self, data: bytes | bytearray, start: int, finite_params: bool) -> torch.Tensor:
+        """The vector of a body in this layout whose data begins at `start` (`decode`)."""
+        if self.dtype == "float32":
+            values = np.frombuffer(data, dtype="<f4", count=self.numel, offset=start)
+            if not values.flags.writeable:  # bytes: the vector gets memory of its own
+                values = values.copy()
+        else:
+            values = self._from_bfloat16(data, start)
+        return self._checked(values, finite_params)
+
+    def _checked(self, values: np.ndarray, finite_params: bool) -> torch.Tensor:
+        flat = torch.from_numpy(values)
+        checked = values if finite_params else values[self.n_params :]
+        if not np.isfinite(checked).all():  # numpy's check: a tenth of torch's time here
+            raise WireError(self.non_finite(flat))
+        return flat
+
+    def non_finite(self, flat: torch.Tensor) -> str:
+        """What holds a NaN or an infinity in a vector of this layout (which must have one)."""
+        bad = next(n for n, s in self.slices.items() if not torch.isfinite(flat[s]).all())
+        return f"tensor {bad!r} holds NaN or infinite values"
+
+    def _from_bfloat16(self, data: bytes, start: int) -> np.ndarray:
+        """The float32 vector of a bfloat16 body in this layout whose data begins at `start`:
+        the buffers copied, the parameters converted (a bfloat16 is the upper half of the
+        float32 of the same value)."""
+        n = self.n_params
+        values = np.empty(self.numel, dtype=np.float32)
+        values[n:] = np.frombuffer(data, dtype="<f4", count=self.numel - n, offset=start)
+        halves = np.frombuffer(data, dtype="<u2", count=n, offset=start + self._params_at)
+        np.left_shift(halves, 16, out=values[:n].view(np.uint32), dtype=np.uint32)
+        return values

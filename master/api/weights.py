@@ -1,0 +1,117 @@
+"""Tensors over HTTP: the global weights, workers' weights and gradients (safetensors bodies).
+
+POST /gradients, the workers' hot path, is served by master/ingress/gradients.py; it is async so
+that, in sync mode, a request waiting for its round holds no thread (master/learning/rounds.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Header, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from a3c_http.server.service import BINARY_BODY, INVALID, conflict, protected_router
+from a3c_http.wire.protocol import (
+    CONTENT_TYPE,
+    DUPLICATE_HEADER,
+    RUN_ID_HEADER,
+    VERSION_HEADER,
+)
+from master.api.deps import State
+from master.api.schemas import PushHeaders, Seq, WorkerId
+from master.ingress.gradients import push
+
+router = protected_router(tags=["weights"])
+# The routes that take a safetensors body (the rest take JSON, or nothing).
+TENSOR_PATHS = frozenset({"/local_model_weights", "/gradients"})
+RunId = Annotated[str | None, Header(alias=RUN_ID_HEADER, max_length=64)]
+
+_TENSOR_BODY = {
+    "content": {CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+    "description": "one safetensors file, a tensor per entry of state_dict(): the parameters "
+    "in the run's wire_dtype (float32 or bfloat16), the running statistics in float32",
+}
+
+
+def _weights_response(body: bytes, version: int, duplicate: bool = False) -> Response:
+    headers = {VERSION_HEADER: str(version), "ETag": f'"{version}"'}
+    if duplicate:
+        headers[DUPLICATE_HEADER] = "1"
+    return Response(body, media_type=CONTENT_TYPE, headers=headers)
+
+
+@router.get(
+    "/global_model_weights",
+    response_class=Response,
+    responses={
+        200: _TENSOR_BODY,
+        304: {"description": "unchanged since If-None-Match"},
+        **INVALID,
+        **conflict("no run has started: POST /train first"),
+    },
+)
+def global_model_weights(
+    state: State, if_none_match: Annotated[str | None, Header()] = None
+) -> Response:
+    body, version = state.params.weights()
+    if if_none_match is not None:
+        tags = {t.strip().removeprefix("W/").strip('"') for t in if_none_match.split(",")}
+        if str(version) in tags or "*" in tags:
+            return Response(
+                status_code=304, headers={"ETag": f'"{version}"', VERSION_HEADER: str(version)}
+            )
+    return _weights_response(body, version)
+
+
+@router.post(
+    "/local_model_weights",
+    responses={
+        **BINARY_BODY,
+        **conflict(
+            "no run is running, `X-Run-Id` names an earlier run, or `worker_id` is not "
+            "registered in the run"
+        ),
+    },
+    openapi_extra={"requestBody": {"required": True, **_TENSOR_BODY}},
+)
+async def local_model_weights(
+    request: Request,
+    state: State,
+    worker_id: Annotated[WorkerId, Query()],
+    temporary: Annotated[bool, Query()] = False,
+    x_run_id: RunId = None,
+    x_a3c_seq: Seq = None,
+) -> dict:
+    body = await request.body()
+    version, duplicate = await run_in_threadpool(
+        state.put_weights, worker_id, body, temporary, x_run_id, x_a3c_seq
+    )
+    return {"data": {"model_version": version, "temporary": temporary, "duplicate": duplicate}}
+
+
+@router.post(
+    "/gradients",
+    response_class=Response,
+    responses={
+        200: _TENSOR_BODY,
+        **BINARY_BODY,
+        **conflict(
+            "no run is running, `X-Run-Id` names another run, `X-Worker-Id` is not registered "
+            "in the run, the gradients are more than `max_staleness` versions old (in sync "
+            "mode: not of the current version, or a second push of the worker in the round), "
+            "or their norm or loss is an outlier "
+            "(`outlier_sigma`), or the step would have made the weights or the optimizer's state "
+            "non-finite (undone); nothing applied"
+        ),
+    },
+    openapi_extra={"requestBody": {"required": True, **_TENSOR_BODY}},
+)
+async def gradients(
+    request: Request, state: State, headers: Annotated[PushHeaders, Header()]
+) -> Response:
+    """Served by master/ingress/gradients.py `GradientRoute` before FastAPI routes it; declared here
+    for its schema, and answered here alike should a request get past that layer."""
+    status, reply_headers, content = await push(
+        state, request.app.state.metrics, headers, await request.body()
+    )
+    return Response(content, status_code=status, headers=dict(reply_headers))

@@ -1,0 +1,66 @@
+"""The master's housekeeping thread: what happens on a clock rather than on a request.
+
+Every tick (half a second, or the persist interval if shorter) it marks silent workers lost;
+every `persist_interval_s` it saves what changed and puts back the folder's lock file if a hand
+removed it; every `tensorboard.INTERVAL_S` it writes the TensorBoard scalars (when the extra is
+installed); and it logs the progress line every `log_progress_s`.
+
+No chore's failure ends the thread: each is caught and logged (master/run/events.py `Failures`: once
+when it starts, with the error and its traceback; at DEBUG while it repeats; once when the chore
+works again), and the next tick tries again. So saving resumes by itself once a full disk has
+room again (the persister records and logs its own failures, which any save may meet).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from master.persistence import tensorboard
+from master.run.events import Failures, ProgressLog
+from master.state import ClusterState
+
+
+class _Chores:
+    """Runs the chores, each with its own failure record."""
+
+    def __init__(self) -> None:
+        self._failures: dict[str, Failures] = {}
+
+    def run(self, name: str, chore: Callable[[], object]) -> None:
+        failures = self._failures.get(name)
+        if failures is None:
+            failures = self._failures[name] = Failures(
+                f"the housekeeping chore {name!r}", "housekeeping", traceback=True, chore=name
+            )
+        try:
+            chore()
+        except Exception as exc:
+            failures.failed(exc)
+            return
+        failures.succeeded()
+
+
+def run(
+    state: ClusterState, stop: threading.Event, board: tensorboard.TensorBoard | None
+) -> None:
+    """The thread's body, until `stop` is set; then the run's last TensorBoard figures."""
+    progress = ProgressLog(state.settings.log_progress_s)
+    interval = state.settings.persist_interval_s
+    tick = min(0.5, interval)
+    ticks_per_persist = max(1, round(interval / tick))
+    ticks_per_board = max(1, round(tensorboard.INTERVAL_S / tick))
+    chores = _Chores()
+    n = 0
+    while not stop.wait(tick):
+        chores.run("liveness", state.check_liveness)
+        n += 1
+        if n % ticks_per_persist == 0:
+            chores.run("save", state.persist)
+            chores.run("lock file", state.keep_folder)
+        if board is not None and n % ticks_per_board == 0:
+            chores.run("tensorboard", lambda: board.tick(state.status()))
+        chores.run("progress", lambda: progress.tick(state.status))
+    if board is not None:
+        chores.run("tensorboard", lambda: board.tick(state.status()))  # the run's last figures
+        chores.run("tensorboard", board.close)

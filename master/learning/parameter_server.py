@@ -1,0 +1,374 @@
+"""The parameter server: the global network, its optimizer, its version and everything that changes
+with it (the encoded weights, the workers' temporary slots, which updates were applied), under one
+lock.
+
+The global network is a `FlatNetwork` (a3c_http/optim/flatnet.py): its weights are one float32
+vector, which the optimizer steps as one tensor. Bodies to and from the workers are in the run's
+`wire_dtype` (`net.wire`, one conversion each way); the weights body is made once per version,
+outside the lock (under it only the vector is copied), and serves every reply and `GET` of that
+version. Everything the master keeps is float32: the weights, the optimizer, the statistics, the
+temporary slots, the run folder's weights (`blobs`) and what the evaluator plays
+(`stored_weights`).
+
+A version names one set of global weights, for ever: it rises by one at every change, goes on rising
+across the runs of a run folder, and a run remembers the version it began at, so gradients computed
+on an earlier run's weights are refused however close their version is. Updates are never applied
+twice: a worker numbers its updates (`X-A3C-Seq`), and the number of the last one applied for each
+worker is checked and recorded in the same critical section as the change itself (per worker, a
+window of numbers: pushes in flight may arrive out of order, master/learning/seqwindow.py).
+
+Every gradient and whole weights are checked when they are decoded, before anything of their push is
+counted (master/learning/screening.py: what a worker may not decide). A gradient is then screened:
+not a retry, from the running run, fresh enough, and not an outlier (master/learning/outliers.py).
+Gradients mode applies it at once; sync mode adds it to the current round and applies the round's
+mean when the round closes (master/learning/rounds.py `SyncRounds`, the parameter server's methods
+for it). A step that would leave a weight, a statistic or the optimizer's state non-finite is undone
+and refused (a3c_http/optim/flatnet.py).
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import threading
+from typing import Any
+
+import torch
+
+from a3c_http.algos.a3c import lr_scale, set_learning_rate
+from a3c_http.config.training import TrainConfig
+from a3c_http.models.actor_critic import ActorCritic
+from a3c_http.optim.flatnet import FlatNetwork, NonFiniteStep
+from a3c_http.store.runstore import NonFiniteValue
+from a3c_http.wire import tensors as wire
+from master.errors import Invalid, StateConflict
+from master.learning.limits import RunLimits
+from master.learning.outliers import OutlierFilter
+from master.learning.rounds import Outcome, SyncRounds, Update
+from master.learning.screening import gradient_problem, weights_problem
+from master.learning.seqwindow import SeqWindow
+
+
+class ParameterServer(SyncRounds):
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.net: FlatNetwork | None = None
+        self.version = 0
+        self.first_version = 0  # the version the current run began at
+        self.updates_applied = 0
+        self.updates_rejected = 0
+        self.rejected_by: dict[str, int] = {}  # updates_rejected by reason (`_reject`)
+        self.temporary: dict[str, bytes] = {}
+        self.temporary_revision = 0  # rises with every change of a temporary slot
+        self._encoded: tuple[int, bytes] | None = None  # (version, its weights body)
+        self._update_seq: dict[str, SeqWindow] = {}  # worker -> X-A3C-Seq of updates applied
+        self.outliers = OutlierFilter()
+        self.staleness_total = 0  # versions between the weights of applied gradients and theirs
+        self._round_numbers = itertools.count(1)  # never reused, so a late timeout closes no other
+        self._reset_rounds()
+
+    def begin(self, config: TrainConfig, model: ActorCritic, next_version: bool) -> None:
+        """Fresh weights and counters for a new run; `next_version`: an earlier run used this
+        folder, so the new weights get the next version."""
+        with self.lock:
+            self._abandon_round(StateConflict("a new run began: this round's run is over", True))
+            self._set_model(config, model, optimizer_state=None)
+            self.version += 1 if next_version else 0
+            self.first_version = self.version
+            self.updates_applied = self.updates_rejected = 0
+            self.rejected_by = {}
+            self.temporary = {}
+            self.temporary_revision += 1
+            self._update_seq = {}
+            self.outliers.reset()
+            self._reset_rounds()
+            self.staleness_total = 0
+
+    def _set_model(self, config: TrainConfig, model: ActorCritic, optimizer_state: Any) -> None:
+        self.net = FlatNetwork(model, config, optimizer_state)
+        self._encoded = None
+
+    @property
+    def model(self) -> ActorCritic | None:
+        return self.net.model if self.net is not None else None
+
+    @property
+    def spec(self) -> dict[str, tuple[int, ...]]:
+        return self.net.layout.spec if self.net is not None else {}
+
+    def _require_net(self) -> FlatNetwork:
+        if self.net is None:
+            raise StateConflict("no run has started: POST /train first")
+        return self.net
+
+    def weights(self) -> tuple[bytes, int]:
+        """The global weights as safetensors bytes in the run's wire dtype, made once per
+        version (from the vector itself, under the lock: one pass over it; a snapshot first and
+        the bytes after the lock were three), and their version."""
+        with self.lock:
+            cached = self._encoded
+            if cached is None or cached[0] != self.version:
+                net = self._require_net()
+                cached = self._encoded = (self.version, net.wire.encode(net.flat))
+            return cached[1], cached[0]
+
+    def stored_weights(self) -> tuple[bytes, int]:
+        """The global weights as the master keeps them, float32 whatever the wire dtype (what
+        the run folder saves and the evaluator plays), and their version."""
+        with self.lock:
+            net = self._require_net()
+            if net.wire.dtype == "float32":
+                return self.weights()
+            version, vector = self.version, net.snapshot()
+        return net.layout.encode(vector), version
+
+    def decode(
+        self, body: bytes | bytearray, gradients: bool = False
+    ) -> tuple[torch.Tensor, dict[str, str]]:
+        """A worker's tensors as one vector, checked against the model, and the body's metadata;
+        a body that does not fit is counted as a refused update (WireError). `gradients`: the
+        parameters' finiteness is left to `update_of`, whose norm shows it."""
+        try:
+            return self._require_net().wire.decode(body, finite_params=not gradients)
+        except wire.WireError:
+            with self.lock:
+                self._reject("invalid")
+            raise
+
+    def count_invalid(self) -> None:
+        """An update refused for what its push reported (master/learning/limits.py)."""
+        with self.lock:
+            self._reject("invalid")
+
+    def _reject(self, reason: str, n: int = 1) -> None:
+        """Count `n` refused updates: invalid (a body that does not fit), stale (too old, of an
+        earlier run, or in sync mode not of the current version), outlier, round (sync mode: a
+        second push in a round, or a round abandoned)."""
+        self.updates_rejected += n
+        self.rejected_by[reason] = self.rejected_by.get(reason, 0) + n
+
+    def _seen(self, worker_id: str, seq: int | None) -> bool:
+        return seq is not None and worker_id in self._update_seq and self._update_seq[
+            worker_id
+        ].seen(seq)
+
+    def _taken(self, worker_id: str, seq: int | None) -> None:
+        if seq is not None:
+            self._update_seq.setdefault(worker_id, SeqWindow()).add(seq)
+
+    def update_of(
+        self,
+        worker_id: str,
+        version: int,
+        vector: torch.Tensor,
+        config: TrainConfig,
+        limits: RunLimits,
+        seq: int | None = None,
+        loss: float | None = None,
+        norm: float | None = None,
+    ) -> Update:
+        """A worker's decoded gradient vector as an update, checked (master/learning/screening.py);
+        Invalid, counted as a refused update, when it does not pass. The update's norm, for the
+        outlier check, is the larger of the one reported (before clipping) and the one computed
+        here."""
+        computed, why = gradient_problem(self._require_net(), vector, config, limits)
+        if why is not None:
+            with self.lock:
+                self._reject("invalid")
+            raise Invalid(f"{why}; nothing applied")
+        return Update(worker_id, version, vector, seq, loss, max(norm or 0.0, computed))
+
+    def set_learning_rate(self, lr: float) -> None:
+        """The learning rate of the next optimizer steps (lr_schedule)."""
+        with self.lock:
+            if self.net is not None:
+                set_learning_rate(self.net.optimizer, lr)
+
+    def apply_gradients(
+        self, update: Update, config: TrainConfig, refusal: StateConflict | None
+    ) -> Outcome:
+        """Apply gradients with the optimizer (gradients mode): the outcome is the new weights
+        and whether this was a retry of gradients applied already (then nothing is applied
+        again, even if the run finished since). `refusal`: the run's reason to refuse any
+        update, raised unless the request is such a retry."""
+        with self.lock:
+            duplicate = self._seen(update.worker_id, update.seq)
+            if not duplicate:
+                self._screen(update, config, refusal, sync=False)
+                self._step([update], config.staleness_scaling)
+                self._accepted(update)
+        return Outcome.ready(self.weights(), duplicate)
+
+    def _screen(
+        self, update: Update, config: TrainConfig, refusal: StateConflict | None, sync: bool
+    ) -> None:
+        """Refuse what must not be applied: a finished run's, a stale or an outlier update."""
+        if refusal is not None:
+            raise refusal
+        self._check_fresh(update.version, config.max_staleness, sync)
+        why = self.outliers.judge(
+            update.worker_id, update.norm, update.loss, config.outlier_sigma, config.outlier_warmup
+        )
+        if why is not None:
+            self._reject("outlier")
+            raise StateConflict(f"{why}; nothing applied: pull the weights and go on")
+
+    def _accepted(self, update: Update) -> None:
+        """A screened update was taken: it joins its worker's outlier window."""
+        self.outliers.accept(update.worker_id, update.norm, update.loss)
+
+    def _step(self, updates: list[Update], scaling: str = "none") -> None:
+        """One optimizer step on the mean of the updates' gradients, its learning rate scaled by
+        their staleness as `scaling` says (`lr_scale`); the version rises once. A step that would
+        leave anything non-finite is undone and refused (StateConflict)."""
+        staleness = sum(self.version - u.version for u in updates)
+        scale = lr_scale(staleness / len(updates), scaling)
+        # Every update was checked (`update_of`): a single one's norm bounds its step.
+        checked = updates[0].norm if len(updates) == 1 else None
+        try:
+            self._require_net().step([u.vector for u in updates], scale, checked)
+        except NonFiniteStep as exc:
+            self._reject("invalid", len(updates))
+            raise StateConflict(f"{exc}: pull the weights and go on") from None
+        self.staleness_total += staleness
+        self.version += 1
+        self.updates_applied += len(updates)
+        for u in updates:
+            self._taken(u.worker_id, u.seq)
+
+    def _check_fresh(self, version: int, max_staleness: int, sync: bool) -> None:
+        if version < self.first_version:
+            why = f"from an earlier run (this run began at version {self.first_version})"
+        elif version > self.version:
+            why = "from a version this master never had"
+        elif sync and version != self.version:
+            why = f"{self.version - version} versions old (sync_mode=sync takes the current one)"
+        elif self.version - version > max_staleness:
+            why = f"{self.version - version} versions old (max_staleness={max_staleness})"
+        else:
+            return
+        self._reject("stale")
+        raise StateConflict(
+            f"gradients computed on version {version} are {why}; current version is "
+            f"{self.version}: pull the weights and compute them again"
+        )
+
+    def put_weights(
+        self,
+        worker_id: str,
+        vector: torch.Tensor,
+        temporary: bool,
+        seq: int | None,
+        refusal: StateConflict | None,
+    ) -> tuple[int, bool]:
+        """A worker's weights (a decoded vector): its temporary slot, or (temporary=False) the new
+        global weights. Returns the model version and whether this was a retry of weights already
+        taken. Raises Invalid for global weights that cannot be used (master/learning/screening.py).
+        A slot keeps the weights as this master encodes them for its run folder (float32): the size
+        of the model, whatever metadata or dtype the body carried."""
+        net = self._require_net()
+        if not temporary:
+            why = weights_problem(net, vector)
+            if why is not None:
+                with self.lock:
+                    self._reject("invalid")
+                raise Invalid(f"these weights cannot become the global weights: {why}")
+        body = net.layout.encode(vector) if temporary else b""
+        with self.lock:
+            # A temporary slot is simply overwritten, so a retry of it is harmless as it is.
+            duplicate = not temporary and self._seen(worker_id, seq)
+            if refusal is not None and not duplicate:
+                raise refusal
+            if temporary:
+                self.temporary[worker_id] = body
+                self.temporary_revision += 1
+            elif not duplicate:
+                net.load(vector)
+                self._abandon_round(
+                    StateConflict(
+                        f"worker {worker_id} replaced the global weights while this round "
+                        "gathered gradients: pull the weights and compute them again"
+                    )
+                )
+                self.version += 1
+                self.updates_applied += 1
+                self._taken(worker_id, seq)
+            return self.version, duplicate
+
+    def counters(self) -> dict[str, Any]:
+        with self.lock:
+            rounds, applied = self.sync_rounds, self.updates_applied
+            return {
+                "model_version": self.version,
+                "updates_applied": self.updates_applied,
+                "updates_rejected": self.updates_rejected,
+                "updates_refused_outlier": self.outliers.refused,
+                "updates_rejected_by": dict(self.rejected_by),
+                "sync_rounds": rounds,
+                "sync_gradients_per_round": self.sync_gradients / rounds if rounds else None,
+                "staleness_mean": round(self.staleness_total / applied, 3) if applied else None,
+                # The sum behind the mean: a window's own mean is the difference of two
+                # readings over that of updates_applied (scripts/bench_scale.py).
+                "staleness_total": self.staleness_total,
+            }
+
+    # -- persistence (master/persistence/saver.py)
+    # ---------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "model_version": self.version,
+                "updates_applied": self.updates_applied,
+                "updates_rejected": self.updates_rejected,
+                "first_version": self.first_version,
+                "update_seq": {w: window.to_json() for w, window in self._update_seq.items()},
+                "sync_rounds": self.sync_rounds,
+                "sync_gradients": self.sync_gradients,
+                "staleness_total": self.staleness_total,
+                "rejected_by": dict(self.rejected_by),
+                **self.outliers.state(),
+            }
+
+    def blobs(self) -> tuple[bytes, bytes]:
+        """The weights and the optimizer's state, as bytes. NonFiniteValue, naming the tensor,
+        when either holds a NaN or an infinity: the run folder keeps its last save rather than
+        one that no master could resume from."""
+        with self.lock:
+            net = self._require_net()
+            bad = net.non_finite()
+            if bad is not None:
+                raise NonFiniteValue(
+                    f"{bad} holds NaN or infinite values (model version {self.version}): not "
+                    "saved, the run folder keeps its last save"
+                )
+            buf = io.BytesIO()
+            torch.save(net.optimizer_state(), buf)
+            return self.stored_weights()[0], buf.getvalue()
+
+    def restore(
+        self,
+        config: TrainConfig,
+        model: ActorCritic,
+        state: dict[str, Any],
+        optimizer_state: dict[str, Any],
+        temporary: dict[str, bytes],
+        skip_versions: int,
+    ) -> None:
+        """Take up a saved run (master/persistence/resume.py read and checked it); `skip_versions`:
+        how far the version jumps after a crash."""
+        with self.lock:
+            self._set_model(config, model, optimizer_state)
+            self.version = int(state.get("model_version", 0)) + skip_versions
+            self.first_version = int(state.get("first_version", 0))
+            self.updates_applied = int(state.get("updates_applied", 0))
+            self.updates_rejected = int(state.get("updates_rejected", 0))
+            self._update_seq = {
+                str(k): SeqWindow.from_json(v) for k, v in state.get("update_seq", {}).items()
+            }
+            self.sync_rounds = int(state.get("sync_rounds", 0))
+            self.sync_gradients = int(state.get("sync_gradients", 0))
+            self.staleness_total = int(state.get("staleness_total", 0))
+            self.rejected_by = {str(k): int(v) for k, v in state.get("rejected_by", {}).items()}
+            self.outliers.restore(state)
+            self.temporary = dict(temporary)
