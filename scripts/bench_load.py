@@ -4,9 +4,9 @@ ready-made gradients to a real master as fast as it answers.
 It must cost little CPU, so that it measures the master and not itself: one asyncio process
 (uvloop when importable), one keep-alive connection per simulated worker, and hand-written
 HTTP/1.1: the request's bytes are written as they are, and the reply is read as a status line,
-headers and a Content-Length body. Each request is a real `POST /gradients` as API.md describes
-it (a safetensors body, X-Worker-Id, X-Model-Version = the version of that worker's last reply,
-X-Run-Id, a rising X-A3C-Seq, X-A3C-Loss and X-A3C-Grad-Norm).
+headers and a Content-Length body. Each request is a real `POST /gradients` as docs/http-api.md
+describes it (a safetensors body, X-Worker-Id, X-Model-Version = the version of that worker's
+last reply, X-Run-Id, a rising X-A3C-Seq, X-A3C-Loss and X-A3C-Grad-Norm).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What the tests of the master's API (test_master_*.py) share: the master in-process through
-TestClient, checked against /work/shared/API.md, and the calls they make to it.
+TestClient, checked against docs/http-api.md, and the calls they make to it.
 
 Runs that need workers use a fake `master.api.run.launch` (the `launched` fixture, no HTTP):
 the workers stay `starting` and the tests play the worker side themselves. Runs started against

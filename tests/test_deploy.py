@@ -1,9 +1,9 @@
 """The container image, the compose file and the Kubernetes manifests, checked without a container
-runtime or a cluster (none works on the project's machines; the README says so): hadolint lints
-the Dockerfile, kubernetes-validate checks every manifest against the schemas of one Kubernetes
-version, kustomize renders the overlays where kubectl or kustomize is installed, and the names,
-ports, paths and users that the files share are checked to agree. The image's commands run as
-plain processes in the commands' own tests."""
+runtime or a cluster (none works on the project's machines; docs/guide/containers.md says so):
+hadolint lints the Dockerfile, kubernetes-validate checks every manifest against the schemas
+of one Kubernetes version, kustomize renders the overlays where kubectl or kustomize is installed,
+and the names, ports, paths and users that the files share are checked to agree. The image's
+commands run as plain processes in the commands' own tests."""
 
 from __future__ import annotations
 
@@ -43,7 +43,6 @@ KUBERNETES_VERSION = "1.30"
 TOKEN_FILE = "a3c.env"
 SECRET = "a3c-token"
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-README = (ROOT / "README.md").read_text()
 
 
 # -- the Dockerfile, as far as these files use its syntax ---------------------------------------
@@ -271,7 +270,7 @@ def test_the_build_context_holds_what_the_image_needs_and_nothing_else() -> None
     # package that only pyproject.toml names fails here, not in someone's `docker build`.
     setuptools = PROJECT["tool"]["setuptools"]
     packages = find_packages(str(ROOT), include=setuptools["packages"]["find"]["include"])
-    assert {"a3c_http.wire", "master.api", "worker"} <= set(packages), packages
+    assert {"a3c_http.cli", "master.api", "worker"} <= set(packages), packages
     for package in packages:
         top = package.split(".")[0]
         assert top in sources, f"the Dockerfile does not copy the package {top}"
@@ -622,13 +621,13 @@ def test_compose_keeps_the_run_folder_on_a_named_volume() -> None:
     assert "volumes" not in spec["services"]["worker"]
 
 
-# -- the README --------------------------------------------------------------------------------
+# -- the docs' pages ----------------------------------------------------------------------------
 
 
 def test_the_readme_section_names_what_the_files_name() -> None:
-    start = README.index("\n## Containers and Kubernetes")
-    assert start < README.index("## Configuration reference")
-    section = README[start : README.index("## Configuration reference")]
+    section = "".join(
+        (ROOT / "docs" / "guide" / page).read_text() for page in ("containers.md", "kubernetes.md")
+    )
     resources = base()
     (service,) = [name for kind, name in resources if kind == "Service"]
     for text in (
@@ -643,5 +642,5 @@ def test_the_readme_section_names_what_the_files_name() -> None:
         "hadolint",
         "kubernetes-validate",
     ):
-        assert text in section, f"the README's section lacks {text!r}"
+        assert text in section, f"docs/guide/containers.md and kubernetes.md lack {text!r}"
     assert ("Deployment", "a3c-worker") in resources

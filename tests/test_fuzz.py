@@ -133,7 +133,8 @@ def load_schema(
             "phases": {"coverage": {"enabled": coverage}, "stateful": {"enabled": False}},
             # Every built-in check but one: positive_data_acceptance wants every request that
             # fits the schema answered 2xx, which this API rightly does not do: bytes that are not
-            # a safetensors file are a 422, gradients without a running run a 409 (API.md).
+            # a safetensors file are a 422, gradients without a running run a 409
+            # (docs/http-api.md).
             "checks": {"positive_data_acceptance": {"enabled": False}},
             "operations": [TRAIN_WITHOUT_WORKERS, *(operations or [])],
         }

@@ -1,4 +1,4 @@
-"""Parts of the master's contract (API.md, then the README) that the black-box suites checked on
+"""Parts of the master's contract (docs/http-api.md) that the black-box suites checked on
 real processes and the other test_master_*.py files do not: the types of /status while a run
 runs, the config's README defaults, the 100-episode window of `mean_return_100` and
 `target_return`, and the running statistics merged from the workers' gradient bodies.

@@ -1,4 +1,4 @@
-"""The worker's HTTP API, in-process through TestClient, checked against /work/shared/API.md.
+"""The worker's HTTP API, in-process through TestClient, checked against docs/http-api.md.
 
 Training itself is replaced by a fake `worker.app.Trainer` where a test needs a worker that stays
 running; the master it reports to is a closed loopback port, so every call to it fails fast.

@@ -1,6 +1,7 @@
 """The process settings read from the environment (`A3C_*`): the master's `Settings` and the
 worker's `WorkerSettings`, each field checked at start, a bad one a one-line error that names the
-variable (the README's configuration reference lists them all)."""
+variable. Each field's `description` is the reference: docs/configuration.md is generated from
+them (docs/hooks/reference.py)."""
 
 from __future__ import annotations
 
@@ -33,27 +34,88 @@ class _FromEnv(BaseSettings):
         env_prefix="A3C_", env_ignore_empty=True, extra="forbid", frozen=True
     )
 
-    token: str | None = None
+    token: str | None = Field(
+        None,
+        description="Shared secret. When set, every endpoint but GET /healthz (and the static "
+        "files of the dashboard and of /docs) needs `Authorization: Bearer <token>` (401 "
+        "otherwise). When unset, only loopback clients are served (403 for others), and only "
+        "requests whose Host names the service. Printable ASCII without spaces (what a header "
+        "carries); anything else stops the service at start.",
+    )
     # The token from a file (a mounted Kubernetes or Docker secret, `kubectl create secret
     # --from-file`): its text without the white space around it, the final newline among it.
-    token_file: Path | None = None
-    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1024)
+    token_file: Path | None = Field(
+        None,
+        description="A file that holds the token (a mounted Kubernetes or Docker secret): its "
+        "text without the white space around it (the final newline of `echo` and "
+        "`--from-file` is not part of the token). An unreadable file, or one set together with "
+        "A3C_TOKEN, stops the service at start with one line that names the file, never its "
+        "content.",
+    )
+    max_body_bytes: int = Field(
+        DEFAULT_MAX_BODY_BYTES,
+        ge=1024,
+        description="Larger request bodies get 413 before they are read; POST /train refuses "
+        "hidden_sizes whose weights would not fit. A worker also reads no larger reply from its "
+        "master (its call fails as soon as the body passes it): set it on the workers as on "
+        "the master.",
+    )
     # The HTTP edge (a3c_http/server/edge.py, a3c_http/server/headerbounds.py): names besides
     # loopback ones that a tokenless service answers to and whose pages may call it; the bounds on a
     # request's head (line and headers: size, and time from connecting) and on the time its body may
     # take.
-    allowed_hosts: Annotated[tuple[str, ...], NoDecode] = ()
-    max_header_bytes: int = Field(DEFAULT_MAX_HEADER_BYTES, ge=1024)
-    header_timeout_s: PositiveSeconds = 10.0
-    body_timeout_s: PositiveSeconds = 60.0
+    allowed_hosts: Annotated[tuple[str, ...], NoDecode] = Field(
+        (),
+        description="Comma-separated host names (no scheme, no port) that a service without a "
+        "token also answers to, besides 127.0.0.1, ::1, localhost and its own address, and "
+        "whose pages (Origin) may call it with or without a token: for a name of your own in "
+        "/etc/hosts, or a dashboard behind a proxy.",
+    )
+    max_header_bytes: int = Field(
+        DEFAULT_MAX_HEADER_BYTES,
+        ge=1024,
+        description="A request whose line and headers are larger gets 431 and its connection "
+        "closed; what comes beyond the bound is dropped, not kept.",
+    )
+    header_timeout_s: PositiveSeconds = Field(
+        10.0,
+        description="A connection that has not sent a whole request line and headers this many "
+        "seconds after connecting (or after the first byte of its next request) is closed.",
+    )
+    body_timeout_s: PositiveSeconds = Field(
+        60.0,
+        description="A request body not received within this many seconds of the request's "
+        "start gets 408 (32 MiB in 60 s needs about 0.5 MB/s).",
+    )
     # Logs (a3c_http/server/logs.py): the level and format of our own loggers (uvicorn's keep its
     # --log-level), and how often a progress line is logged while a run goes on (0: never).
-    log_level: LogLevel = "info"
-    log_format: LogFormat = "text"
-    log_progress_s: float = Field(30.0, ge=0, le=86_400, allow_inf_nan=False)
+    log_level: LogLevel = Field(
+        "info",
+        description="debug, info, warning or error (any case): the level of our own loggers, "
+        "a3c.master and a3c.worker; uvicorn's own lines keep uvicorn's --log-level.",
+    )
+    log_format: LogFormat = Field(
+        "text",
+        description="text: lines for people; json: one JSON object per line for a log "
+        "collector (our lines; uvicorn's keep its format).",
+    )
+    log_progress_s: float = Field(
+        30.0,
+        ge=0,
+        le=86_400,
+        allow_inf_nan=False,
+        description="Seconds between two progress lines while a run goes on; 0: none.",
+    )
     # Calls to the other service (a worker's to its master, the master's POST /start_worker) go
     # through the proxy HTTP_PROXY and the like name for the URL; false: straight to it.
-    proxy_from_env: bool = False
+    proxy_from_env: bool = Field(
+        False,
+        description="true: the workers' calls to the master and the master's POST "
+        "/start_worker go through the proxy that HTTP_PROXY, HTTPS_PROXY or ALL_PROXY (either "
+        "case) names for the URL, unless NO_PROXY lists its host; only http:// and https:// "
+        "proxies (another stops the service at start). false: those variables are ignored and "
+        "every call goes straight to its host.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -141,22 +203,73 @@ def _one_line(exc: ValidationError) -> str:
 
 
 class Settings(_FromEnv):
-    """The master's settings (see the README's configuration reference)."""
+    """The master's settings (see docs/configuration.md)."""
 
-    run_dir: Path = Path("runs/latest")
-    workers_file: Path = Path("workers.txt")
-    master_url: str | None = Field(None, pattern=r"^https?://")
-    persist_interval_s: PositiveSeconds = 5.0
-    queue_max: int = Field(10_000, ge=1)
+    run_dir: Path = Field(
+        Path("runs/latest"),
+        description="The run folder. A master started on a folder that holds a run resumes it "
+        "(or, if it cannot, starts idle and says why); one master per folder.",
+    )
+    workers_file: Path = Field(
+        Path("workers.txt"),
+        description="The workers list. The default file may be absent or list no worker: POST "
+        "/train then starts a run that waits for workers that join. A file this variable names "
+        "must exist.",
+    )
+    master_url: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="The URL the workers the master starts use to reach it. Unset: the base URL "
+        "POST /train was sent to (a 422 when that is a loopback address and some workers are "
+        "not).",
+    )
+    persist_interval_s: PositiveSeconds = Field(
+        5.0,
+        description="At most this many seconds pass between a change and its being on disk "
+        "(while saves succeed: a failed save is retried at this pace).",
+    )
+    queue_max: int = Field(
+        10_000,
+        ge=1,
+        description="Capacity of the moving-average FIFO; when full the oldest value is dropped "
+        "and counted.",
+    )
     # The most worker ids one run's registry holds (master/run/registry.py).
-    max_workers: int = Field(1024, ge=1, le=1_000_000)
+    max_workers: int = Field(
+        1024,
+        ge=1,
+        le=1_000_000,
+        description="The most worker ids one run's registry holds (workers the master starts, "
+        "workers that join with POST /join and workers that register with POST "
+        "/worker_started); a new id beyond it gets 409.",
+    )
     # quiet: uvicorn's access log leaves out the successful requests of the workers' training
     # loop (hundreds a second); all: every request, as uvicorn logs by default.
-    access_log: Literal["quiet", "all"] = "quiet"
+    access_log: Literal["quiet", "all"] = Field(
+        "quiet",
+        description="quiet: uvicorn's access log leaves out the successful requests of the "
+        "workers' training loop (/gradients, /episode, /heartbeat, /global_model_weights, "
+        "/local_model_weights: hundreds a second, which cost 9 to 17 % of the env steps/s when "
+        "written) and the 409s of /gradients and /local_model_weights (refused stale updates, "
+        "counted in updates_rejected_by); other errors and every other route are logged. all: "
+        "every request.",
+    )
     # Processes that take the workers' gradient pushes on an address of their own (master/
     # fronts.py): 0, the master's own process takes them all.
-    fronts: int = Field(0, ge=0, le=64)
-    fronts_bind: str | None = Field(None, pattern=r"^(\[[0-9A-Fa-f:.]+\]|[^\s:\[\]]+):\d{1,5}$")
+    fronts: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Front processes that take the workers' gradient pushes on an address of "
+        "their own, around the master's process; 0: the master's process takes them all.",
+    )
+    fronts_bind: str | None = Field(
+        None,
+        pattern=r"^(\[[0-9A-Fa-f:.]+\]|[^\s:\[\]]+):\d{1,5}$",
+        description="host:port the fronts listen on (all of them on one socket), beside the "
+        "master's own port; needed with A3C_FRONTS. Workers the master starts are told the "
+        "master URL's host with this port (when this host is 0.0.0.0 or ::), or this host.",
+    )
 
     @model_validator(mode="after")
     def _fronts_have_an_address(self) -> Settings:
@@ -169,17 +282,43 @@ class Settings(_FromEnv):
 
 
 class WorkerSettings(_FromEnv):
-    """A worker's settings (see the README's configuration reference)."""
+    """A worker's settings (see docs/configuration.md)."""
 
-    master_retry_s: PositiveSeconds = 60.0
-    torch_threads: int = Field(1, ge=1)
+    master_retry_s: PositiveSeconds = Field(
+        60.0,
+        description="How long a worker retries an unreachable master (or a 5xx) before it gives "
+        "up as failed.",
+    )
+    torch_threads: int = Field(1, ge=1, description="PyTorch intra-op threads per worker.")
     # A worker that joins by itself (worker/joiner.py): the master's URL, what it calls itself
     # there (default: its host name and process id; a pod's host name is the pod's name) and,
     # for /status only, where it can be reached.
-    master_url: str | None = Field(None, pattern=r"^https?://[^\s/]+/?$")
-    worker_name: str | None = Field(None, min_length=1, max_length=128,
-                                    pattern=WORKER_ID_PATTERN)
-    worker_url: str | None = Field(None, max_length=2048, pattern=r"^https?://\S+$")
+    master_url: str | None = Field(
+        None,
+        pattern=r"^https?://[^\s/]+/?$",
+        description="The master this worker joins by itself (POST /join) at start, after each "
+        "run and after a restart of either; unset, the worker waits for POST /start_worker.",
+    )
+    worker_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        pattern=WORKER_ID_PATTERN,
+        description="What a worker that joins calls itself, shown in the master's /status "
+        "beside the id it is given. Unset: its host name and process id (in Kubernetes the "
+        "pod's name).",
+    )
+    worker_url: str | None = Field(
+        None,
+        max_length=2048,
+        pattern=r"^https?://\S+$",
+        description="Where a worker that joins can be reached, shown in the master's /status "
+        "(the master never calls it).",
+    )
     # Gradient pushes go from a child process (a3c_http/net/push_process.py), not from threads of
     # the training process, whose rollouts they would slow; false: from threads.
-    push_process: bool = True
+    push_process: bool = Field(
+        True,
+        description="true: gradient pushes go from a child process of the worker "
+        "(a3c_http/net/push_process.py); false: from threads of the worker's own process.",
+    )

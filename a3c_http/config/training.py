@@ -145,7 +145,10 @@ class TrainConfig(BaseModel):
     entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
     value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
     max_grad_norm: float = Field(
-        0.5, gt=0, description="Gradients are clipped to this global L2 norm before they are sent."
+        0.5,
+        gt=0,
+        description="Gradients are clipped to this global L2 norm before they are sent; the "
+        "master refuses (422) gradients whose norm is above it.",
     )
     sync_mode: Literal["gradients", "best_weights", "sync"] = Field(
         "gradients",
@@ -168,7 +171,7 @@ class TrainConfig(BaseModel):
         "current ones (at least 1), as staleness-aware async SGD (Zhang et al., IJCAI 2016); "
         "none: every update takes the full learning rate. max_staleness still refuses older "
         "gradients. A large model with several workers learned reliably only with inverse or "
-        'fewer pushes in flight (README, "Staleness").',
+        'fewer pushes in flight (docs/performance.md, "Staleness").',
     )
     max_in_flight: int = Field(
         16,
@@ -178,7 +181,7 @@ class TrainConfig(BaseModel):
         "rollouts (gradients mode): as many as the round trip needs, up to this many and never "
         "more than max_staleness. 0: wait for each reply before the next rollout. sync mode "
         "always waits. A large model with several workers learned reliably only with 0 or 1 "
-        '(README, "Staleness").',
+        '(docs/performance.md, "Staleness").',
     )
     wire_dtype: Literal["float32", "bfloat16"] = Field(
         "float32",
@@ -190,21 +193,33 @@ class TrainConfig(BaseModel):
     )
     max_episodes: int | None = Field(None, ge=1, description="Finish after this many episodes.")
     max_steps: int | None = Field(
-        2_000_000, ge=1, description="Finish after this many environment steps (all workers)."
+        2_000_000,
+        ge=1,
+        description="Finish after this many environment steps, all workers together, counting "
+        "the steps of episodes still going on (env_steps in /status), so it also ends a task "
+        "whose episodes never end.",
     )
     target_return: float | None = Field(
         None,
-        description="Finish once the mean return of the last 100 episodes reaches this. "
-        "Unset: the environment's reward_threshold (475 for CartPole-v1), if it has one.",
+        description="Finish once the mean return of the last 100 episodes reaches this (judged "
+        "once there are 100, like gymnasium's 'solved'), or that of the latest evaluation with "
+        "solved_on=eval. Unset: the environment's reward_threshold (475 for CartPole-v1), if it "
+        "has one.",
     )
     seed: int | None = Field(
         None,
         ge=0,
         le=MAX_SEED,
-        description="Seed of the initial weights and the environments; unset draws one.",
+        description="Seed of the initial weights and the environments (worker W adds a hash "
+        "of its id); unset draws one, saved with the run.",
     )
     heartbeat_interval_s: float = Field(
-        2.0, gt=0, le=3600, description="How often a worker reports to the master while it trains."
+        2.0,
+        gt=0,
+        le=3600,
+        description="A worker that had no reply from the master for this long sends a "
+        "heartbeat (every gradient push already reports its progress); in best_weights mode, "
+        "how often it reports and syncs weights.",
     )
     heartbeat_timeout_s: float = Field(
         30.0, gt=0, le=86_400, description="A worker silent for longer than this is marked lost."
@@ -223,19 +238,22 @@ class TrainConfig(BaseModel):
         None,
         ge=0,
         allow_inf_nan=False,
-        description="Spread entropy_coef over the workers: worker k of n (its place in the "
-        "run's worker list, from 0) uses entropy_coef + (entropy_coef_max - entropy_coef) * "
-        "k / (n - 1), the first entropy_coef and the last entropy_coef_max. Unset: every worker "
-        "uses entropy_coef.",
+        description="Spread entropy_coef over the workers: worker k (from 0: its place in the "
+        "run's worker list, then the order in which workers joined) uses entropy_coef + "
+        "(entropy_coef_max - entropy_coef) * s(k), s = 0, 1, 1/2, 1/4, 3/4, 1/8, ... (the "
+        "midpoints of the gaps so far, so no worker needs to know how many will join). Unset: "
+        "every worker uses entropy_coef.",
     )
     log_std_spread: float = Field(
         0.0,
         ge=0,
         le=MAX_LOG_STD_SPREAD,
         allow_inf_nan=False,
-        description="Continuous actions only: worker k of n adds log_std_spread * k / (n - 1) "
-        "to the log standard deviation of its Gaussian policy, both to act and in its loss (the "
-        "wider Gaussian is that worker's policy, so its gradients stay on-policy). 0: off.",
+        description="Continuous actions only: worker k adds log_std_spread * s(k) (s as for "
+        "entropy_coef_max) to the log standard deviation of its Gaussian policy, both to act "
+        "and in its loss (the "
+        "wider Gaussian is that worker's policy, so its gradients stay on-policy). 0: off; 422 "
+        "for discrete actions.",
     )
     # Evaluation of the global network while it trains (master/background/evaluator.py).
     eval_every_updates: int | None = Field(

@@ -50,8 +50,9 @@ def is_loopback(host: str | None) -> bool:
 def authorize(
     token: str | None, authorization: str, client_host: str | None
 ) -> HTTPException | None:
-    """API.md's rule: with a token, `Authorization: Bearer <token>` (compared in constant time);
-    without one, loopback clients only. Returns the error to answer with, or None."""
+    """docs/http-api.md's rule: with a token, `Authorization: Bearer <token>` (compared in
+    constant time); without one, loopback clients only. Returns the error to answer with, or
+    None."""
     if token:
         scheme, _, given = authorization.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(

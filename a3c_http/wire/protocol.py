@@ -1,5 +1,6 @@
-"""The names the HTTP contract (API.md) gives to headers and media types, in one place: the client,
-the master and the worker import them from here, so a name cannot drift between the two sides.
+"""The names the HTTP contract (docs/http-api.md) gives to headers and media types, in one place:
+the client, the master and the worker import them from here, so a name cannot drift between the
+two sides.
 """
 
 from __future__ import annotations

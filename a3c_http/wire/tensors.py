@@ -10,7 +10,7 @@ in one float32 vector. Its bodies are a fixed header and that vector's bytes, so
 copy, and decoding a body laid out the same way (ours always are) is one header comparison and one
 copy; a body in any other valid layout (another safetensors writer) is read the general way. The
 header's `__metadata__` (safetensors' own string map) may carry what travels with the tensors: a
-gradient push's finished episodes and statistics (API.md).
+gradient push's finished episodes and statistics (docs/http-api.md).
 
 bfloat16 (`Layout.of(model, "bfloat16")`): the master and every worker of such a run encode the
 parameters' tensors as BF16 (float32 rounded to the nearest even, torch's `.to(torch.bfloat16)`) and

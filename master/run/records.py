@@ -21,8 +21,8 @@ ACTIVE = ("starting", "running")
 # registered by itself under its own id (POST /worker_started), or joined by itself and given an
 # id and the run (POST /join, a worker with A3C_MASTER_URL).
 WorkerOrigin = Literal["launched", "registered", "joined"]
-# API.md's avg = 0.99*avg + 0.01*r, with these very constants (1 - 0.99 is not 0.01 in floats), so
-# anyone who folds the history again gets exactly the master's value.
+# docs/http-api.md's avg = 0.99*avg + 0.01*r, with these very constants (1 - 0.99 is not 0.01
+# in floats), so anyone who folds the history again gets exactly the master's value.
 MOVING_AVERAGE_DECAY, MOVING_AVERAGE_WEIGHT = 0.99, 0.01
 
 

@@ -1,0 +1,178 @@
+"""A mkdocs hook: the reference tables, generated at build time from the code itself.
+
+A page's markdown may hold these placeholders, each on a line of its own:
+
+- `<!-- a3c:train-config -->`: the training config, `TrainConfig` (a3c_http/config/training.py): one
+  row per field, its type, default and `description`;
+- `<!-- a3c:settings -->`: the process settings, `Settings` (master) and `WorkerSettings`
+  (a3c_http/config/settings.py): one row per `A3C_*` variable, who reads it, its type, default and
+  `description`;
+- `<!-- a3c:routes -->`: every route of both services from their OpenAPI schemas, with the status
+  codes each can answer.
+
+So the reference cannot drift from the code: a field without a row cannot exist. The functions
+below are also what tests/test_readme.py calls.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import tempfile
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import annotated_types
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+PLACEHOLDERS = {
+    "<!-- a3c:train-config -->": "train_config_table",
+    "<!-- a3c:settings -->": "settings_table",
+    "<!-- a3c:routes -->": "routes_table",
+}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _type(annotation: Any) -> str:
+    """A type as a reader wants it: `int`, `float or null`, `"none" or "atari"`, `list of int`."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is type(None):
+        return "null"
+    if origin is typing.Annotated:
+        return _type(args[0])
+    if origin is typing.Literal:
+        return " or ".join(f'"{a}"' if isinstance(a, str) else json.dumps(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type(a) for a in args)
+    if origin in (list, tuple):
+        inner = [a for a in args if a is not Ellipsis]
+        return f"list of {_type(inner[0])}" if inner else "list"
+    if origin is dict:
+        return "object"
+    if isinstance(annotation, type):
+        if issubclass(annotation, Path):
+            return "path"
+        if issubclass(annotation, enum.Enum):
+            return " or ".join(f'"{m.value}"' for m in annotation)
+        return annotation.__name__
+    return str(annotation)
+
+
+def _bounds(field: FieldInfo) -> str:
+    parts = []
+    for m in field.metadata:
+        for kind, attribute, sign in (
+            (annotated_types.Ge, "ge", ">="), (annotated_types.Gt, "gt", ">"),
+            (annotated_types.Le, "le", "<="), (annotated_types.Lt, "lt", "<"),
+        ):
+            if isinstance(m, kind):
+                parts.append(f"{sign} {getattr(m, attribute)}")
+        unit = "characters" if field.annotation in (str, str | None) else "items"
+        if isinstance(m, annotated_types.MinLen):
+            parts.append(f"at least {m.min_length} {unit}")
+        if isinstance(m, annotated_types.MaxLen):
+            parts.append(f"at most {m.max_length} {unit}")
+    return ", ".join(parts)
+
+
+def _default(field: FieldInfo) -> str:
+    value = field.get_default(call_default_factory=True)
+    if value is PydanticUndefined or value is None:
+        return "unset"
+    if isinstance(value, Path):
+        return f"`{value}`"
+    if isinstance(value, tuple):
+        value = list(value)
+    if value == []:
+        return "`[]`" if isinstance(field.get_default(call_default_factory=True), list) else "none"
+    if isinstance(value, bool | int | float | dict | list):
+        return f"`{json.dumps(value)}`"
+    return f"`{value}`"
+
+
+def _type_cell(field: FieldInfo) -> str:
+    text = _type(field.annotation)
+    bounds = _bounds(field)
+    return _cell(f"{text} ({bounds})" if bounds else text)
+
+
+def train_config_table() -> str:
+    from a3c_http.config.training import TrainConfig
+
+    rows = ["| field | type | default | meaning |", "| --- | --- | --- | --- |"]
+    for name, field in TrainConfig.model_fields.items():
+        if not field.description:
+            raise ValueError(f"TrainConfig.{name} has no description")
+        rows.append(
+            f"| `{name}` | {_type_cell(field)} | {_default(field)} | {_cell(field.description)} |"
+        )
+    return "\n".join(rows)
+
+
+def settings_rows() -> list[tuple[str, str, FieldInfo]]:
+    """(variable, who reads it, field) for every A3C_* setting, in the models' order; a field both
+    models share is read by both, one with the same name but another meaning gets a row each."""
+    from a3c_http.config.settings import Settings, WorkerSettings
+
+    prefix = Settings.model_config["env_prefix"]
+    rows = []
+    master, worker = Settings.model_fields, WorkerSettings.model_fields
+
+    def same(name: str) -> bool:
+        return name in master and name in worker and repr(master[name]) == repr(worker[name])
+
+    for name, field in master.items():
+        rows.append((f"{prefix}{name.upper()}", "both" if same(name) else "master", field))
+    for name, field in worker.items():
+        if not same(name):
+            rows.append((f"{prefix}{name.upper()}", "worker", field))
+    # the variables both read first, then the master's, then the worker's
+    order = {"both": 0, "master": 1, "worker": 2}
+    return sorted(rows, key=lambda row: order[row[1]])
+
+
+def settings_table() -> str:
+    rows = ["| variable | read by | type | default | meaning |", "| --- | --- | --- | --- | --- |"]
+    for variable, reader, field in settings_rows():
+        if not field.description:
+            raise ValueError(f"the setting {variable} has no description")
+        rows.append(
+            f"| `{variable}` | {reader} | {_type_cell(field)} | {_default(field)} "
+            f"| {_cell(field.description)} |"
+        )
+    return "\n".join(rows)
+
+
+def openapi_paths() -> dict[str, dict[str, dict[str, Any]]]:
+    """{"master" or "worker": {path: {method: operation}}} from the two apps' own schemas."""
+    from a3c_http.config.settings import Settings
+    from master.app import create_app as create_master
+    from worker.app import create_app as create_worker
+
+    with tempfile.TemporaryDirectory() as folder:
+        master = create_master(Settings(run_dir=Path(folder) / "run"))
+        worker = create_worker(token=None)
+        return {"master": master.openapi()["paths"], "worker": worker.openapi()["paths"]}
+
+
+def routes_table() -> str:
+    rows = ["| service | method and path | status codes |", "| --- | --- | --- |"]
+    for service, paths in openapi_paths().items():
+        for path, operations in paths.items():
+            for method, operation in operations.items():
+                codes = ", ".join(sorted(operation.get("responses", {})))
+                rows.append(f"| {service} | `{method.upper()} {path}` | {codes} |")
+    return "\n".join(rows)
+
+
+def on_page_markdown(markdown: str, **_: Any) -> str:
+    for placeholder, function in PLACEHOLDERS.items():
+        if placeholder in markdown:
+            markdown = markdown.replace(placeholder, globals()[function]())
+    return markdown
