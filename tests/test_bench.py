@@ -255,12 +255,3 @@ def test_a_quick_scale_run_writes_a_row_per_number_of_workers(tmp_path: Path) ->
         assert [(s["seed"], s["solved"], s["seconds"]) for s in r["solve"]["runs"]] == [
             (0, False, 1.0)]
     assert levels[0]["efficiency"] == 1.0
-
-
-def test_the_batched_step_lands_where_k_steps_of_the_masters_optimizer_do() -> None:
-    # scripts/bench_batched_step.py times a step that is only worth timing if it is A3C's k steps.
-    from scripts.bench_batched_step import measure
-
-    for k in (1, 3):
-        figures = measure([8], k, per_round=1)
-        assert figures["k"] == k and figures["max_weight_difference"] < 1e-6
