@@ -1,7 +1,7 @@
-"""scripts/bench.py: the steady-state rate, the load generator's bodies and the bar on made-up
-figures, and one quick run of the `wire` section end to end (it starts a master);
-scripts/bench_scale.py: a window's figures on made-up readings, its config overrides, and one
-quick run end to end; scripts/bench_staleness.py: its summary of made-up runs."""
+"""scripts/bench.py and its library scripts/benchlib/: the steady-state rate, the load generator's
+bodies and the bar on made-up figures, and one quick run of the `wire` section end to end (it
+starts a master); `scale`: a window's figures on made-up readings, its config overrides, and one
+quick run end to end; `staleness`: its summary of made-up runs; every command's --help."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ import pytest
 from a3c_http.config.training import TrainConfig
 from a3c_http.models.actor_critic import model_for
 from a3c_http.wire import tensors as wire
-from scripts.bench import bar
-from scripts.bench_load import ready_bodies
-from scripts.bench_placement import default_workers, fronts_cores, pin_sets
-from scripts.bench_scale import OWN_FIELDS, OWN_WHY, add_efficiency, window_figures
-from scripts.bench_solve import config_overrides
-from scripts.bench_staleness import summary as staleness_summary
-from scripts.bench_steps import median_round, steady_rate
+from scripts.benchlib.bar import bar
+from scripts.benchlib.cluster import median_round, steady_rate
+from scripts.benchlib.load import ready_bodies
+from scripts.benchlib.options import config_overrides
+from scripts.benchlib.procs import default_workers, fronts_cores, pin_sets
+from scripts.benchlib.scale import OWN_FIELDS, OWN_WHY, add_efficiency, window_figures
+from scripts.benchlib.staleness import summary as staleness_summary
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,8 +69,8 @@ def test_the_solve_section_alternates_the_learners_and_gives_sb3_cartpoles_task(
 ) -> None:
     """Both halves made up (the SB3 half needs the optional `bench` extra): what the section
     hands each learner, and its medians and ratio."""
-    from scripts import bench
-    from scripts.bench_learn import TASKS
+    from scripts.benchlib import bar as bench
+    from scripts.benchlib.learn import TASKS
 
     calls = []
 
@@ -84,7 +84,7 @@ def test_the_solve_section_alternates_the_learners_and_gives_sb3_cartpoles_task(
         return {"solved": True, "seconds": 10.0, "env_steps": 1, "mean_return_100": 480.0}
 
     monkeypatch.setitem(sys.modules, "stable_baselines3", type(sys)("stable_baselines3"))
-    monkeypatch.setattr(bench, "one_run", cluster)
+    monkeypatch.setattr(bench, "fresh_run", cluster)
     monkeypatch.setattr(bench, "run_sb3", sb3)
     out = bench.solve(seeds=2, cap_s=60.0)
     assert calls == [("cluster", 0), ("sb3", 0), ("cluster", 1), ("sb3", 1)]
@@ -233,7 +233,7 @@ def test_scale_config_overrides_are_checked_as_the_master_checks_a_config() -> N
 def test_a_quick_scale_run_writes_a_row_per_number_of_workers(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     done = subprocess.run(
-        [sys.executable, "scripts/bench_scale.py", "--quick", "--workers", "1,2", "--time-cap",
+        [sys.executable, "scripts/bench.py", "scale", "--quick", "--workers", "1,2", "--time-cap",
          "1", "--config", '{"max_in_flight": 0}', "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
@@ -257,10 +257,21 @@ def test_a_quick_scale_run_writes_a_row_per_number_of_workers(tmp_path: Path) ->
     assert levels[0]["efficiency"] == 1.0
 
 
-def test_the_batched_step_lands_where_k_steps_of_the_masters_optimizer_do() -> None:
-    # scripts/bench_batched_step.py times a step that is only worth timing if it is A3C's k steps.
-    from scripts.bench_batched_step import measure
+def test_each_command_of_bench_py_has_its_options_and_an_unknown_one_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`scripts/bench.py COMMAND ARGS` is that benchmark; without a command, the bar's sections."""
+    from scripts import bench
 
-    for k in (1, 3):
-        figures = measure([8], k, per_round=1)
-        assert figures["k"] == k and figures["max_weight_difference"] < 1e-6
+    options = {"": "--sections", "scale": "--pin", "learn": "--learners", "solve": "--runs",
+               "staleness": "--lags", "http": "--n"}
+    assert set(options) == {"", *bench.COMMANDS}
+    for command, option in options.items():
+        with pytest.raises(SystemExit) as exit_:
+            bench.main([command, "--help"] if command else ["--help"])
+        assert exit_.value.code == 0
+        usage = capsys.readouterr().out
+        assert " ".join(["usage: bench.py", *[command][:bool(command)], "[-h]"]) in usage
+        assert option in usage
+    assert bench.main(["scales"]) == 2
+    assert "unknown command 'scales'" in capsys.readouterr().err

@@ -2,7 +2,7 @@
 
 Learning tests stay short: a tiny environment a correct learner solves in a few hundred steps.
 The long runs (CartPole-v1, Acrobot-v1, Pendulum-v1, LunarLander-v3, MinAtar's Breakout, the
-memory task against SB3-contrib's RecurrentPPO) live in scripts/bench_learn.py.
+memory task against SB3-contrib's RecurrentPPO) live in `scripts/bench.py learn`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Every step is the one the cluster takes: the worker's rollout, loss and clipped 
 (a3c_http/optim/flatnet.py, which master/learning/parameter_server.py uses too).
 
 It can also play several workers in turn, to show what the cluster's staleness does to learning
-without the cores to run the workers at once (scripts/bench_staleness.py). W workers each have
+without the cores to run the workers at once (`scripts/bench.py staleness`). W workers each have
 their own environments and their own copy of the weights, and take turns: each computes a rollout
 on its copy, the master's step applies it, and the worker then loads the weights that the step
 after its own push `lag` turns ago made. Lag 1 is a worker that waits for each reply

@@ -1,5 +1,5 @@
 """Per-task presets, as the RL Zoo keeps them: the settings that solve each task with the default
-cluster (a master and 2 workers), measured by scripts/bench_learn.py.
+cluster (a master and 2 workers), measured by `scripts/bench.py learn`.
 
 `POST /train {"env_id": "Acrobot-v1"}` takes that environment's preset for every field the body
 does not give; the resolved config (and the preset's name, in its `preset` field) is what /status
@@ -65,7 +65,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # settings (entropy 0.01, value 0.25), 16 environments a worker: a push of 80 env steps
     # instead of 40 halves the cost per step of the network's calls and of the pushes (15,000
     # env steps/s with 2 workers on 2 cores against 8,200), and bfloat16 on the wire (a 2M-step
-    # Breakout run in 124 s against 141, mean return 10.3 against 9.8). scripts/bench_learn.py
+    # Breakout run in 124 s against 141, mean return 10.3 against 9.8). `scripts/bench.py learn`
     # measures Breakout against SB3's A2C with the same network at 2M env steps.
     **{
         f"MinAtar/{game}-v{version}": {

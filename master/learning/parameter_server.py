@@ -308,7 +308,7 @@ class ParameterServer(SyncRounds):
                 "sync_gradients_per_round": self.sync_gradients / rounds if rounds else None,
                 "staleness_mean": round(self.staleness_total / applied, 3) if applied else None,
                 # The sum behind the mean: a window's own mean is the difference of two
-                # readings over that of updates_applied (scripts/bench_scale.py).
+                # readings over that of updates_applied (`scripts/bench.py scale`).
                 "staleness_total": self.staleness_total,
             }
 

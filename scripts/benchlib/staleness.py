@@ -1,7 +1,7 @@
 """Benchmark: what the staleness of W workers does to learning, on a host without W cores: env
 steps to a task's target for each number of workers and each lag, over seeds.
 
-    .venv/bin/python scripts/bench_staleness.py [--workers 1,2,4,8,16] [--lags 1,2] [--seeds 3]
+    .venv/bin/python scripts/bench.py staleness [--workers 1,2,4,8,16] [--lags 1,2] [--seeds 3]
         [--task CartPole-v1] [--config '{"hidden_sizes": [700, 700]}'] [--budget N]
 
 The learner in one process plays the workers in turn (a3c_http/algos/single_process.py): each
@@ -23,23 +23,19 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import signal
 import statistics
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from a3c_http.algos.single_process import train  # noqa: E402
-from a3c_http.config.training import TrainConfig  # noqa: E402
-from scripts.bench import _commit, _interrupt, counts, fmt, table  # noqa: E402
-from scripts.bench_learn import TASKS, require_env  # noqa: E402
-from scripts.bench_solve import config_overrides  # noqa: E402
-from scripts.bench_steps import say  # noqa: E402
+from a3c_http.algos.single_process import train
+from a3c_http.config.training import TrainConfig
+from scripts.benchlib.learn import TASKS, require_env
+from scripts.benchlib.options import config_overrides, counts
+from scripts.benchlib.procs import end_on_signals
+from scripts.benchlib.report import ROOT, commit, fmt, say, table
 
 OWN_FIELDS = ("env_id", "seed", "max_steps")
 OWN_WHY = "set by this script (--task, the run's seed, --budget)"
@@ -91,8 +87,9 @@ def show(env_id: str, rows: list[dict], overrides: dict) -> None:
             fmt(r["updates_median"]), fmt(r["env_steps_per_worker"])] for r in rows])
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", default="1,2,4,8,16",
                         help="comma-separated numbers of workers (default 1,2,4,8,16)")
     parser.add_argument("--lags", default="1,2",
@@ -101,18 +98,18 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=3, help="runs per workers and lag (3)")
     parser.add_argument("--seed", type=int, default=0, help="the first run's seed (0)")
     parser.add_argument("--task", default="CartPole-v1",
-                        help="a task of scripts/bench_learn.py with a target: "
+                        help="a task of `scripts/bench.py learn` with a target: "
                         f"{', '.join(n for n, t in TASKS.items() if t.stop_at_target)} "
                         "(default CartPole-v1)")
     parser.add_argument("--budget", type=int, default=None,
                         help="env steps before a run gives up (default: twice the task's budget "
-                        "in scripts/bench_learn.py, 1,000,000 for CartPole-v1)")
+                        "in `scripts/bench.py learn`, 1,000,000 for CartPole-v1)")
     parser.add_argument("--config", default="{}",
                         help="training config fields for every run, as a JSON object, e.g. "
                         "'{\"hidden_sizes\": [700, 700]}' (default: the task's preset)")
     parser.add_argument("--json", type=Path, default=ROOT / "runs" / "bench_staleness.json",
                         help="where the runs go (default runs/bench_staleness.json)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     workers = counts("--workers", args.workers, parser)
     lags = counts("--lags", args.lags, parser)
     targets = [name for name, task in TASKS.items() if task.stop_at_target]
@@ -127,12 +124,11 @@ def main() -> int:
         parser.error(str(exc))
     budget = args.budget or 2 * TASKS[args.task].budget
     torch.set_num_threads(1)
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
+    end_on_signals()
     figures: dict = {"meta": {
-        "argv": sys.argv[1:], "task": args.task, "budget": budget, "config": overrides,
+        "argv": argv, "task": args.task, "budget": budget, "config": overrides,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "python": platform.python_version(),
-        "torch": torch.__version__, "host": platform.node(), "commit": _commit()},
+        "torch": torch.__version__, "host": platform.node(), "commit": commit()},
         "runs": []}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     code = 0
@@ -157,7 +153,3 @@ def main() -> int:
     args.json.write_text(json.dumps(figures, indent=1))
     say(f"\nfigures written to {args.json}")
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

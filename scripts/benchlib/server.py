@@ -1,10 +1,10 @@
-"""The parameter server alone, for `scripts/bench.py`: how many gradient pushes a master takes
-(`master`) and how many bytes one exchange puts on the wire (`wire`), for the default model and
-one of about a million parameters, with tensors on the wire as float32 and (`wire_dtype`) as
-bfloat16.
+"""The parameter server alone, for the bar (`scripts/bench.py`): how many gradient pushes a
+master takes (`master`) and how many bytes one exchange puts on the wire (`wire`), for the
+default model and one of about a million parameters, with tensors on the wire as float32 and
+(`wire_dtype`) as bfloat16.
 
-The master is a real uvicorn process whose run has no real worker (as scripts/bench_http.py
-does it): a StandInWorker accepts `POST /start_worker` and never trains, and this process plays
+The master is a real uvicorn process whose run has no real worker (as `scripts/bench.py http`
+has it): a StandInWorker accepts `POST /start_worker` and never trains, and this process plays
 the workers. The run never ends by itself: no step budget, a day-long heartbeat timeout.
 """
 
@@ -28,8 +28,9 @@ from a3c_http.testing.delayproxy import DelayProxy
 from a3c_http.testing.localcluster import LocalCluster, cpu_delta, free_port
 from a3c_http.testing.standin import StandInWorker
 from a3c_http.wire import tensors as wire
-from scripts.bench_load import push_level, ready_bodies
-from scripts.bench_steps import UNREACHABLE, say
+from scripts.benchlib.cluster import UNREACHABLE
+from scripts.benchlib.load import push_level, ready_bodies
+from scripts.benchlib.report import say
 
 # The models measured: CartPole-v1's default, and hidden layers of 700 (990,503 parameters).
 MODELS = {"default": [64, 64], "1M": [700, 700]}
@@ -93,7 +94,7 @@ def master(
     levels: list[int], warmup_s: float, window_s: float, max_count: int, fronts: int = 0
 ) -> dict:
     """Per model (and wire_dtype) and number of simulated workers: pushes/s, latency and errors
-    (bench_load.py), `lost`: 200 replies the master's `updates_applied` did not count (or,
+    (load.py), `lost`: 200 replies the master's `updates_applied` did not count (or,
     below 0, counted without a 200), and the master's CPU. With `fronts`, the simulated workers
     push to the master's fronts, whose CPU counts as the master's."""
     out: dict = {"max_staleness": MAX_STALENESS, "warmup_s": warmup_s, "window_s": window_s,

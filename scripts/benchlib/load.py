@@ -1,5 +1,5 @@
-"""The load generator of `scripts/bench.py --sections master`: simulated workers that push
-ready-made gradients to a real master as fast as it answers.
+"""The load generator of the bar's `master` section (`scripts/bench.py --sections master`):
+simulated workers that push ready-made gradients to a real master as fast as it answers.
 
 It must cost little CPU, so that it measures the master and not itself: one asyncio process
 (uvloop when importable), one keep-alive connection per simulated worker, and hand-written

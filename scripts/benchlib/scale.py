@@ -1,6 +1,6 @@
 """Benchmark: how the cluster scales with its number of workers on one host.
 
-    .venv/bin/python scripts/bench_scale.py [--workers 1,2,4,8] [--seeds 3] [--budget 150000]
+    .venv/bin/python scripts/bench.py scale [--workers 1,2,4,8] [--seeds 3] [--budget 150000]
         [--time-cap 600] [--model default,1M] [--config '{"max_in_flight": 0}'] [--fronts 2]
         [--pin] [--quick] [--json runs/bench_scale.json]
 
@@ -43,21 +43,17 @@ import json
 import os
 import platform
 import shutil
-import signal
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from a3c_http.config.settings import Settings  # noqa: E402
-from a3c_http.config.training import TrainConfig  # noqa: E402
-from a3c_http.testing.localcluster import (  # noqa: E402
+from a3c_http.config.settings import Settings
+from a3c_http.config.training import TrainConfig
+from a3c_http.testing.localcluster import (
     LocalCluster,
     ServiceProcess,
     cpu_delta,
@@ -66,12 +62,12 @@ from a3c_http.testing.localcluster import (  # noqa: E402
     wait_for,
     with_descendants,
 )
-from scripts.bench import _commit, _interrupt, counts, fmt, table  # noqa: E402
-from scripts.bench_learn import TASKS  # noqa: E402
-from scripts.bench_placement import cluster_of, default_workers, host_cores, pin_sets  # noqa: E402
-from scripts.bench_server import MODELS, ms_a_push, n_params  # noqa: E402
-from scripts.bench_solve import config_overrides  # noqa: E402
-from scripts.bench_steps import PROGRESS_S, STEADY_FROM, UNREACHABLE, say, solve_run  # noqa: E402
+from scripts.benchlib.cluster import STEADY_FROM, UNREACHABLE, cluster_of, solve_run
+from scripts.benchlib.learn import TASKS
+from scripts.benchlib.options import config_overrides, counts
+from scripts.benchlib.procs import default_workers, end_on_signals, host_cores, pin_sets
+from scripts.benchlib.report import PROGRESS_S, ROOT, commit, fmt, say, table
+from scripts.benchlib.server import MODELS, ms_a_push, n_params
 
 TARGET = TASKS["CartPole-v1"][0]
 POLL_S = 0.5  # each poll is a GET /status the master serves too: 2 a second cost it little
@@ -247,8 +243,9 @@ def show(name: str, model: dict, overrides: dict) -> None:
                               if any(r["capped"] for r in model["levels"]) else ""))
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     cores = host_cores()
     parser.add_argument("--workers", default=None,
                         help="comma-separated numbers of workers, measured in this order "
@@ -273,7 +270,7 @@ def main() -> int:
                         help="tiny budgets, only to check that the script works")
     parser.add_argument("--json", type=Path, default=ROOT / "runs" / "bench_scale.json",
                         help="where the figures go (default runs/bench_scale.json)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.fronts is not None:  # judged with the master's settings, below
         os.environ["A3C_FRONTS"] = str(args.fronts)  # the master this script starts reads it
         if args.fronts and not os.environ.get("A3C_FRONTS_BIND"):
@@ -298,17 +295,16 @@ def main() -> int:
         else:
             say("--pin: taskset is not installed (util-linux): the processes are not pinned")
     plan = Plan.of(args)
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
+    end_on_signals()
     figures: dict = {"meta": {
-        "argv": sys.argv[1:], "plan": asdict(plan), "workers": workers, "models": models,
+        "argv": argv, "plan": asdict(plan), "workers": workers, "models": models,
         "config": overrides,
         "cores": len(cores), "cpu_count": os.cpu_count(), "pinned": pin, "fronts": fronts,
         "master_counted": "as one core: the default workers are powers of two up to cores - 1, "
         "and cores - 1",
         "staleness": "the window's: difference of staleness_total over that of updates_applied",
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "python": platform.python_version(),
-        "torch": torch.__version__, "host": platform.node(), "commit": _commit()},
+        "torch": torch.__version__, "host": platform.node(), "commit": commit()},
         "models": {}}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     code = 0
@@ -345,7 +341,3 @@ def main() -> int:
     args.json.write_text(json.dumps(figures, indent=1))
     say(f"\nfigures written to {args.json}")
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,14 +1,25 @@
-"""Where `scripts/bench_scale.py`'s processes run on a host: its cores, the default numbers of
-workers, and the cluster pinned core by core with taskset (`--pin`)."""
+"""The benchmarks' processes: signals that end a benchmark with every process it started ended
+(by pid, in the clusters' `finally`), and where the processes run on a host (its cores, the
+default numbers of workers, and taskset's core lists for `scale --pin`)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
+import signal
 
-from a3c_http.testing.localcluster import LocalCluster
-from scripts.bench_steps import local_cluster
+
+def interrupt(signum: int, frame: object) -> None:
+    """A signal handler that raises KeyboardInterrupt, once only: the cleanup that follows (every
+    process ended by its pid) must run to its end."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def end_on_signals() -> None:
+    """Ctrl-C and SIGTERM raise KeyboardInterrupt (`interrupt`)."""
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def host_cores() -> list[int]:
@@ -42,15 +53,3 @@ def fronts_cores(cores: list[int]) -> set[int]:
     and the master on 16 cores, the row the scaling bar reads, with the fronts' work shared
     among them)."""
     return set(cores[1:] or cores)
-
-
-@contextlib.contextmanager
-def cluster_of(n: int, pin: list[str] | None, cores: list[int]) -> Iterator[LocalCluster]:
-    """bench_steps's `local_cluster` of `n` workers, pinned as `pin` says (`pin_sets`), and the
-    master's fronts, if it has any, moved to `fronts_cores` once they run (they start on the
-    master's core, which they inherit; one the master starts again later stays there)."""
-    with local_cluster(n, pin) as cluster:
-        if pin:
-            for pid in (cluster.status().get("fronts") or {}).get("pids", []):
-                os.sched_setaffinity(pid, fronts_cores(cores))
-        yield cluster

@@ -1,6 +1,7 @@
-"""Env steps per second for `scripts/bench.py`: the learner in one process, the cluster with one and
-two workers (`throughput`), and the 2-worker cluster with its workers behind a loopback proxy that
-delays each direction (`latency`), plus the time to solve at 5 ms each way.
+"""Local clusters and their env steps per second: a master and workers on free loopback ports
+(pinned core by core for `scale --pin`), the learner in one process, the cluster with one and two
+workers (the bar's `throughput`), and the 2-worker cluster with its workers behind a loopback
+proxy that delays each direction (`latency`), plus the time to solve at 5 ms each way.
 
 Rates are of the steady state: from the first sample past 10 % of the budget to the last before
 the end, so start-up (uvicorn, torch, the environments) is not counted. The cluster's samples are
@@ -11,9 +12,9 @@ trails them by up to a heartbeat.
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,34 +23,12 @@ from a3c_http.algos.single_process import train
 from a3c_http.config.training import TrainConfig
 from a3c_http.testing.delayproxy import DelayProxy
 from a3c_http.testing.localcluster import LocalCluster, ServiceProcess, free_port, wait_for
+from scripts.benchlib.procs import fronts_cores
+from scripts.benchlib.report import PROGRESS_S, say
 
-PROGRESS_S = 5.0  # a progress line at least this often
 STEADY_FROM = 0.1  # the share of the budget left out as start-up
 # Nothing stops early: the target return is out of reach.
 UNREACHABLE = 1e9
-
-
-def say(line: str) -> None:
-    print(line, flush=True)
-
-
-@contextlib.contextmanager
-def ticker(label: str, every_s: float = PROGRESS_S) -> Iterator[None]:
-    """A progress line every `every_s` while the body runs (for calls that print nothing)."""
-    done = threading.Event()
-    started = time.monotonic()
-
-    def tick() -> None:
-        while not done.wait(every_s):
-            say(f"    ... {label}: {time.monotonic() - started:.0f} s")
-
-    thread = threading.Thread(target=tick, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
 
 
 def steady_rate(samples: list[tuple[float, int]], budget: int) -> tuple[float | None, bool]:
@@ -101,6 +80,18 @@ def local_cluster(n_workers: int, pin: list[str] | None = None) -> Iterator[Loca
             yield cluster
         finally:
             cluster.close()
+
+
+@contextlib.contextmanager
+def cluster_of(n: int, pin: list[str] | None, cores: list[int]) -> Iterator[LocalCluster]:
+    """`local_cluster` of `n` workers, pinned as `pin` says (procs.pin_sets), and the master's
+    fronts, if it has any, moved to procs.fronts_cores once they run (they start on the
+    master's core, which they inherit; one the master starts again later stays there)."""
+    with local_cluster(n, pin) as cluster:
+        if pin:
+            for pid in (cluster.status().get("fronts") or {}).get("pids", []):
+                os.sched_setaffinity(pid, fronts_cores(cores))
+        yield cluster
 
 
 def _shares(statuses: list[dict]) -> dict:
@@ -241,3 +232,55 @@ def latency(budget: int, cap_s: float, delays_ms: list[float], solve_cap_s: floa
         with DelayProxy(cluster.master.port, 0.005) as proxy:
             out["solve_5ms"] = solve_run(cluster, solve_cap_s, "5 ms", master_url=proxy.url)
     return out
+
+
+def fresh_run(index: int, n_workers: int, overrides: dict, cap_s: float) -> dict:
+    """Run `index` (its seed, unless `overrides` gives one) on a fresh cluster of `n_workers`
+    workers, for at most `cap_s` seconds once started: how it ended, and what staleness shows
+    (the mean staleness of the applied gradients, the pushes refused and why, the workers'
+    in-flight limits sampled every second) and where the workers spent their time."""
+    with tempfile.TemporaryDirectory(prefix="a3c-bench-") as tmp:
+        cluster = LocalCluster(
+            Path(tmp) / "run",
+            Path(tmp) / "logs",
+            [("127.0.0.1", free_port()) for _ in range(n_workers)],
+        )
+        try:
+            cluster.start()
+            reply = cluster.train(**{"seed": index, **overrides})
+            reply.raise_for_status()
+            started = time.monotonic()
+            limits: list[int] = []  # the workers' in-flight limits, sampled while it runs
+            while (status := cluster.status())["state"] == "running":
+                if time.monotonic() - started > cap_s:  # the cap: report the run as it stands
+                    break
+                for w in cluster.workers:
+                    limits.append(cluster.worker_status(w)["exchanges"]["in_flight_limit"])
+                time.sleep(1.0)  # the sampling interval, not a synchronisation
+            wall = time.monotonic() - started
+            workers = [cluster.worker_status(w) for w in cluster.workers]
+        finally:
+            cluster.close()
+    spent = {k: sum(w["time"][k] for w in workers) for k in ("rollout_s", "learn_s", "http_s")}
+    total = sum(spent.values()) or 1.0
+    # The master's clock once the run is solved or finished (at max_steps); else the cap's.
+    finished = status["solved"] or status["state"] == "finished"
+    return {
+        "solved": status["solved"],
+        "seconds": status["elapsed_s"] if finished else wall,
+        "episodes": status["global_episode"],
+        "steps": status["global_steps"],
+        "env_steps": status["env_steps"],
+        "mean_return_100": status["mean_return_100"],
+        "updates": status["updates_applied"],
+        "rejected": status["updates_rejected"],
+        "rejected_by": {k: v for k, v in status["updates_rejected_by"].items() if v},
+        "refused_share": status["updates_rejected"]
+        / max(status["updates_applied"] + status["updates_rejected"], 1),
+        "staleness_mean": status["staleness_mean"],
+        "in_flight_limit": statistics.median(limits) if limits else None,
+        "steps_per_s": status["global_steps"] / max(status["elapsed_s"], 1e-9),
+        "http_share": spent["http_s"] / total,
+        "rollout_share": spent["rollout_s"] / total,
+        "learn_share": spent["learn_s"] / total,
+    }

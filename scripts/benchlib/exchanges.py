@@ -1,7 +1,7 @@
 """Benchmark: latency of the exchanges a worker makes, against a real master on loopback, next to
 the compute they wrap (a rollout and its gradients), with the default network.
 
-    .venv/bin/python scripts/bench_http.py [--n 300]
+    .venv/bin/python scripts/bench.py http [--n 300]
 
 Prints the median and 90th percentile of each, in milliseconds.
 """
@@ -10,27 +10,25 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from a3c_http.algos.a3c import gradients, rollout_loss  # noqa: E402
-from a3c_http.config.training import TrainConfig  # noqa: E402
-from a3c_http.envs.rollout import RolloutCollector  # noqa: E402
-from a3c_http.models.actor_critic import model_for  # noqa: E402
-from a3c_http.net.client import MasterClient  # noqa: E402
-from a3c_http.testing.localcluster import LocalCluster  # noqa: E402
-from a3c_http.testing.standin import StandInWorker  # noqa: E402
-from a3c_http.wire import tensors as wire  # noqa: E402
+from a3c_http.algos.a3c import gradients, rollout_loss
+from a3c_http.config.training import TrainConfig
+from a3c_http.envs.rollout import RolloutCollector
+from a3c_http.models.actor_critic import model_for
+from a3c_http.net.client import MasterClient
+from a3c_http.testing.localcluster import LocalCluster
+from a3c_http.testing.standin import StandInWorker
+from a3c_http.wire import tensors as wire
 
 
-def timed(fn, n: int) -> list[float]:
+def timed(fn: Callable[[], object], n: int) -> list[float]:
+    """The times of `n` calls of `fn`, in milliseconds."""
     out = []
     for _ in range(n):
         started = time.perf_counter()
@@ -40,14 +38,15 @@ def timed(fn, n: int) -> list[float]:
 
 
 def report(name: str, ms: list[float]) -> None:
+    """One line: `name`, the median and the 90th percentile of `ms`."""
     q = statistics.quantiles(ms, n=10)
     print(f"{name:<34} median {statistics.median(ms):7.2f} ms   p90 {q[-1]:7.2f} ms")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=300, help="repetitions of each exchange")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     # A day-long heartbeat timeout: the stand-in worker below never heart-beats.
     cfg = TrainConfig(seed=0, max_steps=None, target_return=1e9, heartbeat_timeout_s=86_400)
@@ -95,7 +94,4 @@ def main() -> None:
             collector.close()
         finally:
             cluster.close()
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -3,7 +3,7 @@ Stable-Baselines3's A2C with the RL Zoo's settings (for MinAtar/Breakout-v1 with
 paper's small CNN), SB3-contrib's RecurrentPPO for the memory task a3c_http/CueMemory-v0 (and,
 with --learners, our learner in one process: A2C without HTTP).
 
-    .venv/bin/python scripts/bench_learn.py [--tasks CartPole-v1,Acrobot-v1] [--seeds 3]
+    .venv/bin/python scripts/bench.py learn [--tasks CartPole-v1,Acrobot-v1] [--seeds 3]
         [--learners cluster,sb3] [--workers 2] [--config '{"core": "none"}'] [--json out.json]
 
 Runs one after another, never two at once, alternating learners seed by seed. Most tasks stop at
@@ -25,16 +25,13 @@ import argparse
 import json
 import signal
 import statistics
-import sys
 import time
 from collections import deque
 from pathlib import Path
 from typing import Any, NamedTuple
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from scripts.bench_solve import one_run  # noqa: E402
+from scripts.benchlib.cluster import fresh_run
+from scripts.benchlib.procs import interrupt
 
 
 class Task(NamedTuple):
@@ -246,7 +243,7 @@ def run_one(learner: str, env_id: str, seed: int, args: argparse.Namespace) -> d
         r = run_inprocess(env_id, seed, overrides, budget)
     else:
         config = {"env_id": env_id, "max_steps": budget, **overrides}
-        r = one_run(seed, args.workers, config, cap_s)
+        r = fresh_run(seed, args.workers, config, cap_s)
         r = {k: r[k] for k in ("solved", "env_steps", "seconds", "mean_return_100")}
     if not task.stop_at_target:  # reached: the mean return at the budget is at the target
         r["solved"] = r["mean_return_100"] is not None and r["mean_return_100"] >= task.target
@@ -301,13 +298,9 @@ def summary_at_budget(rows: list[dict], learners: list[str]) -> list[str]:
     return lines
 
 
-def _interrupt(signum, frame):  # noqa: ANN001
-    raise KeyboardInterrupt  # so the cluster's `finally` ends every process it started
-
-
-def main() -> None:
-    signal.signal(signal.SIGTERM, _interrupt)
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    signal.signal(signal.SIGTERM, interrupt)  # so the cluster's `finally` ends every process
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--learners", default="cluster,sb3", help="of cluster, sb3, a2c")
@@ -316,7 +309,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=None, help="env steps (default per task)")
     parser.add_argument("--cap", type=float, default=None, help="seconds (default per task)")
     parser.add_argument("--json", type=Path, default=None, help="write every run's figures here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     learners = args.learners.split(",")
     report: dict[str, list[dict]] = {}
     for env_id in args.tasks.split(","):
@@ -345,7 +338,4 @@ def main() -> None:
             args.json.write_text(json.dumps(report, indent=1))
     if args.json:
         print(f"figures written to {args.json}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

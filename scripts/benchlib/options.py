@@ -1,0 +1,44 @@
+"""The command-line values the benchmarks share: `--config` overrides of the training config,
+and comma-separated lists of counts (`--workers 1,2,4`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from pydantic import ValidationError
+
+from a3c_http.config.training import TrainConfig
+from a3c_http.server.service import describe_error
+
+
+def config_overrides(text: str, reserved: tuple[str, ...] = (), why: str = "") -> dict:
+    """`--config`: a JSON object of training config fields for every run, checked as the master
+    checks a config; the `reserved` fields (the caller's own) are refused, with `why`. Raises
+    ValueError naming the problem."""
+    try:
+        overrides = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(overrides, dict):
+        raise ValueError("give a JSON object of config fields, e.g. '{\"max_in_flight\": 0}'")
+    taken = sorted(set(overrides) & set(reserved))
+    if taken:
+        raise ValueError(f"{', '.join(taken)}: {why}")
+    try:
+        TrainConfig(**overrides)
+    except ValidationError as exc:
+        raise ValueError("; ".join(describe_error(e, "config") for e in exc.errors())) from None
+    return overrides
+
+
+def counts(option: str, text: str, parser: argparse.ArgumentParser) -> list[int]:
+    """A comma-separated list of numbers of at least 1 given to `option` (`--workers 1,2,4`);
+    the parser's error, naming the problem, for anything else."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        parser.error(f"{option} {text!r}: give numbers, e.g. 1,2,4")
+    if not values or min(values) < 1:
+        parser.error(f"{option} {text!r}: give one or more numbers of at least 1")
+    return values
