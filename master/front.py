@@ -30,7 +30,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from a3c_http import logs, memory
+from a3c_http import logs, tuning
 from a3c_http.frames import LENGTHS, decode_head, frame_parts
 from a3c_http.service import install_common
 from a3c_http.settings import Settings
@@ -101,7 +101,7 @@ def create_app(settings: Settings, channel: Channel) -> FastAPI:
 def main(listen_fd: int, channel_fd: int) -> None:
     settings = Settings.from_env()
     logs.configure(settings.log_level, settings.log_format)
-    memory.keep_freed_memory(settings.max_body_bytes)
+    tuning.keep_freed_memory(settings.max_body_bytes)
     listening = socket.socket(fileno=listen_fd)
     channel = Channel(socket.socket(fileno=channel_fd))
     config = uvicorn.Config(
