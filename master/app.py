@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import gc
 import os
 import signal
 import threading
@@ -16,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from a3c_http.config.settings import Settings
-from a3c_http.server import logs, memory
+from a3c_http.server import logs, tuning
 from a3c_http.server.service import install_common
 from a3c_http.store.runstore import RunDirInUse
 from a3c_http.wire.protocol import STOP_HEADER
@@ -43,7 +42,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # The master serves many small requests; one intra-op thread avoids oversubscribing the cores
     # that the workers on the same host need.
     torch.set_num_threads(1)
-    memory.keep_freed_memory(settings.max_body_bytes)
+    tuning.keep_freed_memory(settings.max_body_bytes)
     state = ClusterState(settings)
 
     @asynccontextmanager
@@ -57,10 +56,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         state.evaluator.start()
         if settings.fronts:
             state.fronts = Fronts(settings, own_begin, asyncio.get_running_loop()).start()
-        # Everything built so far (torch, FastAPI, the app) lives as long as the process: out of
-        # the garbage collector's sight, a full collection takes microseconds instead of ~90 ms,
-        # which would otherwise land on the latency of whichever requests it interrupts.
-        gc.freeze()
+        # Everything built so far lives as long as the process: out of the collector's sight.
+        tuning.freeze_startup_objects()
         try:
             yield
         finally:

@@ -241,7 +241,9 @@ def test_the_plain_rmsprop_step_is_torchs(monkeypatch: pytest.MonkeyPatch) -> No
     for bit."""
     from a3c_http.algos.a3c import PlainRMSprop, make_optimizer
     from a3c_http.config.training import TrainConfig
+    from a3c_http.server import tuning
 
+    assert tuning.fused_rmsprop()  # probed before the kernel is counted
     fused = []
     kernel = torch._fused_adagrad_
     counted = lambda *args, **kwargs: fused.append(1) or kernel(*args, **kwargs)  # noqa: E731
@@ -275,11 +277,11 @@ def test_the_plain_rmsprop_step_is_torchs(monkeypatch: pytest.MonkeyPatch) -> No
 def test_the_fused_kernel_probe_says_no_on_a_torch_without_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from a3c_http.algos import a3c
+    from a3c_http.server import tuning
 
-    assert a3c._fused_adagrad_on_cpu()
+    assert tuning.fused_adagrad_problem() is None
     monkeypatch.delattr(torch, "_fused_adagrad_")
-    assert not a3c._fused_adagrad_on_cpu()
+    assert tuning.fused_adagrad_problem() == "torch._fused_adagrad_ is gone"
 
 
 def test_adam_is_torchs_fused_adam_within_rounding() -> None:

@@ -243,11 +243,11 @@ def test_the_hot_path_and_the_declared_route_answer_a_push_alike(tmp_path) -> No
 
 
 def test_glibc_takes_the_settings_that_keep_freed_buffers() -> None:
-    """a3c_http/server/memory.py (what the settings save is a figure of bench.py's master section,
+    """a3c_http/server/tuning.py (what the settings save is a figure of bench.py's master section,
     not a test's): glibc takes both, and a threshold above its own maximum is brought down to it."""
     import ctypes.util
 
-    from a3c_http.server.memory import keep_freed_memory
+    from a3c_http.server.tuning import keep_freed_memory
 
     if ctypes.util.find_library("c") is None:
         pytest.skip("no C library to ask")

@@ -5,7 +5,6 @@ background thread until the run ends; it can serve one run after another.
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -20,7 +19,7 @@ from a3c_http.algos.exploration import Exploration
 from a3c_http.config.settings import WorkerSettings
 from a3c_http.config.training import TrainConfig
 from a3c_http.net.client import A3CError, MasterClient, MasterUnavailable
-from a3c_http.server import logs, memory
+from a3c_http.server import logs, tuning
 from a3c_http.server.service import JSON_BODY, conflict, install_common, protected_router
 from a3c_http.wire.protocol import METRICS_CONTENT_TYPE as METRICS_TYPE
 from a3c_http.wire.protocol import WORKER_ID_PATTERN
@@ -260,7 +259,7 @@ def create_app(token: str | None = None, settings: WorkerSettings | None = None)
     logs.configure(settings.log_level, settings.log_format)
     if token is not None:
         settings = settings.model_copy(update={"token": token})
-    memory.keep_freed_memory(settings.max_body_bytes)  # the master's weights, a reply at a time
+    tuning.keep_freed_memory(settings.max_body_bytes)  # the master's weights, a reply at a time
     service = WorkerService(settings)
 
     @asynccontextmanager
@@ -269,10 +268,8 @@ def create_app(token: str | None = None, settings: WorkerSettings | None = None)
         if joiner is not None:  # A3C_MASTER_URL: this worker joins the master's runs itself
             joiner.start()
         app.state.joiner = joiner
-        # As the master does: what start-up built (torch, gymnasium, FastAPI) lives as long as
-        # the process, out of the garbage collector's sight. A full collection scanned its
-        # 212,585 objects for 0.11 s in the middle of training (gc.callbacks, 1-worker run).
-        gc.freeze()
+        # As the master does: what start-up built, out of the collector's sight.
+        tuning.freeze_startup_objects()
         yield
         # On SIGTERM: stop joining, tell the trainer to stop and give it time to send
         # POST /worker_done (the master then shows this worker as done: it left).

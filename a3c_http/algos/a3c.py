@@ -13,7 +13,6 @@ truncated step needs.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +23,7 @@ from torch.distributions import Distribution
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import Rollout
 from a3c_http.models.actor_critic import ActorCritic
+from a3c_http.server import tuning
 
 
 def compute_advantages(
@@ -143,28 +143,6 @@ def gradients(
     return grads, float(norm)
 
 
-def _fused_adagrad_on_cpu() -> bool:
-    """Whether this torch has Adagrad's fused kernel for the CPU (2.4 and later) and it computes
-    what PlainRMSprop counts on: a sum of 1 and eps 1 move a weight by -lr 1 / (1 + 1)."""
-    weight = torch.zeros(1)
-    try:
-        torch._fused_adagrad_(
-            [weight], [torch.ones(1)], [torch.zeros(1)], [torch.ones(())], lr=1.0, lr_decay=0.0,
-            weight_decay=0.0, eps=1.0, maximize=False,
-        )  # fmt: skip
-    except (AttributeError, TypeError, RuntimeError, NotImplementedError):  # absent, or changed
-        return False
-    return weight.item() == -0.5
-
-
-# PlainRMSprop's one-pass step: torch's fused Adagrad kernel, where this torch has it.
-FUSED = _fused_adagrad_on_cpu()
-# Its sum is alpha / (1 - alpha) times square_avg, 99 times at alpha 0.99 (make_optimizer's): a
-# checked gradient's then stays finite (a3c_http/optim/flatnet.py GRADIENT_LIMIT: 99e36 + 1e36 is
-# below float32's 3.4e38). A larger alpha takes torch's operations.
-FUSED_ALPHA_MAX = 0.99
-
-
 class PlainRMSprop(torch.optim.RMSprop):
     """torch's RMSprop in its plain form (no momentum, not centred, no weight decay, not
     maximising: what `make_optimizer` makes), without the dispatch torch.optim puts around it
@@ -172,21 +150,14 @@ class PlainRMSprop(torch.optim.RMSprop):
     hook torch.optim wraps every optimizer's `step` in (the profiler's record and the step
     hooks), which the master calls (a3c_http/optim/flatnet.py).
 
-    The step is torch's fused Adagrad kernel (what `Adagrad(fused=True)` runs), which does in one
-    pass over the tensors, in registers, what torch's RMSprop does in five with a temporary.
-    Adagrad adds g^2 to its sum and moves a weight by -clr g / (sqrt(sum) + eps'). Given the sum
-    alpha square_avg / (1 - alpha), clr = lr / sqrt(1 - alpha) and eps' = eps / sqrt(1 - alpha),
-    its sum is RMSprop's new square_avg over (1 - alpha) and its move RMSprop's step: the same
-    maths, equal up to float32 rounding (tests/test_a3c_loss.py). square_avg is scaled into that
-    sum before the kernel and back after it: three passes, the gradient left as it was. A million
-    parameters take 0.45 ms a step against 0.91 for torch's operations one by one (the operations
-    alone, this machine, idle; `apply` 0.51 to 0.57 against 0.93 to 1.04), where a scaled copy of
-    the gradient instead of the scaled sum took 0.57; the default model's `apply` 13.7 to 14.1 us
-    against 17.3 to 17.8.
-    Tensors the kernel cannot take (not contiguous, another device or dtype) take torch's
-    operations one by one, bit for bit torch's RMSprop.
-    Its state has RMSprop's names: it saves and loads as torch's. `RMSpropTF` is the same loop
-    with TensorFlow's two differences, step by step."""
+    The step is torch's fused Adagrad kernel where a3c_http/server/tuning.py's `rmsprop_step` takes
+    it (RMSprop's maths in one pass over the tensors, equal up to float32 rounding: 0.45 ms a step
+    of a million parameters against 0.91). Otherwise (A3C_TUNING=off, tensors the kernel cannot
+    take: not contiguous, another device or dtype) torch's operations one by one, bit for bit
+    torch's RMSprop. Its state has RMSprop's names: it saves and loads as torch's. `RMSpropTF` is
+    the same loop with TensorFlow's two differences, step by step."""
+
+    _fusable = True  # the step may be Adagrad's fused kernel's (tuning.rmsprop_step)
 
     def __init__(self, params: Any, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
@@ -210,40 +181,12 @@ class PlainRMSprop(torch.optim.RMSprop):
                     state["square_avg"] = self._first_square_avg(p)
                 state["step"] += 1
                 square_avg = state["square_avg"]
-                if self._fusable(p, square_avg, alpha):
-                    self._fused_step(p, square_avg, state["step"], alpha, eps, lr)
+                if self._fusable and tuning.rmsprop_step(
+                    p, square_avg, state["step"], alpha, eps, lr
+                ):
                     continue
                 square_avg.mul_(alpha).addcmul_(p.grad, p.grad, value=1 - alpha)
                 p.addcdiv_(p.grad, self._denominator(square_avg, eps), value=-lr)
-
-    @staticmethod
-    def _fused_step(
-        p: torch.Tensor, square_avg: torch.Tensor, step: torch.Tensor, alpha: float, eps: float,
-        lr: float,
-    ) -> None:  # fmt: skip
-        """RMSprop's step as Adagrad's fused one (the class's docstring)."""
-        root = math.sqrt(1 - alpha)
-        square_avg.mul_(alpha / (1 - alpha))  # the sum: alpha square_avg / (1 - alpha)
-        torch._fused_adagrad_(
-            [p], [p.grad], [square_avg], [step], lr=lr / root, lr_decay=0.0, weight_decay=0.0,
-            eps=eps / root, maximize=False,
-        )  # fmt: skip
-        square_avg.mul_(1 - alpha)  # the new square_avg again
-
-    @staticmethod
-    def _fusable(p: torch.Tensor, square_avg: torch.Tensor, alpha: float) -> bool:
-        """Whether the fused step takes this step: alpha within FUSED_ALPHA_MAX, and tensors the
-        kernel reads as one run of float32 values on the CPU (it would read a strided gradient
-        wrongly). Spelled out rather than looped over: it is asked at every step of the
-        master."""
-        g = p.grad
-        return (
-            FUSED
-            and alpha <= FUSED_ALPHA_MAX
-            and p.is_cpu and g.is_cpu and square_avg.is_cpu
-            and p.dtype == g.dtype == square_avg.dtype == torch.float32
-            and p.is_contiguous() and g.is_contiguous() and square_avg.is_contiguous()
-        )  # fmt: skip
 
     @staticmethod
     def _first_square_avg(p: torch.Tensor) -> torch.Tensor:
@@ -262,9 +205,7 @@ class RMSpropTF(PlainRMSprop):
     RMSprop's names, so it saves and loads as RMSprop. A step moves a weight by at most
     lr / sqrt(1 - alpha), as RMSprop's (a3c_http/optim/flatnet.py)."""
 
-    @staticmethod
-    def _fusable(p: torch.Tensor, square_avg: torch.Tensor, alpha: float) -> bool:
-        return False  # Adagrad's kernel adds eps after the root, TensorFlow's form under it
+    _fusable = False  # Adagrad's kernel adds eps after the root, TensorFlow's form under it
 
     @staticmethod
     def _first_square_avg(p: torch.Tensor) -> torch.Tensor:

@@ -7,12 +7,14 @@ cost the master two reads, two writes and three waits on epoll (strace of a 1-wo
 segments of each message were a third of its CPU per push (py-spy: uvicorn's two writes, the
 event loop's extra wake-up).
 
-- Served (`install`, for every connection uvicorn accepts): the transport uvicorn's protocol writes
-  to holds what is written in one turn of the event loop and sends it together at the end of the
-  turn, or at once when it passes `HOLD_BYTES` (a large body is not copied to be joined: the
-  event loop's `writelines` sends the parts as they are).
-- Sent (`HeldWrites`, a3c_http/net/outbound.py's streams): what httpcore writes is held until it
-  reads the reply, and sent in one write when it is under `HOLD_BYTES`.
+- Served (`HeldTransport`, which a3c_http/server/tuning.py gives every connection uvicorn accepts):
+  the transport uvicorn's protocol writes to holds what is written in one turn of the event loop and
+  sends it together at the end of the turn, or at once when it passes `HOLD_BYTES` (a large body is
+  not copied to be joined: the event loop's `writelines` sends the parts as they are).
+- Sent (`HeldWrites`, the streams of a3c_http/net/outbound.py's network backend): what httpcore
+  writes is held until it reads the reply, and sent in one write when it is under `HOLD_BYTES`.
+
+Both are used only where a3c_http/server/tuning.py's switch, A3C_TUNING, is on.
 
 Nothing else changes: the bytes and their order are the same, a connection that closes still sends
 what it was given first, and no write waits longer than the turn of the loop (served) or the
@@ -22,19 +24,11 @@ read that follows it (sent).
 from __future__ import annotations
 
 import asyncio
-import functools
-import importlib
 from typing import Any
 
 # Larger writes go out at once (with what is held before them): joining them would cost a copy
 # of the body for a segment saved.
 HOLD_BYTES = 256 * 1024
-
-_PROTOCOLS = {
-    "uvicorn.protocols.http.httptools_impl": "HttpToolsProtocol",
-    "uvicorn.protocols.http.h11_impl": "H11Protocol",
-}
-_installed: set[str] = set()
 
 
 class HeldTransport(asyncio.Transport):
@@ -119,26 +113,6 @@ class HeldTransport(asyncio.Transport):
 
     def get_protocol(self) -> asyncio.BaseProtocol:
         return self._transport.get_protocol()
-
-
-def install() -> None:
-    """Give every connection this process's uvicorn accepts from now on a `HeldTransport` (the
-    protocol classes are wrapped once per process; a class that is not there is left alone)."""
-    for module_name, class_name in _PROTOCOLS.items():
-        if module_name in _installed:
-            continue
-        _installed.add(module_name)
-        try:
-            cls = getattr(importlib.import_module(module_name), class_name)
-        except (ImportError, AttributeError):  # httptools is optional
-            continue
-        made = cls.connection_made
-
-        @functools.wraps(made)
-        def connection_made(self: Any, transport: asyncio.Transport, made: Any = made) -> None:
-            made(self, HeldTransport(transport))
-
-        cls.connection_made = connection_made
 
 
 class HeldWrites:

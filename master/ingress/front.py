@@ -32,7 +32,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from a3c_http.config.settings import Settings
-from a3c_http.server import logs, memory
+from a3c_http.server import logs, tuning
 from a3c_http.server.service import install_common
 from a3c_http.wire.frames import LENGTHS, decode_head, frame_parts
 from master.api.schemas import PushHeaders
@@ -103,7 +103,7 @@ def create_app(settings: Settings, channel: Channel) -> FastAPI:
 def main(listen_fd: int, channel_fd: int) -> None:
     settings = Settings.from_env()
     logs.configure(settings.log_level, settings.log_format)
-    memory.keep_freed_memory(settings.max_body_bytes)
+    tuning.keep_freed_memory(settings.max_body_bytes)
     listening = socket.socket(fileno=listen_fd)
     channel = Channel(socket.socket(fileno=channel_fd))
     config = uvicorn.Config(

@@ -1,0 +1,313 @@
+"""Every performance trick that reaches past a library's public API, behind one switch.
+
+The rest of the project calls only the functions below; none of its other modules touches a
+private attribute of uvicorn, httpx, httpcore or torch, nor the C library. Each function states
+what it changes and the figure that justifies it, and each falls back to the plain path (with one
+warning in the log, once per process) when what it relies on is not there as it expects.
+
+`A3C_TUNING` (read once per process, at the first call here; `on` by default, `off`, or any
+spelling of a boolean pydantic accepts) turns them all off: the services then run on plain
+FastAPI/uvicorn, httpx and torch. Each function is then a no-op or torch's own path:
+
+- `install_server_hooks`: uvicorn's protocols write as uvicorn does (head and body apart);
+- `install_network_backend`: httpx's own transport, whose reads are bounded by its per-read
+  timeout (not by a3c_http/net/outbound.py's whole-attempt deadline and stop, which its backend
+  adds);
+- `keep_freed_memory`: glibc's malloc as configured by default;
+- `freeze_startup_objects`: the garbage collector sees every object;
+- `rmsprop_step`: `PlainRMSprop` steps with torch's operations (bit for bit torch's RMSprop).
+
+Written against uvicorn 0.54, httpcore 1.0 (httpx 0.28) and torch 2.13; pyproject.toml bounds
+them, and tests/test_tuning.py names what changed here when a newer one differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import functools
+import gc
+import importlib
+import logging
+import math
+import os
+from typing import TYPE_CHECKING, Any
+
+from a3c_http.server.coalesce import HeldTransport
+
+if TYPE_CHECKING:
+    import torch
+
+ENV = "A3C_TUNING"
+_LOG = logging.getLogger("a3c.tuning")
+
+_enabled: bool | None = None
+_warned: set[str] = set()
+# What this process installed, by name (tests/test_tuning.py: nothing with the switch off).
+installed: set[str] = set()
+
+
+def enabled() -> bool:
+    """The switch, read from `A3C_TUNING` at the first call (a value that is not a boolean raises
+    ValueError naming the variable)."""
+    global _enabled
+    if _enabled is None:
+        raw = os.environ.get(ENV, "").strip()
+        if not raw:
+            _enabled = True
+        else:
+            from pydantic import TypeAdapter, ValidationError
+
+            try:
+                _enabled = TypeAdapter(bool).validate_python(raw)
+            except ValidationError:
+                raise ValueError(f"{ENV}={raw!r}: must be on or off") from None
+    return _enabled
+
+
+def _fall_back(what: str, why: str) -> None:
+    """One warning per trick and process: it is off, the plain path runs."""
+    if what not in _warned:
+        _warned.add(what)
+        _LOG.warning("a3c_http/server/tuning.py: %s is off (%s); the plain path runs", what, why)
+
+
+# --- uvicorn: one send for a response's head and body -----------------------------------------
+
+# The protocol classes uvicorn makes a connection's protocol from (h11 always, httptools when
+# installed), and the method whose transport argument is replaced.
+UVICORN_PROTOCOLS = {
+    "uvicorn.protocols.http.httptools_impl": "HttpToolsProtocol",
+    "uvicorn.protocols.http.h11_impl": "H11Protocol",
+}
+_held_tried: set[str] = set()
+
+
+def install_server_hooks() -> None:
+    """Give every connection this process's uvicorn accepts from now on a `HeldTransport`
+    (a3c_http/server/coalesce.py): what uvicorn writes in one turn of the event loop leaves in one
+    send. uvicorn writes a response's head and body apart, two TCP segments and two wake-ups of the
+    peer; joined, a 1-worker run's master spent 0.53 ms of CPU a push against 0.60 (medians of 5
+    alternated 10 s windows), 1 read and 1 write a push where it made 2 and 2.
+
+    Wraps `connection_made` of uvicorn's protocol classes (not public API), once per class and
+    process. A class that is absent (httptools is optional) is skipped; one whose
+    `connection_made` no longer takes `(self, transport)` is left as it is, with a warning."""
+    if not enabled():
+        return
+    for module_name, class_name in UVICORN_PROTOCOLS.items():
+        if module_name in _held_tried:
+            continue
+        _held_tried.add(module_name)
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError):
+            continue
+        problem = uvicorn_protocol_problem(cls)
+        if problem:
+            _fall_back(f"one send per response ({module_name}.{class_name})", problem)
+            continue
+        made = cls.connection_made
+
+        @functools.wraps(made)
+        def connection_made(self: Any, transport: asyncio.Transport, made: Any = made) -> None:
+            made(self, HeldTransport(transport))
+
+        cls.connection_made = connection_made
+        installed.add(f"{module_name}.{class_name}.connection_made")
+
+
+def uvicorn_protocol_problem(cls: type) -> str | None:
+    """What `install_server_hooks` cannot rely on in `cls` (None: all there): a
+    `connection_made(self, transport)` that keeps the transport it is given to write to."""
+    import inspect
+
+    made = getattr(cls, "connection_made", None)
+    if not callable(made):
+        return "connection_made is gone"
+    try:
+        params = list(inspect.signature(made).parameters)
+    except (TypeError, ValueError):
+        return "connection_made has no signature"
+    if params[:2] != ["self", "transport"] or len(params) > 2:
+        return f"connection_made takes ({', '.join(params)}), not (self, transport)"
+    return None
+
+
+# --- httpx/httpcore: the network backend of an outbound transport ------------------------------
+
+
+def install_network_backend(transport: Any, backend: Any) -> bool:
+    """Make `backend` (an httpcore.SyncBackend) open every connection `transport` (an
+    httpx.HTTPTransport) opens from now on. httpx names no network backend, but the httpcore
+    pool it keeps in `_pool` takes one in `_network_backend` (neither is public API). True when
+    installed; False with the switch off, or with a warning when the pool is not as expected:
+    the transport then stays httpx's own.
+
+    a3c_http/net/outbound.py's backend bounds a whole attempt (deadline, stop event: its reads wait
+    in slices of 0.1 s) where httpx bounds each read, and holds a request's writes until its
+    reply is read so that head and body leave in one send."""
+    if not enabled():
+        return False
+    problem = httpx_transport_problem(transport)
+    if problem:
+        _fall_back("outbound network backend (httpx.HTTPTransport._pool)", problem)
+        return False
+    transport._pool._network_backend = backend
+    installed.add("httpx.HTTPTransport._pool._network_backend")
+    return True
+
+
+def httpx_transport_problem(transport: Any) -> str | None:
+    """What `install_network_backend` cannot rely on in `transport` (None: all there)."""
+    import httpcore
+
+    pool = getattr(transport, "_pool", None)
+    if pool is None:
+        return "httpx.HTTPTransport has no _pool"
+    if not isinstance(getattr(pool, "_network_backend", None), httpcore.SyncBackend):
+        return f"{type(pool).__name__} has no _network_backend that is an httpcore.SyncBackend"
+    return None
+
+
+# --- glibc: keep freed buffers for the next push ----------------------------------------------
+
+# glibc's mallopt parameters (malloc.h).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+# glibc refuses a larger mmap threshold on 64-bit systems (half its heaps' maximum size).
+_MAX_MMAP_THRESHOLD = 32 * 1024 * 1024
+
+
+def keep_freed_memory(largest: int) -> bool:
+    """Ask glibc's malloc (`mallopt`, through ctypes) to serve allocations of up to `largest`
+    bytes (at most 32 MiB) from its heap and to keep up to four times that freed at the heap's
+    top instead of returning it to the system. True when glibc took both settings; False with
+    the switch off, or on another C library (musl, macOS: no mallopt), where nothing changes.
+
+    Every push of a large model allocates and frees a few buffers of its size; above glibc's
+    mmap threshold (128 KiB at first) each was given fresh pages and returned at its free, so
+    the next push faulted in about a thousand pages again: 300 to 1,200 page faults and 1.5 to
+    2.5 ms of CPU a push of the million-parameter model, against 0 and none with these settings
+    (`ru_minflt`, `time.process_time`). What stays mapped is bounded by `largest` (the services
+    pass A3C_MAX_BODY_BYTES) times the few buffers a push holds at once."""
+    if not enabled():
+        return False
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError):
+        return False
+    threshold = min(max(largest, 128 * 1024), _MAX_MMAP_THRESHOLD)
+    done = bool(mallopt(_M_MMAP_THRESHOLD, threshold)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, 4 * threshold)
+    )
+    if done:
+        installed.add("mallopt")
+    return done
+
+
+# --- the garbage collector: start-up's objects out of its sight -------------------------------
+
+
+def freeze_startup_objects() -> None:
+    """`gc.freeze()`: what start-up built (torch, gymnasium, FastAPI, the app) lives as long as
+    the process, so the collector stops scanning it. A full collection of it took 94 ms in the
+    master and 0.11 s (212,585 objects) in a training worker, on the latency of whatever it
+    interrupted; microseconds after the freeze. Nothing with the switch off."""
+    if not enabled():
+        return
+    gc.freeze()
+    installed.add("gc.freeze")
+
+
+# --- torch: RMSprop's step through Adagrad's fused kernel -------------------------------------
+
+# Adagrad's sum is alpha / (1 - alpha) times square_avg, 99 times at alpha 0.99 (make_optimizer's):
+# a checked gradient's then stays finite (a3c_http/optim/flatnet.py GRADIENT_LIMIT: 99e36 + 1e36 is
+# below float32's 3.4e38). A larger alpha takes torch's operations.
+FUSED_ALPHA_MAX = 0.99
+_fused: bool | None = None  # the kernel is there and computes what rmsprop_step counts on
+_torch: Any = None  # torch, once probed (this module does not import it for those that don't)
+
+
+def fused_adagrad_problem() -> str | None:
+    """What `rmsprop_step` cannot rely on in this torch (None: all there): its private
+    `torch._fused_adagrad_` kernel for the CPU (2.4 and later), taking the arguments it is given
+    here and computing what it counts on (a sum of 1 and eps 1 move a weight by -lr 1 / 2)."""
+    import torch
+
+    weight = torch.zeros(1)
+    try:
+        torch._fused_adagrad_(
+            [weight], [torch.ones(1)], [torch.zeros(1)], [torch.ones(())], lr=1.0, lr_decay=0.0,
+            weight_decay=0.0, eps=1.0, maximize=False,
+        )  # fmt: skip
+    except AttributeError:
+        return "torch._fused_adagrad_ is gone"
+    except (TypeError, RuntimeError, NotImplementedError) as exc:
+        return f"torch._fused_adagrad_ refused its arguments ({type(exc).__name__}: {exc})"
+    if weight.item() != -0.5:
+        return f"torch._fused_adagrad_ moved a weight to {weight.item()}, not -0.5"
+    return None
+
+
+def fused_rmsprop() -> bool:
+    """Whether `rmsprop_step` may take the fused kernel in this process: the switch is on and
+    the kernel passed `fused_adagrad_problem` (probed once, at the first call)."""
+    global _fused, _torch
+    if _fused is not None:
+        return _fused
+    import torch
+
+    _torch = torch
+    if not enabled():
+        _fused = False
+        return False
+    problem = fused_adagrad_problem()
+    if problem:
+        _fall_back("PlainRMSprop's fused step", problem)
+    _fused = problem is None
+    if _fused:
+        installed.add("torch._fused_adagrad_")
+    return _fused
+
+
+def rmsprop_step(
+    p: torch.Tensor, square_avg: torch.Tensor, step: torch.Tensor, alpha: float, eps: float,
+    lr: float,
+) -> bool:  # fmt: skip
+    """RMSprop's plain step of `p` (its `grad`, `square_avg` and the already counted `step`)
+    through torch's fused Adagrad kernel, what `Adagrad(fused=True)` runs: True when taken, False
+    when the caller must take torch's operations (switch off, kernel absent or changed, alpha
+    over FUSED_ALPHA_MAX, or tensors the kernel cannot read as one run of float32 values on the
+    CPU: it would read a strided gradient wrongly).
+
+    Adagrad adds g^2 to its sum and moves a weight by -clr g / (sqrt(sum) + eps'). Given the sum
+    alpha square_avg / (1 - alpha), clr = lr / sqrt(1 - alpha) and eps' = eps / sqrt(1 - alpha),
+    its sum is RMSprop's new square_avg over (1 - alpha) and its move RMSprop's step: the same
+    maths, equal up to float32 rounding (tests/test_a3c_loss.py). square_avg is scaled into that
+    sum before the kernel and back after it: three passes, in registers, where torch's RMSprop
+    makes five with a temporary. A million parameters take 0.45 ms a step against 0.91 for
+    torch's operations one by one; the master's CPU a 1M push 3.34 against 3.83 ms (medians of 3
+    alternated); the default model's `PlainRMSprop.apply` 13.7 to 14.1 us against 17.3 to 17.8."""
+    g = p.grad
+    if not (
+        (_fused if _fused is not None else fused_rmsprop())
+        and alpha <= FUSED_ALPHA_MAX
+        and p.is_cpu and g.is_cpu and square_avg.is_cpu
+        and p.dtype == g.dtype == square_avg.dtype == _torch.float32
+        and p.is_contiguous() and g.is_contiguous() and square_avg.is_contiguous()
+    ):  # fmt: skip
+        return False
+    root = math.sqrt(1 - alpha)
+    square_avg.mul_(alpha / (1 - alpha))  # the sum: alpha square_avg / (1 - alpha)
+    _torch._fused_adagrad_(
+        [p], [g], [square_avg], [step], lr=lr / root, lr_decay=0.0, weight_decay=0.0,
+        eps=eps / root, maximize=False,
+    )  # fmt: skip
+    square_avg.mul_(1 - alpha)  # the new square_avg again
+    return True
