@@ -158,3 +158,35 @@ def test_a_bfloat16_run_exchanges_bfloat16_and_keeps_float32(tmp_path: Path) -> 
         saved = st_load((tmp_path / "run" / "weights.safetensors").read_bytes())
         assert all(t.dtype == torch.float32 for t in saved.values())
         assert torch.equal(net.layout.flatten(saved), net.flat)
+
+
+def test_another_writers_gradients_are_applied_as_a_workers(tmp_path: Path) -> None:
+    """POST /gradients takes the same gradients in any valid safetensors layout (here
+    safetensors.torch.save of the tensors in reverse order, with the push's report) and applies
+    them exactly as the worker's own layout; a broken one is refused and changes nothing."""
+    from safetensors.torch import save as st_save
+
+    from tests.support import OCTET
+
+    answers = []
+    for writer in ("layout", "safetensors"):
+        with master_running(tmp_path / writer) as c:
+            layout = c.app.state.cluster.params.net.wire
+            vector = torch.full((layout.numel,), 1e-3)
+            metadata = {"a3c": '{"episodes": [[12.0, 12]]}'}
+            body = (
+                layout.encode(vector, metadata)
+                if writer == "layout"
+                else st_save(dict(reversed(layout.views(vector).items())), metadata)
+            )
+            headers = {**OCTET, "X-Worker-Id": "w1", "X-Model-Version": "0", "X-A3C-Seq": "1"}
+            before = snapshot(c)
+            broken = body[:-4] + b"\x00\x00\xc0\x7f"  # a NaN in the last tensor
+            refused = c.post("/gradients", content=broken, headers=headers)
+            assert refused.status_code == 422 and "NaN" in refused.text, refused.text
+            assert snapshot(c) == before
+            r = c.post("/gradients", content=body, headers=headers)
+            assert r.status_code == 200, r.text
+            s = c.get("/status").json()
+            answers.append((r.content, s["model_version"], s["global_episode"]))
+    assert answers[0] == answers[1]

@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
+from safetensors.torch import save as st_save
 
 from a3c_http.wire import tensors as wire
 from a3c_http.wire.protocol import (
@@ -53,12 +54,19 @@ class Body:
     norm: float
 
 
-def ready_bodies(layout: wire.Layout, count: int = 8, seed: int = 0) -> list[Body]:
-    """`count` gradient bodies of the model's shape with random values, in the layout a worker
-    sends (a3c_http/wire/tensors.py `Layout`), whose norms (about 0.4, never above the default
-    clipping of 0.5, as the master insists) and losses (about 1) vary by about 10 % from one to the
-    next: the master's outlier check judges them against a window with some spread, as in a real
-    run, and refuses none."""
+# Who writes a body (`ready_bodies`): a worker (its layout, a3c_http/wire/tensors.py `Layout`), or
+# another client, as safetensors' own writer lays out the same tensors given in reverse order.
+WRITERS = ("layout", "safetensors")
+
+
+def ready_bodies(
+    layout: wire.Layout, count: int = 8, seed: int = 0, writer: str = "layout"
+) -> list[Body]:
+    """`count` gradient bodies of the model's shape with random values, as `writer` writes them
+    (`WRITERS`: the same values either way), whose norms (about 0.4, never above the default
+    clipping of 0.5, as the master insists) and losses (about 1) vary by about 10 % from one to
+    the next: the master's outlier check judges them against a window with some spread, as in a
+    real run, and refuses none."""
     gen = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(count):
@@ -67,7 +75,12 @@ def ready_bodies(layout: wire.Layout, count: int = 8, seed: int = 0) -> list[Bod
         total = math.sqrt(sum(float(t.pow(2).sum()) for t in tensors.values()))
         tensors = {name: t * (norm / total) for name, t in tensors.items()}
         loss = math.exp(0.1 * torch.randn((), generator=gen).item())
-        out.append(Body(layout.encode(layout.flatten(tensors)), loss, norm))
+        if writer == "layout":
+            data = layout.encode(layout.flatten(tensors))
+        else:
+            backwards = {n: tensors[n].to(layout.dtypes[n]) for n in reversed(layout.names)}
+            data = st_save(backwards)
+        out.append(Body(data, loss, norm))
     return out
 
 
