@@ -14,8 +14,9 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from a3c_http import tuning
 from a3c_http.config.settings import Settings
-from a3c_http.server import logs, tuning
+from a3c_http.server import logs
 from a3c_http.server.service import install_common
 from a3c_http.store.runstore import RunDirInUse
 from a3c_http.wire.protocol import STOP_HEADER

@@ -31,11 +31,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from pydantic import ValidationError
 
-from a3c_http.algos.a3c import learning_rate
+from a3c_http.algos.base import algorithm_class
 from a3c_http.algos.exploration import check_actions
 from a3c_http.config.settings import Settings
 from a3c_http.config.training import TrainConfig
 from a3c_http.models.actor_critic import model_for
+from a3c_http.optim.optimizers import learning_rate
 from a3c_http.server.service import describe_error
 from a3c_http.store.runstore import RunStore
 from a3c_http.wire import tensors as wire
@@ -236,7 +237,8 @@ class ClusterState:
         if it did): applied at once, or in sync mode added to the current round. The body's
         metadata may carry the rollout's finished episodes and the worker's statistics
         (master/api/schemas.py RolloutReport), counted first, whatever becomes of the gradients.
-        Returns the outcome (master/learning/rounds.py `settle`: the new weights, their version and
+        The run's algorithm (a3c_http/algos/) decides what applying means. Returns the outcome
+        (master/learning/rounds.py `settle`: the new weights, their version and
         whether the request was a retry of gradients taken already) and the run's figures as
         `POST /episode` answers them. Raises StateConflict (stale, an outlier, no running run,
         or a worker that is not registered) or WireError; no gradient is taken then, and for an
@@ -260,14 +262,17 @@ class ClusterState:
             raise
         if config.lr_schedule != "constant":  # a constant rate is the optimizer's own
             self.params.set_learning_rate(learning_rate(config, self.ledger.env_steps()))
-        if config.sync_mode == "sync":
-            expected, _ = self.ledger.round_expectation()
-            outcome = self.params.join_round(update, config, refusal, expected)
-        else:
-            outcome = self.params.apply_gradients(update, config, refusal)
+        outcome = algorithm_class(config).apply(
+            self.params, update, config, refusal, self._round_expectation
+        )
         if outcome.duplicate and not figures["duplicate"]:
             self.ledger.count_duplicate(worker_id)
         return outcome, figures
+
+    def _round_expectation(self) -> set[str]:
+        """The running workers a sync round waits for."""
+        expected, _ = self.ledger.round_expectation()
+        return expected
 
     def put_weights(
         self,

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from a3c_http.algos.a3c import a3c_loss, compute_advantages, gradients
+from a3c_http.algos.a3c import a3c_loss, compute_advantages
+from a3c_http.algos.base import gradients
 from a3c_http.models.actor_critic import ActorCritic
 
 # -- a3c_loss -------------------------------------------------------------------------------------
@@ -239,9 +240,9 @@ def test_the_plain_rmsprop_step_is_torchs(monkeypatch: pytest.MonkeyPatch) -> No
     learning rates scaled as staleness scaling does: through the fused kernel within float32's
     rounding, and a gradient the kernel cannot read (strided) through torch's operations, bit
     for bit."""
-    from a3c_http.algos.a3c import PlainRMSprop, make_optimizer
+    from a3c_http import tuning
     from a3c_http.config.training import TrainConfig
-    from a3c_http.server import tuning
+    from a3c_http.optim.optimizers import PlainRMSprop, make_optimizer
 
     assert tuning.fused_rmsprop()  # probed before the kernel is counted
     fused = []
@@ -277,7 +278,7 @@ def test_the_plain_rmsprop_step_is_torchs(monkeypatch: pytest.MonkeyPatch) -> No
 def test_the_fused_kernel_probe_says_no_on_a_torch_without_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from a3c_http.server import tuning
+    from a3c_http import tuning
 
     assert tuning.fused_adagrad_problem() is None
     monkeypatch.delattr(torch, "_fused_adagrad_")
@@ -285,8 +286,8 @@ def test_the_fused_kernel_probe_says_no_on_a_torch_without_it(
 
 
 def test_adam_is_torchs_fused_adam_within_rounding() -> None:
-    from a3c_http.algos.a3c import make_optimizer
     from a3c_http.config.training import TrainConfig
+    from a3c_http.optim.optimizers import make_optimizer
 
     config = TrainConfig(seed=0, optimizer="adam")
     torch.manual_seed(1)
@@ -303,7 +304,7 @@ def test_adam_is_torchs_fused_adam_within_rounding() -> None:
 
 
 def test_tensorflows_rmsprop_starts_its_mean_square_at_ones_and_adds_eps_under_the_root() -> None:
-    from a3c_http.algos.a3c import RMSpropTF
+    from a3c_http.optim.optimizers import RMSpropTF
 
     p = torch.nn.Parameter(torch.zeros(3))
     optimizer = RMSpropTF([p], lr=0.1, alpha=0.99, eps=1e-5)

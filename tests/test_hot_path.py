@@ -9,10 +9,10 @@ from concurrent.futures import Future
 import pytest
 import torch
 
-from a3c_http.algos.a3c import make_optimizer
 from a3c_http.config.training import TrainConfig
 from a3c_http.models.actor_critic import model_for
 from a3c_http.optim.flatnet import FlatNetwork
+from a3c_http.optim.optimizers import make_optimizer
 from a3c_http.server.service import QuietAccessLog
 from master.ingress.gradients import GradientRoute
 from master.learning.seqwindow import WIDTH, SeqWindow
@@ -243,11 +243,11 @@ def test_the_hot_path_and_the_declared_route_answer_a_push_alike(tmp_path) -> No
 
 
 def test_glibc_takes_the_settings_that_keep_freed_buffers() -> None:
-    """a3c_http/server/tuning.py (what the settings save is a figure of bench.py's master section,
+    """a3c_http/tuning.py (what the settings save is a figure of bench.py's master section,
     not a test's): glibc takes both, and a threshold above its own maximum is brought down to it."""
     import ctypes.util
 
-    from a3c_http.server.tuning import keep_freed_memory
+    from a3c_http.tuning import keep_freed_memory
 
     if ctypes.util.find_library("c") is None:
         pytest.skip("no C library to ask")

@@ -41,20 +41,22 @@ def cat(rollouts: list[Rollout], name: str) -> torch.Tensor:
 def test_cartpole_rollout_shapes(cartpole: RolloutCollector) -> None:
     torch.manual_seed(0)
     model = build_model("CartPole-v1", {}, [16])
-    r = cartpole.collect(model, t_max=7)
+    r = cartpole.collect(model, t_max=7, policy_version=12)
     assert r.obs.shape == (7, 3, 4) and r.obs.dtype == torch.float32
     assert r.actions.shape == (7, 3)
-    for name in ("rewards", "values", "terminated", "truncated", "valid"):
+    assert r.policy_version == 12
+    for name in ("rewards", "values", "log_probs", "terminated", "truncated", "valid"):
         assert getattr(r, name).shape == (7, 3), name
     for name in ("terminated", "truncated", "valid"):
         assert getattr(r, name).dtype == torch.bool, name
     assert r.last_value.shape == (3,)
     # The first step after reset is a real transition for every sub-environment.
     assert r.valid[0].all()
-    # values are V(obs) under the model that acted.
+    # values are V(obs), log_probs log pi(a|obs), under the model that acted.
     with torch.no_grad():
-        _, v = model(r.obs.reshape(-1, 4))
+        dist, v = model(r.obs.reshape(-1, 4))
     assert torch.allclose(r.values.reshape(-1), v, atol=1e-6)
+    assert torch.allclose(r.log_probs.reshape(-1), dist.log_prob(r.actions.reshape(-1)), atol=1e-6)
 
 
 def test_cartpole_mask_rewards_and_episode_lengths(cartpole: RolloutCollector) -> None:
@@ -157,6 +159,11 @@ def test_pendulum_box_actions_are_clipped_for_the_env() -> None:
     assert r.obs.shape == (20, 2, 3)
     assert r.actions.shape == (20, 2, 1)
     assert r.rewards.shape == (20, 2)
+    # The behaviour log-probabilities are the Gaussian's, of the actions as sampled.
+    with torch.no_grad():
+        dist, _ = model(r.obs.reshape(-1, 3))
+    expected = dist.log_prob(r.actions.reshape(-1, 1)).reshape(20, 2)
+    assert torch.allclose(r.log_probs, expected, atol=1e-5)
     assert r.valid.all()  # Pendulum episodes last 200 steps
     assert (r.rewards <= 0).all()
     # The rollout keeps the sampled actions (their log-probabilities are what the loss needs)...

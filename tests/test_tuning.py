@@ -1,4 +1,4 @@
-"""a3c_http/server/tuning.py: what it relies on in uvicorn, httpx/httpcore, h11 and torch is there
+"""a3c_http/tuning.py: what it relies on in uvicorn, httpx/httpcore, h11 and torch is there
 as it expects (a newer library that changed it fails here, naming the module and what changed), it
 falls back to the plain path when something is not, and A3C_TUNING=off runs a master without any of
 it."""
@@ -17,9 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from a3c_http.server import headerbounds, tuning
+from a3c_http import tuning
+from a3c_http.server import headerbounds
 
-MODULE = "a3c_http/server/tuning.py"
+MODULE = "a3c_http/tuning.py"
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,7 +35,7 @@ def uvicorn_protocols() -> list[tuple[str, type]]:
                 continue  # optional
             pytest.fail(f"{MODULE}: {module_name} is gone (uvicorn moved its protocols)")
         cls = getattr(module, class_name, None)
-        assert cls is not None, f"a3c_http/server/tuning.py: {module_name}.{class_name} is gone"
+        assert cls is not None, f"a3c_http/tuning.py: {module_name}.{class_name} is gone"
         found.append((f"{module_name}.{class_name}", cls))
     return found
 
@@ -48,7 +49,7 @@ def test_uvicorns_protocols_are_as_tuning_expects() -> None:
         made = inspect.unwrap(cls.connection_made)
         source = inspect.getsource(made)
         assert "self.transport = transport" in source, (
-            f"a3c_http/server/tuning.py: {name}.connection_made changed: it no longer keeps the "
+            f"a3c_http/tuning.py: {name}.connection_made changed: it no longer keeps the "
             "transport it is given as self.transport"
         )
 
@@ -68,7 +69,7 @@ def test_httpx_transport_is_as_tuning_expects() -> None:
 
 def test_torchs_fused_adagrad_kernel_is_as_tuning_expects() -> None:
     problem = tuning.fused_adagrad_problem()
-    assert problem is None, f"a3c_http/server/tuning.py: torch._fused_adagrad_ changed: {problem}"
+    assert problem is None, f"a3c_http/tuning.py: torch._fused_adagrad_ changed: {problem}"
 
 
 def test_uvicorns_protocols_are_as_headerbounds_expects() -> None:
@@ -104,7 +105,7 @@ def test_a_changed_library_leaves_the_plain_path_with_one_log_line(
         assert not tuning.install_network_backend(object(), None)
         assert not tuning.install_network_backend(object(), None)
     lines = [r.getMessage() for r in caplog.records if r.name == "a3c.tuning"]
-    assert len(lines) == 1 and lines[0].startswith("a3c_http/server/tuning.py: outbound"), lines
+    assert len(lines) == 1 and lines[0].startswith("a3c_http/tuning.py: outbound"), lines
 
 
 def test_the_switch_reads_booleans_and_names_itself_otherwise(
@@ -132,8 +133,8 @@ kernel = torch._fused_adagrad_
 kernel_calls = []
 torch._fused_adagrad_ = lambda *a, **k: kernel_calls.append(1) or kernel(*a, **k)
 
-from a3c_http.server import tuning
-from a3c_http.algos.a3c import make_optimizer
+from a3c_http import tuning
+from a3c_http.optim.optimizers import make_optimizer
 from a3c_http.config.training import TrainConfig
 from a3c_http.net.outbound import IDENTITY, BoundedTransport
 from a3c_http.config.settings import Settings
@@ -192,7 +193,7 @@ for cls in (uvicorn.protocols.http.h11_impl.H11Protocol,
             uvicorn.protocols.http.httptools_impl.HttpToolsProtocol):
     made = cls.connection_made
     while made is not None:
-        assert made.__module__ != "a3c_http.server.tuning", cls
+        assert made.__module__ != "a3c_http.tuning", cls
         made = getattr(made, "__wrapped__", None)
 assert type(bounded._direct._pool._network_backend) is httpcore.SyncBackend
 assert gc.get_freeze_count() == 0

@@ -15,11 +15,12 @@ import torch
 from fastapi import FastAPI, HTTPException, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from a3c_http import tuning
 from a3c_http.algos.exploration import Exploration
 from a3c_http.config.settings import WorkerSettings
 from a3c_http.config.training import TrainConfig
 from a3c_http.net.client import A3CError, MasterClient, MasterUnavailable
-from a3c_http.server import logs, tuning
+from a3c_http.server import logs
 from a3c_http.server.service import JSON_BODY, conflict, install_common, protected_router
 from a3c_http.wire.protocol import METRICS_CONTENT_TYPE as METRICS_TYPE
 from a3c_http.wire.protocol import WORKER_ID_PATTERN

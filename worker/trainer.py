@@ -1,15 +1,11 @@
-"""The worker's training loop: collect a rollout, exchange with the master, repeat.
+"""The worker's training loop: collect a rollout, hand it to the run's algorithm, repeat.
 
-gradients mode (A3C): one round trip per update; the gradients go up with the rollout's finished
-episodes and the worker's statistics (in the body's metadata), the new global weights and the
-run's figures come back in the same reply. Up to `max_in_flight` pushes are in flight while the
-worker collects its next rollouts (worker/pipeline.py). sync mode (A2C): the same round trip, whose
-reply the master holds until every running worker has sent its gradients for the version (at most
-`sync_timeout_s`); the worker waits for it. A heartbeat goes only when no reply came for
-`heartbeat_interval_s`.
-best_weights mode (the original design): the worker learns with its own optimizer; when one of its
-episodes beats the best score it pushes its weights as the global ones, and it adopts newer global
-weights (another worker's best) at each heartbeat.
+What the worker does with each rollout is its algorithm's (a3c_http/algos/: A3C, sync A2C, the
+original design's best weights); this module is the port they do it through (`WorkerPort`): pushes
+of gradients with the rollout's finished episodes and the worker's statistics, whose replies bring
+the new weights and the run's figures; episode reports; weights pushed and pulled. Up to the
+algorithm's `pushes_in_flight` pushes are in flight while the worker collects its next rollouts
+(worker/pipeline.py). A heartbeat goes only when no reply came for `heartbeat_interval_s`.
 """
 
 from __future__ import annotations
@@ -20,17 +16,17 @@ import threading
 import time
 import zlib
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from a3c_http.algos.a3c import LossTerms, gradients, make_optimizer, rollout_loss
+from a3c_http.algos.base import Algorithm, GradientUpdate, algorithm_for
 from a3c_http.algos.exploration import widened
 from a3c_http.config.training import TrainConfig
-from a3c_http.envs.rollout import Rollout, RolloutCollector
+from a3c_http.envs.rollout import Episode, Rollout, RolloutCollector
 from a3c_http.models.actor_critic import ActorCritic, model_for
-from a3c_http.models.normalize import absorb
 from a3c_http.net.client import A3CError, Conflict, MasterClient, Stopped, Weights
 from a3c_http.optim.flatnet import bind
 from a3c_http.server.logs import Events, Pace
@@ -95,7 +91,11 @@ class Trainer:
         self.stop_event = stop_event
         self.progress = progress
         self.log_std_offset = log_std_offset
+        self.model: ActorCritic | None = None
         self.policy: Any = None  # the model, or its widened Gaussian: what acts and is scored
+        self.algorithm: Algorithm | None = None  # the run's (a3c_http/algos/)
+        self.pipeline: Pipeline | None = None  # the pushes in flight
+        self._rollout_started = time.monotonic()
         self.version = 0
         self.layout: wire.Layout | None = None
         # the model's weights (a3c_http/optim/flatnet.py `bind`)
@@ -116,46 +116,37 @@ class Trainer:
         seed = worker_seed(cfg.seed or 0, self.worker_id)
         torch.manual_seed(seed)
         self._http(self.client.worker_started, self.worker_id, self.worker_url)
-        model = model_for(cfg)
+        self.model = model = model_for(cfg)
         self.policy = policy = widened(model, self.log_std_offset)
         # The run's wire dtype: gradients go up in it, weights come back in it.
         self.layout = wire.Layout.of(model, cfg.wire_dtype)
         self.flat = bind(model, self.layout)  # loading weights is one copy into it
         collector = RolloutCollector.for_config(cfg, seed)
-        local = cfg.sync_mode == "best_weights"
-        in_flight = min(cfg.max_in_flight, cfg.max_staleness)
-        pipeline = Pipeline(0 if cfg.sync_mode == "sync" else in_flight)
+        self.algorithm = algorithm = algorithm_for(cfg, model, policy)
+        self.pipeline = pipeline = Pipeline(algorithm.pushes_in_flight())
         try:
-            self._load(model, self._http(self.client.get_weights, self.layout))
+            self._load(self._http(self.client.get_weights, self.layout))
             self.last_reply = time.monotonic()
-            optimizer = make_optimizer(model.parameters(), cfg) if local else None
             last_heartbeat = time.monotonic()
             while not self.stop_event.is_set():
-                started = time.monotonic()
-                rollout = collector.collect(policy, cfg.t_max)
-                self.progress.time_rollout_s += time.monotonic() - started
+                self._rollout_started = time.monotonic()
+                rollout = collector.collect(policy, cfg.t_max, self.version)
+                self.progress.time_rollout_s += time.monotonic() - self._rollout_started
                 self.progress.env_steps += rollout.num_steps
-                if optimizer is None:
-                    self._note_episodes(rollout.episodes)
-                    self._push_gradients(model, rollout, pipeline)
-                    pipeline.computed(time.monotonic() - started)
-                    self._take_replies(model, pipeline)
-                    # Quiet: no reply (refusals are not replies) and no heartbeat for a while.
-                    quiet_since = max(self.last_reply, last_heartbeat)
-                else:
-                    improved = self._report(rollout)
-                    self._learn_locally(model, optimizer, rollout, improved)
-                    quiet_since = last_heartbeat
-                if time.monotonic() - quiet_since >= cfg.heartbeat_interval_s:
+                algorithm.on_rollout(self, rollout)
+                # Quiet: no reply (refusals are not replies) and no heartbeat for a while.
+                if time.monotonic() - max(self.last_reply, last_heartbeat) >= (
+                    cfg.heartbeat_interval_s
+                ):
                     last_heartbeat = time.monotonic()
-                    self._heartbeat(model)
+                    self._heartbeat(algorithm)
                 seconds = self.pace.due()
                 if seconds is not None:
                     self._log_progress(seconds)
-            self._settle(pipeline.drain(), ending=True)  # this worker's /stop
+            self._count_replies(pipeline.drain(), ending=True)  # this worker's /stop
         except _Stop:
             # What is on the wire was taken (or refused) by the master: count it like the rest.
-            self._settle(pipeline.drain(), ending=True)
+            self._count_replies(pipeline.drain(), ending=True)
             raise
         finally:
             collector.close()
@@ -190,7 +181,7 @@ class Trainer:
         finally:
             self.progress.time_http_s += time.monotonic() - started
 
-    def _load(self, model: ActorCritic, weights: Weights | None) -> None:
+    def _load(self, weights: Weights | None) -> None:
         if weights is None:
             return
         self.flat.copy_(weights.vector)
@@ -213,25 +204,6 @@ class Trainer:
         if p.steps_per_s is not None:
             p.metrics["time/fps"] = p.steps_per_s
 
-    def _report(self, rollout: Rollout) -> bool:
-        """best_weights mode: send each finished episode; True when one of them raised the best
-        score."""
-        improved = False
-        for ep in rollout.episodes:
-            reply = self._http(self.client.episode, self.worker_id, ep.reward, ep.length)
-            self._note_episodes([ep])
-            improved = improved or bool(reply["improved"])
-            if reply["stop"]:
-                raise _Stop
-        return improved
-
-    def _loss(self, rollout: Rollout) -> LossTerms:
-        """The loss of the rollout under the policy that acted (the model, or its widened
-        Gaussian)."""
-        loss = rollout_loss(self.policy, rollout, self.config)
-        self.progress.metrics.update(loss.as_floats())
-        return loss
-
     def _stats(self) -> dict[str, Any]:
         p = self.progress
         return {
@@ -243,53 +215,94 @@ class Trainer:
             "metrics": dict(p.metrics),
         }
 
-    def _push_gradients(self, model: ActorCritic, rollout: Rollout, pipeline: Pipeline) -> None:
-        """Hand the rollout's gradients, episodes and statistics to the pipeline (one push)."""
-        cfg = self.config
+    # -- the port the algorithm works through (a3c_http/algos/base.py WorkerPort) ---------------
+
+    @contextlib.contextmanager
+    def learning(self) -> Iterator[None]:
         started = time.monotonic()
-        loss = self._loss(rollout).total
-        grads, norm = gradients(model, loss, cfg.max_grad_norm)
-        # The rollout's observation and return moments travel with the gradients; the master
-        # merges them into the shared statistics, which come back with the weights.
-        vector = self.layout.flatten(grads | rollout.statistics)
-        self.progress.time_learn_s += time.monotonic() - started
+        try:
+            yield
+        finally:
+            self.progress.time_learn_s += time.monotonic() - started
+
+    def note_metrics(self, metrics: dict[str, float]) -> None:
+        self.progress.metrics.update(metrics)
+
+    def push_gradients(self, update: GradientUpdate, rollout: Rollout, wait_s: float) -> None:
+        """Hand one push to the pipeline, then take the replies that are in (waiting while more
+        than the algorithm's pushes in flight are out) and load the newest weights they bring."""
+        self._note_episodes(rollout.episodes)
+        self.note_metrics(update.metrics)
+        with self.learning():
+            # The rollout's observation and return moments travel with the gradients; the master
+            # merges them into the shared statistics, which come back with the weights.
+            vector = self.layout.flatten(update.gradients | rollout.statistics)
         report = {
             "episodes": [[ep.reward, ep.length] for ep in rollout.episodes],
             "stats": self._stats(),
         }
-        args = (self.worker_id, self.version, vector, self.layout)
-        kwargs = {
-            "loss": float(loss.detach()),
-            "grad_norm": norm,
-            "wait_s": cfg.sync_timeout_s if cfg.sync_mode == "sync" else 0.0,
-            "report": report,
-        }
-        pipeline.add(self.client.push_gradients_async(*args, **kwargs))
+        self.pipeline.add(
+            self.client.push_gradients_async(
+                self.worker_id,
+                self.version,
+                vector,
+                self.layout,
+                loss=update.loss,
+                grad_norm=update.norm,
+                wait_s=wait_s,
+                report=report,
+            )
+        )
+        self.pipeline.computed(time.monotonic() - self._rollout_started)
+        self._take_replies()
 
-    def _take_replies(self, model: ActorCritic, pipeline: Pipeline) -> None:
-        """Take the replies that are in (waiting while more than max_in_flight are out), and
-        load the newest weights they bring."""
+    def report_episodes(self, episodes: list[Episode]) -> bool:
+        improved = False
+        for ep in episodes:
+            reply = self._http(self.client.episode, self.worker_id, ep.reward, ep.length)
+            self._note_episodes([ep])
+            improved = improved or bool(reply["improved"])
+            if reply["stop"]:
+                raise _Stop
+        return improved
+
+    def push_weights(self, temporary: bool) -> None:
+        weights = self.model.state_dict()
+        call = self.client.push_weights
+        reply = self._http(call, self.worker_id, weights, temporary, self.layout)
+        if not temporary:
+            self.version = int(reply["data"]["model_version"])
+            self.progress.updates += 1
+
+    def pull_weights(self) -> None:
+        self._load(self._http(self.client.get_weights, self.layout, self.version))
+
+    # -- replies -------------------------------------------------------------------------------
+
+    def _take_replies(self) -> None:
+        """Take the replies that are in and load the newest weights they bring."""
+        pipeline = self.pipeline
         started = time.monotonic()
         try:
             done = pipeline.completed()
         finally:
             self.progress.time_http_s += time.monotonic() - started
         refused = self.progress.refused
-        newest, stop = self._settle(done)
+        newest, stop = self._count_replies(done)
         self.progress.in_flight = len(pipeline)
         self.progress.in_flight_limit = pipeline.limit
         self.progress.round_trip_s = pipeline.round_trip_s
         if stop:
             raise _Stop
         if newest is not None and newest.version > self.version:
-            self._load(model, newest)
+            self._load(newest)
         elif newest is None and self.progress.refused > refused:
             # Only refusals (too stale, or outliers): catch up with the master now, even with
             # pushes in flight. Their replies may be refusals too, and every rollout computed
             # on the old weights meanwhile would be refused in turn.
-            self._load(model, self._http(self.client.get_weights, self.layout, self.version))
+            self.pull_weights()
 
-    def _settle(self, done: list, ending: bool = False) -> tuple[Weights | None, bool]:
+    def _count_replies(self, done: list, ending: bool = False) -> tuple[Weights | None, bool]:
         """Count the replies of `done` pushes; the newest weights among them, and whether one
         said the run is over. `ending`: the run is ending, a failed push is not the worker's
         failure any more."""
@@ -318,27 +331,8 @@ class Trainer:
                 newest = weights
         return newest, stop
 
-    def _learn_locally(self, model, optimizer, rollout: Rollout, improved: bool) -> None:
-        if improved:
-            # The weights that played the record episode become the global weights.
-            reply = self._http(
-                self.client.push_weights, self.worker_id, model.state_dict(), False, self.layout
-            )
-            self.version = int(reply["data"]["model_version"])
-            self.progress.updates += 1
-        started = time.monotonic()
-        optimizer.zero_grad(set_to_none=True)
-        self._loss(rollout).total.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), self.config.max_grad_norm)
-        optimizer.step()
-        absorb(model, rollout.statistics)
-        self.progress.time_learn_s += time.monotonic() - started
-
-    def _heartbeat(self, model: ActorCritic) -> None:
+    def _heartbeat(self, algorithm: Algorithm) -> None:
         stop = self._http(self.client.heartbeat, self.worker_id, **self._stats())
         if stop:
             raise _Stop
-        if self.config.sync_mode == "best_weights":
-            weights = model.state_dict()
-            self._http(self.client.push_weights, self.worker_id, weights, True, self.layout)
-            self._load(model, self._http(self.client.get_weights, self.layout, self.version))
+        algorithm.on_heartbeat(self)

@@ -27,11 +27,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from a3c_http.algos.a3c import gradients, learning_rate, lr_scale, rollout_loss, set_learning_rate
+from a3c_http.algos.a3c import rollout_loss
+from a3c_http.algos.base import gradients
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import RolloutCollector
 from a3c_http.models.actor_critic import ActorCritic, model_for
 from a3c_http.optim.flatnet import FlatNetwork, bind
+from a3c_http.optim.optimizers import learning_rate, lr_scale, set_learning_rate
 
 
 @dataclass

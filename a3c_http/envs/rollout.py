@@ -20,6 +20,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from torch.distributions import Categorical, Distribution, Independent, Normal
 
 from a3c_http.envs.make import make_env
 from a3c_http.models.actor_critic import ActorCritic, State
@@ -36,6 +37,9 @@ class Episode:
 class Rollout:
     obs: torch.Tensor  # [T, N, *obs_shape], in the environment's dtype (float as float32)
     actions: torch.Tensor  # [T, N] (discrete) or [T, N, action_dim]
+    # [T, N]: log pi(a|s) of each action under the policy that took it (the behaviour policy),
+    # what importance ratios (PPO, V-trace) are taken against.
+    log_probs: torch.Tensor
     rewards: torch.Tensor  # [T, N], what the loss learns from (clipped with clip_reward)
     values: torch.Tensor  # [T, N], V(obs) under the weights that acted
     terminated: torch.Tensor  # [T, N] bool (with life_loss, also where a life was lost)
@@ -50,11 +54,29 @@ class Rollout:
     # Batch moments of what this rollout saw, named as the model's running-statistics buffers
     # (empty when the model normalises nothing); see a3c_http.models.normalize.
     statistics: dict[str, torch.Tensor] = field(default_factory=dict)
+    # The version of the global weights that acted (what a worker last loaded; 0 before any).
+    policy_version: int = 0
 
     @property
     def num_steps(self) -> int:
         """Real environment transitions in this rollout (autoreset steps excluded)."""
         return int(self.valid.sum())
+
+
+def behaviour_log_probs(dists: list[Distribution], actions: torch.Tensor) -> torch.Tensor:
+    """log pi(a|s) of a rollout's actions ([T, N, ...]) under the distributions that drew them,
+    one per step: one batched operation for the policies' own distributions (a categorical, a
+    diagonal Gaussian), a call per step for any other."""
+    first = dists[0]
+    if all(type(d) is Categorical for d in dists):
+        logits = torch.stack([d.logits for d in dists])  # normalised: log-probabilities
+        return logits.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+    if all(type(d) is Independent and type(d.base_dist) is Normal for d in dists):
+        loc = torch.stack([d.base_dist.loc for d in dists])
+        scale = torch.stack([d.base_dist.scale for d in dists])
+        dims = first.reinterpreted_batch_ndims
+        return Normal(loc, scale, validate_args=False).log_prob(actions).flatten(-dims).sum(-1)
+    return torch.stack([d.log_prob(a) for d, a in zip(dists, actions, strict=True)])
 
 
 def make_vector_env(
@@ -125,8 +147,9 @@ class RolloutCollector:
             life_loss=config.life_loss,
         )
 
-    def collect(self, model: ActorCritic, t_max: int) -> Rollout:
-        obs_buf, act_buf, rew_buf, val_buf = [], [], [], []
+    def collect(self, model: ActorCritic, t_max: int, policy_version: int = 0) -> Rollout:
+        """`t_max` steps of every environment with `model` (the weights of `policy_version`)."""
+        obs_buf, act_buf, rew_buf, val_buf, dists = [], [], [], [], []
         term_buf, trunc_buf, valid_buf, disc_buf, start_buf = [], [], [], [], []
         episodes: list[Episode] = []
         ret_rms = getattr(model, "ret_rms", None)
@@ -138,6 +161,7 @@ class RolloutCollector:
             with torch.no_grad():
                 dist, value, self._state = model.act(obs_t, self._state, starts)
                 action = dist.sample()
+            dists.append(dist)
             env_action = action.numpy()
             if self._clip is not None:
                 env_action = np.clip(env_action, *self._clip)
@@ -187,7 +211,8 @@ class RolloutCollector:
             statistics |= statistics_entries("ret_rms", torch.as_tensor(np.concatenate(disc_buf)))
         return Rollout(
             obs=obs,
-            actions=torch.stack(act_buf),
+            actions=(actions := torch.stack(act_buf)),
+            log_probs=behaviour_log_probs(dists, actions),
             rewards=torch.stack(rew_buf),
             values=torch.stack(val_buf),
             terminated=torch.stack(term_buf),
@@ -198,6 +223,7 @@ class RolloutCollector:
             statistics=statistics,
             starts=torch.stack(start_buf),
             state=state0,
+            policy_version=policy_version,
         )
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ It does so in the network layer that httpcore's pools take: a socket's read wait
 `SLICE_S` and looks at the attempt between two. The attempt is the calling thread's (httpcore's
 sync pool does a request's I/O on the thread that sends it), so there is no thread per request, and
 a gradient push pays a clock read and a thread-local lookup per read. httpx takes no network
-backend, so a3c_http/server/tuning.py gives its pool ours; with A3C_TUNING=off (or an httpx whose
+backend, so a3c_http/tuning.py gives its pool ours; with A3C_TUNING=off (or an httpx whose
 pool is not as tuning.py expects) the pool keeps httpx's own, and an attempt is bounded by httpx's
 per-read timeout, the size bound and a stop set before it is sent, not by the deadline and the stop
 while it waits.
@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 import httpcore
 import httpx
 
-from a3c_http.server import tuning
+from a3c_http import tuning
 from a3c_http.server.coalesce import HeldWrites
 
 # How long a socket read waits before it looks at the deadline and the stop event again.
@@ -175,7 +175,7 @@ class _BoundedBody(httpx.SyncByteStream):
 def _http_transport(proxy: str | None) -> httpx.HTTPTransport:
     transport = httpx.HTTPTransport(proxy=proxy)
     # Every connection the pool opens later gets ours, where A3C_TUNING is on
-    # (a3c_http/server/tuning.py)
+    # (a3c_http/tuning.py)
     tuning.install_network_backend(transport, _SlicedBackend())
     return transport
 

@@ -35,9 +35,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from a3c_http.algos.a3c import make_optimizer
 from a3c_http.config.training import TrainConfig
 from a3c_http.models.normalize import absorb, batch_problem
+from a3c_http.optim.optimizers import make_optimizer
 from a3c_http.wire.tensors import Layout
 
 # Each step moves a weight by at most this many learning rates (see the module's docstring).

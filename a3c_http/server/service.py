@@ -1,6 +1,6 @@
 """What the master and the workers share as HTTP services: the gate every request passes
 (a3c_http/server/edge.py), the bounds on a request's head (a3c_http/server/headerbounds.py) and
-body, one send for a message's head and body (a3c_http/server/tuning.py), readable validation
+body, one send for a message's head and body (a3c_http/tuning.py), readable validation
 errors, the errors their OpenAPI schemas declare and the health route. The services import this
 module, never each other.
 """
@@ -23,8 +23,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from a3c_http import tuning
 from a3c_http.config.settings import Settings, WorkerSettings
-from a3c_http.server import apidocs, headerbounds, tuning
+from a3c_http.server import apidocs, headerbounds
 from a3c_http.server.edge import SAFE_METHODS, Gate
 
 health_router = APIRouter()

@@ -31,8 +31,9 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
+from a3c_http import tuning
 from a3c_http.config.settings import Settings
-from a3c_http.server import logs, tuning
+from a3c_http.server import logs
 from a3c_http.server.service import install_common
 from a3c_http.wire.frames import LENGTHS, decode_head, frame_parts
 from master.api.schemas import PushHeaders

@@ -35,10 +35,10 @@ from typing import Any
 
 import torch
 
-from a3c_http.algos.a3c import lr_scale, set_learning_rate
 from a3c_http.config.training import TrainConfig
 from a3c_http.models.actor_critic import ActorCritic
 from a3c_http.optim.flatnet import FlatNetwork, NonFiniteStep
+from a3c_http.optim.optimizers import lr_scale, set_learning_rate
 from a3c_http.store.runstore import NonFiniteValue
 from a3c_http.wire import tensors as wire
 from master.errors import Invalid, StateConflict

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from a3c_http.algos.a3c import gradients, rollout_loss
+from a3c_http.algos.a3c import rollout_loss
+from a3c_http.algos.base import gradients
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import RolloutCollector
 from a3c_http.models.actor_critic import model_for

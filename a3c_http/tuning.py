@@ -70,7 +70,7 @@ def _fall_back(what: str, why: str) -> None:
     """One warning per trick and process: it is off, the plain path runs."""
     if what not in _warned:
         _warned.add(what)
-        _LOG.warning("a3c_http/server/tuning.py: %s is off (%s); the plain path runs", what, why)
+        _LOG.warning("a3c_http/tuning.py: %s is off (%s); the plain path runs", what, why)
 
 
 # --- uvicorn: one send for a response's head and body -----------------------------------------

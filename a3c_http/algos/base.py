@@ -1,0 +1,181 @@
+"""The seam between the cluster and its algorithms.
+
+An algorithm is a room: what a worker does with each rollout and sends, and what the master does
+with what arrives. The plumbing around it (collecting rollouts, the wire, the transport, admission,
+versions, persistence, the views) is shared and knows no algorithm by name: the worker's trainer
+and the master's state ask the run's algorithm (`algorithm_for(config)`, by the config's
+`sync_mode`) and never branch on the mode themselves.
+
+What an algorithm sends (`Sends`) decides which of the cluster's two data flows it uses:
+
+- GRADIENTS, gradients up and weights down: a worker computes an update from its own data and
+  pushes it (`WorkerPort.push_gradients`); the master admits it (registered, fresh enough, not an
+  outlier, finite) and its algorithm's `apply` hands it to the parameter server, which steps its
+  one optimizer now (A3C) or once a round is complete (sync A2C). Algorithms whose workers push
+  several updates a rollout (DPPO's minibatches) or updates from their own replay against a
+  target network (asynchronous DQN, Gorila) push the same way.
+- WEIGHTS: a worker learns on its own and sends its weights (the original design's best
+  weights), through `WorkerPort.push_weights`.
+- EXPERIENCE (the learner's algorithms: PPO, IMPALA, Ape-X): a worker only acts and sends its
+  rollouts, with the behaviour policy's log-probabilities and the version that acted (both on every
+  `Rollout`), to a learner beside the master.
+
+A worker's algorithm object lives as long as the worker's run (it may keep state: an optimizer,
+a replay); the master's side is stateless (`apply` is a class method), since what persists is the
+parameter server's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, ClassVar, Protocol
+
+import torch
+from torch import nn
+
+from a3c_http.config.training import TrainConfig
+from a3c_http.envs.rollout import Episode, Rollout
+
+
+class Sends(StrEnum):
+    """What a worker of an algorithm sends the master."""
+
+    GRADIENTS = "gradients"
+    WEIGHTS = "weights"
+    EXPERIENCE = "experience"
+
+
+@dataclass
+class GradientUpdate:
+    """An update a worker computed, ready to push: the gradients by parameter name (every
+    parameter, clipped), the loss they came from and their global norm before clipping (the
+    master's outlier check judges both), and the training metrics under SB3's names."""
+
+    gradients: dict[str, torch.Tensor]
+    loss: float
+    norm: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def gradients(
+    model: nn.Module, loss: torch.Tensor, max_grad_norm: float
+) -> tuple[dict[str, torch.Tensor], float]:
+    """Backpropagate `loss`, clip to `max_grad_norm` and return the gradients by parameter name
+    (zeros for parameters the loss does not reach, so every push has the same names) and their
+    global L2 norm before clipping."""
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    norm = nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    grads = {
+        name: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+        for name, p in model.named_parameters()
+    }
+    return grads, float(norm)
+
+
+class WorkerPort(Protocol):
+    """What a worker's trainer (worker/trainer.py) offers its algorithm. Each call may raise the
+    trainer's own stop signal when the master ended the run; an algorithm lets it through."""
+
+    def push_gradients(self, update: GradientUpdate, rollout: Rollout, wait_s: float) -> None:
+        """Send `update` with the rollout's finished episodes and statistics (one push, which
+        may stay in flight while the next rollout is collected: `Algorithm.pushes_in_flight`),
+        and load the newest weights the replies that are in bring. `wait_s`: how long the
+        master may hold the reply (a sync round)."""
+
+    def report_episodes(self, episodes: list[Episode]) -> bool:
+        """Report finished episodes one by one; True when one of them raised the best score."""
+
+    def push_weights(self, temporary: bool) -> None:
+        """Send this worker's weights: as the new global weights, or (temporary) to its slot."""
+
+    def pull_weights(self) -> None:
+        """Load the global weights if they are newer than this worker's."""
+
+    def learning(self) -> contextlib.AbstractContextManager[None]:
+        """Count the time spent in the block as learning (the worker's /status)."""
+
+    def note_metrics(self, metrics: dict[str, float]) -> None:
+        """The latest training metrics, for the worker's /status and the master's views."""
+
+
+class ParameterServerPort(Protocol):
+    """What the master's parameter server (master/learning/parameter_server.py) offers an
+    algorithm for an admitted gradient update; each returns the push's outcome (the new weights
+    now, or once its round closes) or raises the master's refusal."""
+
+    def apply_gradients(self, update: Any, config: TrainConfig, refusal: Any) -> Any: ...
+
+    def join_round(
+        self, update: Any, config: TrainConfig, refusal: Any, expected: set[str]
+    ) -> Any: ...
+
+
+class Algorithm:
+    """One algorithm of the cluster. Subclasses set `name` (the config's `sync_mode` value) and
+    `sends`, and implement `on_rollout`; the rest has the plain gradient-pushing defaults."""
+
+    name: ClassVar[str]
+    sends: ClassVar[Sends]
+
+    def __init__(self, config: TrainConfig, model: nn.Module, policy: Any) -> None:
+        """`model` is the worker's network (its weights are what the master's replies load);
+        `policy` what acts and is scored: the model, or its widened Gaussian
+        (a3c_http/algos/exploration.py)."""
+        self.config = config
+        self.model = model
+        self.policy = policy
+
+    # -- the worker's side ----------------------------------------------------------------------
+
+    def pushes_in_flight(self) -> int:
+        """The most pushes a worker keeps on the wire while it collects its next rollout."""
+        return 0
+
+    def on_rollout(self, port: WorkerPort, rollout: Rollout) -> None:
+        """Do with one rollout what this algorithm does on a worker, through `port`."""
+        raise NotImplementedError
+
+    def on_heartbeat(self, port: WorkerPort) -> None:
+        """After each heartbeat the worker sends (when no reply came for a while)."""
+
+    # -- the master's side ----------------------------------------------------------------------
+
+    @classmethod
+    def apply(
+        cls,
+        server: ParameterServerPort,
+        update: Any,
+        config: TrainConfig,
+        refusal: Any,
+        expected: Callable[[], set[str]],
+    ) -> Any:
+        """Hand an admitted gradient update to the parameter server: applied at once. `refusal`
+        is the run's reason to refuse any update (the server raises it unless the push is a
+        retry); `expected()` the running workers a round would wait for."""
+        return server.apply_gradients(update, config, refusal)
+
+
+_ALGORITHMS: dict[str, type[Algorithm]] = {}
+
+
+def register(cls: type[Algorithm]) -> type[Algorithm]:
+    """Class decorator: make `cls` the algorithm of runs whose `sync_mode` is `cls.name`."""
+    _ALGORITHMS[cls.name] = cls
+    return cls
+
+
+def algorithm_class(config: TrainConfig) -> type[Algorithm]:
+    """The algorithm of a run's config."""
+    from a3c_http.algos import a3c, best_weights, sync  # noqa: F401  (they register themselves)
+
+    return _ALGORITHMS[config.sync_mode]
+
+
+def algorithm_for(config: TrainConfig, model: nn.Module, policy: Any) -> Algorithm:
+    """A worker's algorithm object for its run."""
+    return algorithm_class(config)(config, model, policy)
+

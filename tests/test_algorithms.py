@@ -1,0 +1,145 @@
+"""The seam between the cluster and its algorithms (a3c_http/algos/base.py): each sync_mode has its
+algorithm, which decides what a worker does with a rollout and what the master does with a push,
+through ports that fakes stand in for here."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from a3c_http.algos.a3c import A3C
+from a3c_http.algos.base import GradientUpdate, Sends, algorithm_class, algorithm_for
+from a3c_http.algos.best_weights import BestWeights
+from a3c_http.algos.sync import SyncA2C
+from a3c_http.config.training import TrainConfig
+from a3c_http.envs.rollout import Episode, Rollout, RolloutCollector
+from a3c_http.models.actor_critic import model_for
+
+
+class FakePort:
+    """A worker's port that records what the algorithm asked of it."""
+
+    def __init__(self, improved: bool = False) -> None:
+        self.improved = improved
+        self.calls: list[tuple[str, Any]] = []
+        self.metrics: dict[str, float] = {}
+
+    def push_gradients(self, update: GradientUpdate, rollout: Rollout, wait_s: float) -> None:
+        self.calls.append(("push_gradients", (update, wait_s)))
+
+    def report_episodes(self, episodes: list[Episode]) -> bool:
+        self.calls.append(("report_episodes", len(episodes)))
+        return self.improved
+
+    def push_weights(self, temporary: bool) -> None:
+        self.calls.append(("push_weights", temporary))
+
+    def pull_weights(self) -> None:
+        self.calls.append(("pull_weights", None))
+
+    @contextlib.contextmanager
+    def learning(self) -> Iterator[None]:
+        self.calls.append(("learning", None))
+        yield
+
+    def note_metrics(self, metrics: dict[str, float]) -> None:
+        self.metrics.update(metrics)
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.calls]
+
+
+class FakeServer:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def apply_gradients(self, update: Any, config: TrainConfig, refusal: Any) -> str:
+        self.calls.append(("apply_gradients", update))
+        return "applied"
+
+    def join_round(self, update: Any, config: TrainConfig, refusal: Any, expected: set[str]):
+        self.calls.append(("join_round", expected))
+        return "joined"
+
+
+def one_rollout(config: TrainConfig, model: torch.nn.Module) -> Rollout:
+    collector = RolloutCollector.for_config(config, seed=0)
+    try:
+        return collector.collect(model, config.t_max)
+    finally:
+        collector.close()
+
+
+@pytest.mark.parametrize(
+    ("mode", "cls", "sends"),
+    [
+        ("gradients", A3C, Sends.GRADIENTS),
+        ("sync", SyncA2C, Sends.GRADIENTS),
+        ("best_weights", BestWeights, Sends.WEIGHTS),
+    ],
+)
+def test_each_sync_mode_has_its_algorithm(mode: str, cls: type, sends: Sends) -> None:
+    config = TrainConfig(sync_mode=mode)
+    assert algorithm_class(config) is cls and cls.sends is sends
+    assert type(algorithm_for(config, model_for(config), None)) is cls
+
+
+def test_a3c_pushes_the_clipped_gradients_of_the_policy_that_acted_without_waiting() -> None:
+    config = TrainConfig(max_in_flight=3, max_staleness=2, max_grad_norm=0.01)
+    model = model_for(config)
+    algorithm = algorithm_for(config, model, model)
+    assert algorithm.pushes_in_flight() == 2  # never more than would be refused as stale
+    port = FakePort()
+    algorithm.on_rollout(port, one_rollout(config, model))
+    assert port.names() == ["learning", "push_gradients"]
+    update, wait_s = port.calls[1][1]
+    assert wait_s == 0.0
+    assert set(update.gradients) == {name for name, _ in model.named_parameters()}
+    clipped = torch.linalg.vector_norm(torch.cat([g.flatten() for g in update.gradients.values()]))
+    assert update.norm > 0.01 and clipped.item() == pytest.approx(0.01, rel=1e-4)
+    assert "train/policy_loss" in update.metrics and update.loss == pytest.approx(
+        update.metrics["train/loss"], rel=1e-5
+    )
+
+
+def test_sync_waits_for_its_round_and_a3c_steps_at_once_on_the_master() -> None:
+    config = TrainConfig(sync_mode="sync", sync_timeout_s=7.0)
+    sync = algorithm_for(config, model_for(config), None)
+    assert sync.pushes_in_flight() == 0 and sync.push_wait_s() == 7.0
+    server, asked = FakeServer(), []
+
+    def expected() -> set[str]:
+        asked.append(True)
+        return {"w1", "w2"}
+
+    assert SyncA2C.apply(server, "u", config, None, expected) == "joined"
+    assert server.calls == [("join_round", {"w1", "w2"})]
+    server.calls.clear()
+    asked.clear()
+    assert A3C.apply(server, "u", TrainConfig(), None, expected) == "applied"
+    assert server.calls == [("apply_gradients", "u")] and not asked  # no round to wait for
+
+
+@pytest.mark.parametrize("improved", [False, True])
+def test_best_weights_learns_on_its_own_and_sends_its_weights_after_a_record(
+    improved: bool,
+) -> None:
+    config = TrainConfig(sync_mode="best_weights", t_max=20)
+    model = model_for(config)
+    algorithm = algorithm_for(config, model, model)
+    before = [p.detach().clone() for p in model.parameters()]
+    port = FakePort(improved=improved)
+    algorithm.on_rollout(port, one_rollout(config, model))
+    expected = ["report_episodes", *(["push_weights"] if improved else []), "learning"]
+    assert port.names() == expected
+    if improved:
+        assert port.calls[1] == ("push_weights", False)  # as the new global weights
+    assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+    assert "train/value_loss" in port.metrics
+    port.calls.clear()
+    algorithm.on_heartbeat(port)
+    assert port.calls == [("push_weights", True), ("pull_weights", None)]
