@@ -13,7 +13,7 @@ class StateConflict(Exception):
 
 class Invalid(ValueError):
     """The request is well formed but what it says cannot be right (422): an implausible report
-    (master/learning/limits.py), gradients beyond their bound, statistics that cannot be merged.
+    (master/learning/admission.py), gradients beyond their bound, statistics that cannot be merged.
     Nothing of it is taken."""
 
 

@@ -15,7 +15,7 @@ from a3c_http.optim.flatnet import FlatNetwork
 from a3c_http.optim.optimizers import make_optimizer
 from a3c_http.server.service import QuietAccessLog
 from master.ingress.gradients import GradientRoute
-from master.learning.seqwindow import WIDTH, SeqWindow
+from master.learning.admission import WIDTH, SeqWindow
 from worker.pipeline import Pipeline
 
 # -- SeqWindow ------------------------------------------------------------------------------------

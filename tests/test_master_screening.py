@@ -18,8 +18,7 @@ from a3c_http.models.actor_critic import model_for
 from a3c_http.models.normalize import batch_problem
 from a3c_http.optim.flatnet import FlatNetwork, NonFiniteStep, _bounded
 from master.app import create_app
-from master.learning.limits import RunLimits
-from master.learning.screening import gradient_problem
+from master.learning.admission import RunLimits, gradient_problem
 from tests.support import OCTET, master_running, push_rollout, snapshot
 
 NORMALIZED = TrainConfig(seed=1, max_steps=None, normalize_obs=True, normalize_reward=True)

@@ -17,8 +17,7 @@ from a3c_http.config.training import TrainConfig
 from a3c_http.models.actor_critic import model_for
 from a3c_http.wire import tensors as wire
 from master.errors import Invalid, StateConflict
-from master.learning.limits import RunLimits
-from master.learning.outliers import WINDOW, Window
+from master.learning.admission import WINDOW, RunLimits, Window
 from master.learning.parameter_server import ParameterServer
 from tests.support import OCTET, master_running, snapshot
 

@@ -9,7 +9,7 @@ import torch
 from a3c_http.config.training import TrainConfig
 from a3c_http.models.actor_critic import model_for
 from master.errors import StateConflict
-from master.learning.limits import RunLimits
+from master.learning.admission import RunLimits
 from master.learning.parameter_server import ParameterServer
 
 

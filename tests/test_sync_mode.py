@@ -17,7 +17,7 @@ from a3c_http.config.training import TrainConfig
 from a3c_http.models.actor_critic import model_for
 from a3c_http.testing.localcluster import wait_for
 from a3c_http.wire import tensors as wire
-from master.learning.limits import RunLimits
+from master.learning.admission import RunLimits
 from master.learning.parameter_server import ParameterServer
 from tests.support import OCTET, master_running
 

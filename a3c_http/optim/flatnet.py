@@ -17,7 +17,7 @@ counting updates. So a step whose result is not known to be finite copies the ve
 optimizer's state aside first (into buffers kept for it), and is undone if it leaves any value
 non-finite (`NonFiniteStep`). Most steps need none of it: with finite weights and state, a gradient
 the master checked (finite, its norm within max_grad_norm, its statistics mergeable:
-master/learning/screening.py) moves each weight by at most `STEP_BOUND` times the learning rate
+master/learning/admission.py) moves each weight by at most `STEP_BOUND` times the learning rate
 (RMSprop: lr / sqrt(1 - alpha), 10 lr, since its square average holds at least (1 - alpha) times the
 square of the gradient it divides; Adam with its bias corrections about 32 lr at the default betas),
 and squares to a finite moment. So the network keeps a bound on its largest weight (`reach`, exact
@@ -90,7 +90,7 @@ class FlatNetwork:
         regions) merged into the running statistics (a3c_http/models/normalize.py): every worker's
         observations count. `lr_scale` multiplies the learning rate of this step only
         (master/learning/parameter_server.py: staleness_scaling). `checked_norm`: the norm of one
-        gradient vector the master checked (master/learning/screening.py), whose step may be known
+        gradient vector the master checked (master/learning/admission.py), whose step may be known
         finite beforehand (the module's docstring). Raises NonFiniteStep, the step undone, when a
         weight, a statistic or the optimizer's state would not be finite after it."""
         group = self.optimizer.param_groups[0]  # one group: the whole parameter region

@@ -21,10 +21,10 @@ from a3c_http.wire.protocol import (
     WORKER_ID_HEADER,
     WORKER_ID_PATTERN,
 )
-from master.learning.limits import MAX_ABS_RETURN, MAX_LENGTH
+from master.learning.admission import MAX_ABS_RETURN, MAX_LENGTH
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
-# An episode's return, or a statistic of returns (master/learning/limits.py MAX_ABS_RETURN): one
+# An episode's return, or a statistic of returns (master/learning/admission.py MAX_ABS_RETURN): one
 # report of 1e308 once made the best score, and a hundred would have solved the run.
 Return = Annotated[float, Field(ge=-MAX_ABS_RETURN, le=MAX_ABS_RETURN, allow_inf_nan=False)]
 WorkerId = Annotated[str, Field(min_length=1, max_length=128, pattern=WORKER_ID_PATTERN)]

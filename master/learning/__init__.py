@@ -1,2 +1,3 @@
-"""The global network and what reaches it: the parameter server, the rounds of sync mode, and the
-admission checks every push passes (request windows, limits, screening, outliers)."""
+"""The global network and what reaches it: the parameter server, the rounds of sync mode, and what
+a push must pass to be admitted (admission.py: request numbers, report limits, tensors, staleness,
+outliers)."""

@@ -15,11 +15,11 @@ across the runs of a run folder, and a run remembers the version it began at, so
 on an earlier run's weights are refused however close their version is. Updates are never applied
 twice: a worker numbers its updates (`X-A3C-Seq`), and the number of the last one applied for each
 worker is checked and recorded in the same critical section as the change itself (per worker, a
-window of numbers: pushes in flight may arrive out of order, master/learning/seqwindow.py).
+window of numbers: pushes in flight may arrive out of order, admission.py `SeqWindow`).
 
 Every gradient and whole weights are checked when they are decoded, before anything of their push is
-counted (master/learning/screening.py: what a worker may not decide). A gradient is then screened:
-not a retry, from the running run, fresh enough, and not an outlier (master/learning/outliers.py).
+counted (master/learning/admission.py: what a worker may not decide). A gradient is then screened:
+not a retry, from the running run, fresh enough, and not an outlier (admission.py as well).
 Gradients mode applies it at once; sync mode adds it to the current round and applies the round's
 mean when the round closes (master/learning/rounds.py `SyncRounds`, the parameter server's methods
 for it). A step that would leave a weight, a statistic or the optimizer's state non-finite is undone
@@ -42,11 +42,15 @@ from a3c_http.optim.optimizers import lr_scale, set_learning_rate
 from a3c_http.store.runstore import NonFiniteValue
 from a3c_http.wire import tensors as wire
 from master.errors import Invalid, StateConflict
-from master.learning.limits import RunLimits
-from master.learning.outliers import OutlierFilter
+from master.learning.admission import (
+    OutlierFilter,
+    RunLimits,
+    SeqWindow,
+    gradient_problem,
+    staleness_problem,
+    weights_problem,
+)
 from master.learning.rounds import Outcome, SyncRounds, Update
-from master.learning.screening import gradient_problem, weights_problem
-from master.learning.seqwindow import SeqWindow
 
 
 class ParameterServer(SyncRounds):
@@ -136,7 +140,7 @@ class ParameterServer(SyncRounds):
             raise
 
     def count_invalid(self) -> None:
-        """An update refused for what its push reported (master/learning/limits.py)."""
+        """An update refused for what its push reported (admission.py `RunLimits`)."""
         with self.lock:
             self._reject("invalid")
 
@@ -167,10 +171,10 @@ class ParameterServer(SyncRounds):
         loss: float | None = None,
         norm: float | None = None,
     ) -> Update:
-        """A worker's decoded gradient vector as an update, checked (master/learning/screening.py);
-        Invalid, counted as a refused update, when it does not pass. The update's norm, for the
-        outlier check, is the larger of the one reported (before clipping) and the one computed
-        here."""
+        """A worker's decoded gradient vector as an update, checked (admission.py
+        `gradient_problem`); Invalid, counted as a refused update, when it does not pass. The
+        update's norm, for the outlier check, is the larger of the one reported (before clipping)
+        and the one computed here."""
         computed, why = gradient_problem(self._require_net(), vector, config, limits)
         if why is not None:
             with self.lock:
@@ -205,7 +209,12 @@ class ParameterServer(SyncRounds):
         """Refuse what must not be applied: a finished run's, a stale or an outlier update."""
         if refusal is not None:
             raise refusal
-        self._check_fresh(update.version, config.max_staleness, sync)
+        why = staleness_problem(
+            update.version, self.version, self.first_version, config.max_staleness, sync
+        )
+        if why is not None:
+            self._reject("stale")
+            raise StateConflict(why)
         why = self.outliers.judge(
             update.worker_id, update.norm, update.loss, config.outlier_sigma, config.outlier_warmup
         )
@@ -236,23 +245,6 @@ class ParameterServer(SyncRounds):
         for u in updates:
             self._taken(u.worker_id, u.seq)
 
-    def _check_fresh(self, version: int, max_staleness: int, sync: bool) -> None:
-        if version < self.first_version:
-            why = f"from an earlier run (this run began at version {self.first_version})"
-        elif version > self.version:
-            why = "from a version this master never had"
-        elif sync and version != self.version:
-            why = f"{self.version - version} versions old (sync_mode=sync takes the current one)"
-        elif self.version - version > max_staleness:
-            why = f"{self.version - version} versions old (max_staleness={max_staleness})"
-        else:
-            return
-        self._reject("stale")
-        raise StateConflict(
-            f"gradients computed on version {version} are {why}; current version is "
-            f"{self.version}: pull the weights and compute them again"
-        )
-
     def put_weights(
         self,
         worker_id: str,
@@ -263,9 +255,9 @@ class ParameterServer(SyncRounds):
     ) -> tuple[int, bool]:
         """A worker's weights (a decoded vector): its temporary slot, or (temporary=False) the new
         global weights. Returns the model version and whether this was a retry of weights already
-        taken. Raises Invalid for global weights that cannot be used (master/learning/screening.py).
-        A slot keeps the weights as this master encodes them for its run folder (float32): the size
-        of the model, whatever metadata or dtype the body carried."""
+        taken. Raises Invalid for global weights that cannot be used (admission.py
+        `weights_problem`). A slot keeps the weights as this master encodes them for its run
+        folder (float32): the size of the model, whatever metadata or dtype the body carried."""
         net = self._require_net()
         if not temporary:
             why = weights_problem(net, vector)

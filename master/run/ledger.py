@@ -10,8 +10,8 @@ A change that finishes the run raises `finished`, which the facade (master/state
 `take_finished()` after the lock is released, to save at once.
 
 Only workers in the registry take part: a message from an unknown id is refused (409, told to stop),
-and what a worker reports must be plausible (master/learning/limits.py, else 422); a refused message
-is not a sign of life.
+and what a worker reports must be plausible (master/learning/admission.py, else 422); a refused
+message is not a sign of life.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from a3c_http.config.training import TrainConfig
 from master.errors import StateConflict
-from master.learning.limits import RunLimits
+from master.learning.admission import RunLimits
 from master.run.events import RunEvents
 from master.run.original_counters import SeedCounters
 from master.run.records import Evaluations, Stats, WorkerRecord, solved_by

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 from a3c_http.store.runstore import EVALUATION_FIELDS
-from master.learning.seqwindow import SeqWindow
+from master.learning.admission import SeqWindow
 
 if TYPE_CHECKING:
     from a3c_http.config.training import TrainConfig
@@ -42,7 +42,7 @@ class WorkerRecord:
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     # The highest X-A3C-Seq of an episode report taken from this worker, the numbers below it
-    # taken too (master/learning/seqwindow.py: reports in flight arrive out of order), and how many
+    # taken too (master/learning/admission.py: reports in flight arrive out of order), and how many
     # retries of requests already taken were answered without being counted again.
     last_seq: int = 0
     seq_mask: int = SeqWindow().mask
@@ -54,7 +54,7 @@ class WorkerRecord:
     # (a3c_http/algos/exploration.py); None for a worker the master did not start.
     exploration: dict[str, float] | None = None
     # When `env_steps` was last reported (wall clock): how fast it may grow
-    # (master/learning/limits.py).
+    # (master/learning/admission.py).
     stats_at: float = 0.0
     origin: WorkerOrigin = "registered"
     # What the worker calls itself (a joined worker's A3C_WORKER_NAME: its host and port, or its

@@ -9,8 +9,8 @@ counted for each worker are checked and recorded in the same critical section as
 a retry of a report already counted gets the first attempt's reply without being counted again.
 
 Only workers in the registry report (another id: 409, told to stop), and what they report must be
-plausible (master/learning/limits.py, else 422 and nothing counted); a refused report is no sign of
-life.
+plausible (master/learning/admission.py, else 422 and nothing counted); a refused report is no
+sign of life.
 """
 
 from __future__ import annotations
@@ -67,10 +67,10 @@ class Reports:
         """Fold the finished episodes of a rollout into every statistic at once, and take the
         worker's statistics as a heartbeat does (`pushed`: they came with a rollout's gradients,
         so at most as many as it has steps). Raises Invalid, counting nothing, for an
-        implausible report (master/learning/limits.py). Accepted in any state of the current run (an
-        episode that ended just after the finish still happened); `stop` tells the worker
-        whether to go on. A report whose `seq` this worker already used is a retry: answered like
-        the first time (`duplicate: true`), counted once."""
+        implausible report (master/learning/admission.py). Accepted in any state of the current
+        run (an episode that ended just after the finish still happened); `stop` tells the
+        worker whether to go on. A report whose `seq` this worker already used is a retry:
+        answered like the first time (`duplicate: true`), counted once."""
         with self.lock:
             self.check_same_run(run_id)
             record = self.workers.require(worker_id)
