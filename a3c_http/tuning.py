@@ -87,9 +87,8 @@ _held_tried: set[str] = set()
 def install_server_hooks() -> None:
     """Give every connection this process's uvicorn accepts from now on a `HeldTransport`
     (a3c_http/server/coalesce.py): what uvicorn writes in one turn of the event loop leaves in one
-    send. uvicorn writes a response's head and body apart, two TCP segments and two wake-ups of the
-    peer; joined, a 1-worker run's master spent 0.53 ms of CPU a push against 0.60 (medians of 5
-    alternated 10 s windows), 1 read and 1 write a push where it made 2 and 2.
+    send, where uvicorn writes a response's head and body apart and wakes the peer twice (about
+    12 % of the master's CPU a push, docs/performance.md "The parameter server").
 
     Wraps `connection_made` of uvicorn's protocol classes (not public API), once per class and
     process. A class that is absent (httptools is optional) is skipped; one whose
@@ -145,9 +144,8 @@ def install_network_backend(transport: Any, backend: Any) -> bool:
     installed; False with the switch off, or with a warning when the pool is not as expected:
     the transport then stays httpx's own.
 
-    a3c_http/net/outbound.py's backend bounds a whole attempt (deadline, stop event: its reads wait
-    in slices of 0.1 s) where httpx bounds each read, and holds a request's writes until its
-    reply is read so that head and body leave in one send."""
+    a3c_http/net/outbound.py's backend bounds a whole attempt (deadline, stop event) where httpx
+    bounds each read, and sends a request's head and body in one write."""
     if not enabled():
         return False
     problem = httpx_transport_problem(transport)
@@ -186,12 +184,10 @@ def keep_freed_memory(largest: int) -> bool:
     top instead of returning it to the system. True when glibc took both settings; False with
     the switch off, or on another C library (musl, macOS: no mallopt), where nothing changes.
 
-    Every push of a large model allocates and frees a few buffers of its size; above glibc's
-    mmap threshold (128 KiB at first) each was given fresh pages and returned at its free, so
-    the next push faulted in about a thousand pages again: 300 to 1,200 page faults and 1.5 to
-    2.5 ms of CPU a push of the million-parameter model, against 0 and none with these settings
-    (`ru_minflt`, `time.process_time`). What stays mapped is bounded by `largest` (the services
-    pass A3C_MAX_BODY_BYTES) times the few buffers a push holds at once."""
+    Why: above glibc's mmap threshold each push's model-sized buffers were fresh pages, faulted
+    in again at every push (1.5 to 2.5 ms of CPU a push of the 1M model, docs/performance.md
+    "The parameter server"). What stays mapped is bounded by `largest` (the services pass
+    A3C_MAX_BODY_BYTES) times the few buffers a push holds at once."""
     if not enabled():
         return False
     name = ctypes.util.find_library("c")
@@ -215,9 +211,8 @@ def keep_freed_memory(largest: int) -> bool:
 
 def freeze_startup_objects() -> None:
     """`gc.freeze()`: what start-up built (torch, gymnasium, FastAPI, the app) lives as long as
-    the process, so the collector stops scanning it. A full collection of it took 94 ms in the
-    master and 0.11 s (212,585 objects) in a training worker, on the latency of whatever it
-    interrupted; microseconds after the freeze. Nothing with the switch off."""
+    the process, so the collector stops scanning it (a full collection took about 0.1 s,
+    docs/performance.md "Tuning behind one fence"). Nothing with the switch off."""
     if not enabled():
         return
     gc.freeze()
@@ -289,11 +284,8 @@ def rmsprop_step(
     Adagrad adds g^2 to its sum and moves a weight by -clr g / (sqrt(sum) + eps'). Given the sum
     alpha square_avg / (1 - alpha), clr = lr / sqrt(1 - alpha) and eps' = eps / sqrt(1 - alpha),
     its sum is RMSprop's new square_avg over (1 - alpha) and its move RMSprop's step: the same
-    maths, equal up to float32 rounding (tests/test_a3c_loss.py). square_avg is scaled into that
-    sum before the kernel and back after it: three passes, in registers, where torch's RMSprop
-    makes five with a temporary. A million parameters take 0.45 ms a step against 0.91 for
-    torch's operations one by one; the master's CPU a 1M push 3.34 against 3.83 ms (medians of 3
-    alternated); the default model's `PlainRMSprop.apply` 13.7 to 14.1 us against 17.3 to 17.8."""
+    maths, equal up to float32 rounding (tests/test_a3c_loss.py). About 2x faster than torch's
+    RMSprop on a million parameters (docs/performance.md "The parameter server")."""
     g = p.grad
     if not (
         (_fused if _fused is not None else fused_rmsprop())

@@ -49,7 +49,10 @@ def test_config_is_frozen() -> None:
         # Misspellings of our own.
         ("gama", "did you mean 'gamma'?"),
         ("hidden_size", "did you mean 'hidden_sizes'?"),
-        ("bogus_field", "the fields are those of the README's \"Training config\" table"),
+        (
+            "bogus_field",
+            "the fields are those of docs/configuration.md's \"Training config\" table",
+        ),
     ],
 )
 def test_unknown_field_is_refused_and_named_with_what_was_meant(field: str, meant: str) -> None:

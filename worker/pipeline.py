@@ -1,43 +1,21 @@
 """The gradient pushes a worker has in flight.
 
-A worker that waits for each reply before it steps again spends the round trip idle: at 20 ms each
-way, nine tenths of its time. Instead it hands each push to its client, which sends it from the push
-process (a3c_http/net/push_process.py) or a sender thread, and goes on collecting its next rollout
-with the weights it has; the pushes in flight are futures, their replies are taken between rollouts,
-and the newest weights any of them brings are loaded then.
+A worker that waits for each reply spends the round trip idle. Instead it hands each push to its
+client (the push process, a3c_http/net/push_process.py, or a sender thread) and goes on collecting
+its next rollout; the pushes in flight are futures, their replies are taken between rollouts, and
+the newest weights any of them brings are loaded then.
 
-How many may be in flight is what the round trip needs, no more: the shortest recent round trip
-(the path's own delay, without the time requests queue at a busy master) divided by the time the
-worker takes to compute one rollout, rounded up, plus one for the jitter of the round trips, at
-most `max_in_flight`. More would not make the worker faster, only its gradients staler (as a
-router's deep buffer adds delay, not bandwidth).
+The limit on pushes in flight is what the round trip needs and no more, since more only makes
+gradients staler: the shortest recent round trip R0 (the path's own delay) over the compute time
+of one rollout, rounded up, plus one for jitter, at most `max_in_flight`. While the round trips
+actually seen (the median of the latest, R) exceed R0 by more than two rollouts' compute time and
+by more than `JITTER_SHARE` of R0, the worker's pushes are queueing at the master, and the limit
+keeps about one of them queued: k <= R / (R - R0) (TCP Vegas's rule), down to waiting for each
+reply. Smaller waits are jitter and leave the limit alone. Why and what it does to staleness:
+docs/performance.md, "Staleness".
 
-Where staleness comes from. A push is applied after every push that reached the master since the
-weights it was computed on were made. With W workers each keeping k pushes out (the one whose
-rollout is being computed counts, so k is the limit + 1), that is about W x k - 1 others even with
-a master that answers at once: 2W - 1 with the one push in flight loopback needs. Pushes waiting
-in the master's queue (or, on a host with too few cores, for one) add to it. The shortest round
-trip leaves the queue out only if some push found none: a master that is always busy makes even
-the shortest round trip long, the limit rose with it, and the longer queue made the round trips
-longer still, until every worker kept many pushes in flight and half of their gradients
-were too old to be taken (README, "Staleness").
-
-So the limit also counts what is in flight against the round trip actually seen (the median of the
-latest, R, against the shortest, R0; TCP Vegas's rule). While a worker's pushes wait longer than it
-takes to compute two rollouts (R - R0 > twice its compute time), more than one of them is in a queue
-at a time, and pushing sooner only makes it longer: of the k out after a push, about k x (1 - R0 /
-R) are queued, and the limit keeps that at one at most, k <= R / (R - R0). With round trips more
-than twice the shortest that is no push left in flight while computing: the worker waits for each
-reply, its pushes never queue behind its own, and once the queue drains the round trips shrink and
-the limit is what the shortest round trip needs again. A short wait, under two rollouts' time or
-under half the shortest round trip (`JITTER_SHARE`: the jitter of a busy host, and of a long path,
-whose jitter grows with it), leaves the limit alone: counted as a queue, a few milliseconds of
-jitter cut a worker's pushes in flight and 0.2 to 0.3 of its env steps/s 1 to 20 ms away from the
-master (scripts/bench.py, section latency).
-
-The gradients of a rollout are always those of the weights that acted in it, so they stay
-on-policy; what grows with the pushes in flight is their staleness at the master, which
-`max_staleness` bounds and `staleness_scaling` can weigh (README, "Staleness").
+A rollout's gradients are always those of the weights that acted in it (on-policy); what grows
+with the pushes in flight is their staleness at the master, bounded by `max_staleness`.
 """
 
 from __future__ import annotations

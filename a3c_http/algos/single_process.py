@@ -7,14 +7,14 @@ Every step is the one the cluster takes: the worker's rollout, loss and clipped 
 
 It can also play several workers in turn, to show what the cluster's staleness does to learning
 without the cores to run the workers at once (`scripts/bench.py staleness`). W workers each have
-their own environments and their own copy of the weights, and take turns: each computes a rollout
-on its copy, the master's step applies it, and the worker then loads the weights that the step
-after its own push `lag` turns ago made. Lag 1 is a worker that waits for each reply
-(`max_in_flight: 0`): every update is W - 1 versions old. Lag 2 is one that keeps a push in flight
-while it computes the next, as on loopback: 2W - 1 (README, "Staleness"). In a cluster the
-workers' timing varies the staleness around these; here it is exact, and the runs are
-repeatable. Nothing is refused: with lag x W - 1 under `max_staleness` none is too stale, and the
-outlier check (`outlier_sigma`), which refuses under 1 % of pushes, is the master's alone.
+their own environments and their own copy of the weights, and take turns: each computes a rollout on
+its copy, the master's step applies it, and the worker then loads the weights that the step after
+its own push `lag` turns ago made. Lag 1 is a worker that waits for each reply (`max_in_flight: 0`):
+every update is W - 1 versions old. Lag 2 is one that keeps a push in flight while it computes the
+next, as on loopback: 2W - 1 (docs/performance.md, "Staleness"). In a cluster the workers' timing
+varies the staleness around these; here it is exact, and the runs are repeatable. Nothing is
+refused: with lag x W - 1 under `max_staleness` none is too stale, and the outlier check
+(`outlier_sigma`), which refuses under 1 % of pushes, is the master's alone.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """`a3c-master` and `a3c-worker`: `uvicorn master.app:app` and `uvicorn worker.app:app` with the
-flags the README documents, the master on port 33333 and a worker on 8001 unless told otherwise.
+flags docs/http-api.md documents, the master on port 33333 and a worker on 8001 unless told
+otherwise.
 
-Everything else is set as for uvicorn itself, through the A3C_* environment variables (the
-README's configuration reference). The app is imported from the installed packages, never from
-the current directory (as `uvicorn` would with its default `--app-dir .`).
+Everything else is set as for uvicorn itself, through the A3C_* environment variables
+(docs/configuration.md, "Environment variables"). The app is imported from the installed
+packages, never from the current directory (as `uvicorn` would with its default `--app-dir .`).
 """
 
 from __future__ import annotations

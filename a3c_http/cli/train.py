@@ -133,7 +133,8 @@ def printed_config(body: dict[str, Any]) -> str:
     except ValidationError as exc:
         raise ValueError("; ".join(describe_error(e, "config") for e in exc.errors())) from None
     header = (
-        f'a3c-train\'s config for {config.env_id}, every field (README: "Training config").\n'
+        f"a3c-train's config for {config.env_id}, every field "
+        '(docs/configuration.md: "Training config").\n'
         "Run it with: a3c-train --config FILE"
     )
     if config.seed is None:

@@ -2,12 +2,10 @@
 `POST /train`, read a run's saved config, and write a config as TOML.
 
 A config file holds the fields of the training config (a3c_http/config/training.py), as the JSON
-body of
-`POST /train` does; TOML tables are the dict fields (`[env_kwargs]`). TOML has no null: a field
-to set to null (`max_steps`, `outlier_sigma`, `preset`) is listed in `unset = [...]`. The
-`config.json` a master saves in a run folder is read as it is: its `run_id` is the run's own and
-is left out, and the fields an earlier version did not save get what they meant then
-(`saved_fields`).
+body of `POST /train` does; TOML tables are the dict fields (`[env_kwargs]`). TOML has no null: a
+field to set to null (`max_steps`, `outlier_sigma`, `preset`) is listed in `unset = [...]`. The
+`config.json` a master saves in a run folder is read as it is: its `run_id` is the run's own and is
+left out, and the fields an earlier version did not save get what they meant then (`saved_fields`).
 
 Nothing here validates values: the master does, and a file names a run that another host's
 master may validate with packages this host lacks. Unknown field names are caught here, with

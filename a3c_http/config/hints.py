@@ -61,8 +61,8 @@ def unknown_field(name: str, fields: Iterable[str]) -> str:
     if suggestions:
         return f"unknown field {name!r}: {did_you_mean(suggestions)}"
     return (
-        f"unknown field {name!r}: the fields are those of the README's \"Training config\" "
-        "table (and of /openapi.json)"
+        f"unknown field {name!r}: the fields are those of docs/configuration.md's \"Training "
+        "config\" table (and of /openapi.json)"
     )
 
 

@@ -14,10 +14,8 @@ from typing import Any
 # Atari from pixels (the atari extra) with the A3C paper's settings: 84x84 grayscale frames,
 # 4 stacked, the Nature CNN, t_max 5, RMSprop with a linearly decayed learning rate, entropy
 # 0.01; rewards clipped and a lost life an episode end, both for the loss only. 16 environments a
-# worker (the Zoo's A2C: 80 env steps an update) and bfloat16 on the wire: a master takes about
-# 160 pushes/s of this CNN on 2 cores (6 ms of CPU each), and a worker steps about 860 env
-# steps/s on one core, so 15 workers need 160 pushes/s with 80 env steps a push, twice that with
-# the default 40.
+# worker (the Zoo's A2C: 80 env steps an update) and bfloat16 on the wire, so that one master
+# keeps up with about 15 workers (docs/guide/training.md, "Pixels and memory").
 ATARI: dict[str, Any] = {
     "preprocess": "atari",
     "frame_stack": 4,
@@ -50,8 +48,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "target_return": -250.0,
         "max_steps": 3_000_000,
     },
-    # The RL Zoo's gamma 0.995 with both normalisations (its A2C settings, lr 8.3e-4 falling
-    # linearly and a 1e-5 entropy bonus, were still at mean -54 after 1.8 million steps here).
+    # The RL Zoo's gamma 0.995 with both normalisations (its A2C learning rate and entropy bonus
+    # learned far slower here).
     "LunarLander-v3": {
         "gamma": 0.995,
         "normalize_obs": True,
@@ -62,11 +60,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # that most of them hold the cue and its question together.
     "a3c_http/CueMemory-v0": {"core": "lstm", "t_max": 16},
     # MinAtar (the minatar extra): the MinAtar paper's small CNN with the RL Zoo's Atari A2C
-    # settings (entropy 0.01, value 0.25), 16 environments a worker: a push of 80 env steps
-    # instead of 40 halves the cost per step of the network's calls and of the pushes (15,000
-    # env steps/s with 2 workers on 2 cores against 8,200), and bfloat16 on the wire (a 2M-step
-    # Breakout run in 124 s against 141, mean return 10.3 against 9.8). `scripts/bench.py learn`
-    # measures Breakout against SB3's A2C with the same network at 2M env steps.
+    # settings (entropy 0.01, value 0.25); 16 environments a worker and bfloat16 on the wire, both
+    # faster for as much learning (docs/guide/training.md, "Pixels and memory").
     **{
         f"MinAtar/{game}-v{version}": {
             "encoder": "small_cnn",

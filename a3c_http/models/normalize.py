@@ -8,8 +8,8 @@ by evaluation, exactly as the parameters are.
 
 The statistics are state that a peer changes, so the master judges every batch before it merges
 it (`batch_problem`): a count beyond what one rollout can hold, a negative variance, or a merge
-whose result would leave float32's range (one crafted push used to turn the global variance into
--inf, which was saved and kept the run folder from opening again).
+whose result would leave float32's range (a non-finite statistic would be saved and keep the run
+folder from resuming).
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """The push process: a worker's gradient pushes leave its process.
 
-A worker that sends its pushes from threads of its own pays for them in its training: httpx and h11
-are Python, about 0.6 ms of CPU a push, and each wake-up of a sender thread takes the GIL from the
-rollout's torch calls. On this machine a rollout and its gradients took 4.7 to 5.6 ms with a sender
-thread against 3.5 to 4.0 ms with no pushes at all. So the worker hands each push to a child process
+httpx and h11 are Python (about 0.6 ms of CPU a push), and a sender or reader thread in the worker
+takes the GIL from the rollout's torch calls, so the worker hands each push to a child process
 (`python -m a3c_http.net.push_process`, which imports httpx and a3c_http.net.transport, not torch)
-and goes on: its training thread writes the request into a pipe, and takes the replies out of the
-other between rollouts (`PushProcess.poll`, which the futures of the pushes call). The worker has no
-thread of its own for them: a reader thread that woke at each reply took the GIL from the rollout's
-torch calls in turn and spent 0.19 to 0.23 ms of the worker's CPU a reply, where the training thread
-now spends 0.08 ms on it, and the worker stepped 7 % slower for it (scripts/bench.py, throughput:
-16,471 against 17,642 env steps/s, medians of 3 alternated). The round trip the pipeline times a
-push by is the child's (from the request's hand-over to its reply there), however late the training
-thread reads the reply.
+and goes on (figures: docs/performance.md, "Capacity"). Its training thread writes each request
+into a pipe and takes the replies out of the other between rollouts (`PushProcess.poll`, which the
+futures of the pushes call); the worker has no thread of its own for them. The round trip the
+pipeline times a push by is the child's (from the request's hand-over to its reply there),
+however late the training thread reads the reply.
 
 The pipes carry frames (a3c_http/wire/frames.py): 8 bytes (the lengths of a JSON head and of a body,
 little-endian uint32), the head, the body. To the child: first `{"options": {...}, "threads": n}`

@@ -170,8 +170,8 @@ class Transport:
         self, method: str, path: str, content: bytes, headers: dict[str, str], timeout: float
     ) -> httpx.Response:
         """The request straight to the transport, without the client's cookies, redirects, URL
-        merging and hooks: a third of the CPU of a gradient push (885 -> 586 us a push,
-        measured on this machine)."""
+        merging and hooks: about a third of the CPU of a gradient push (docs/performance.md,
+        "Capacity")."""
         base = self.http.base_url
         request = httpx.Request(
             method,

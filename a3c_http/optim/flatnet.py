@@ -1,29 +1,24 @@
 """A network whose parameters and buffers live in one float32 vector, and the optimizer that steps
 it: the master's global network, and the in-process learner's.
 
-The model's tensors become views of `flat`, laid out as `wire.Layout` says (parameters first), so:
-- the weights' safetensors body is the layout's header and one copy of `flat`
-  (a3c_http/wire/tensors.py): `layout` makes the float32 body the run folder keeps, `wire` (the same
-  layout in the run's `wire_dtype`) the bodies the master and the workers exchange (in bfloat16, one
-  conversion);
-- a gradient body decodes to one vector, whose parameter region is the gradient of `params`;
-- the optimizer steps `params` (a view of that region) as one tensor: RMSprop on the default model
-  takes 46 us so, against 215 us over its 12 tensors one by one (measured on this machine).
-The model itself still works as ever (forward, `state_dict`, `load_state_dict` copy into the views).
+The model's tensors become views of `flat`, laid out as `wire.Layout` says (parameters first), so
+a weights body is the layout's header and one copy of `flat` (`layout`: float32, the run folder's;
+`wire`: the run's `wire_dtype`, what the master and workers exchange), a gradient body decodes to
+one vector whose parameter region is the gradient of `params`, and the optimizer steps `params` as
+one tensor (about 5x faster than over the model's tensors one by one, docs/performance.md "The
+parameter server"). The model itself still works as ever (forward, `state_dict`,
+`load_state_dict` copy into the views).
 
-A step is taken whole or not at all. One push of huge gradients used to make RMSprop's
-`square_avg` infinite, after which every step moved the weights by exactly 0 while the run went on
-counting updates. So a step whose result is not known to be finite copies the vector and the
-optimizer's state aside first (into buffers kept for it), and is undone if it leaves any value
-non-finite (`NonFiniteStep`). Most steps need none of it: with finite weights and state, a gradient
-the master checked (finite, its norm within max_grad_norm, its statistics mergeable:
-master/learning/admission.py) moves each weight by at most `STEP_BOUND` times the learning rate
-(RMSprop: lr / sqrt(1 - alpha), 10 lr, since its square average holds at least (1 - alpha) times the
-square of the gradient it divides; Adam with its bias corrections about 32 lr at the default betas),
-and squares to a finite moment. So the network keeps a bound on its largest weight (`reach`, exact
-when weights are loaded, raised by that much at every step), and a step of a checked gradient whose
-bound stays far from float32's limit skips the copies and the check: four passes over the vector, a
-millisecond a push of a million-parameter model on this project's machine.
+A step is taken whole or not at all: one non-finite value in the optimizer's state would freeze
+the weights while updates were still counted. A step whose result is not known to be finite
+copies the vector and the optimizer's state aside first (into reused buffers) and is undone if it
+leaves any value non-finite (`NonFiniteStep`). A step is known finite when the weights and state
+are finite and the gradient was checked by the master (finite, its norm within max_grad_norm, its
+statistics mergeable: master/learning/admission.py): it then moves each weight by at most
+`STEP_BOUND` learning rates (RMSprop: lr / sqrt(1 - alpha); Adam about 32 lr at the default
+betas). So the network keeps a bound on its largest weight (`reach`, exact when weights are
+loaded, raised by that much at every step) and skips the copies and the check while the bound
+stays far from float32's limit.
 """
 
 from __future__ import annotations
@@ -200,9 +195,8 @@ def non_finite_optimizer_state(state: dict[str, Any]) -> str | None:
 
 
 def _finite(tensor: torch.Tensor) -> bool:
-    # A NaN or an infinity anywhere makes the sum non-finite, and a sum is half the time of
-    # numpy's element-wise check; only a sum that overflows from finite values (weights near
-    # 1e34, broken anyway) needs that check.
+    # A NaN or an infinity makes the sum non-finite, and a sum is half the time of numpy's
+    # element-wise check; only a sum that overflows from finite values needs that check.
     if math.isfinite(float(tensor.sum())):
         return True
     return bool(np.isfinite(tensor.detach().reshape(-1).numpy()).all())
@@ -237,7 +231,7 @@ def bind(model: nn.Module, layout: Layout) -> torch.Tensor:
 
 def flat_optimizer_state(saved: dict[str, Any], layout: Layout) -> dict[str, Any]:
     """The state of an optimizer over `layout`'s parameter region, from one saved over the
-    model's tensors one by one (a run folder of an earlier version) or over the region already:
+    model's tensors one by one (an older run folder) or over the region already:
     per-element tensors are concatenated in layout order, scalars (`step`) taken from the first."""
     groups = saved["param_groups"]
     ids = [i for group in groups for i in group["params"]]

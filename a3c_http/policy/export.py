@@ -170,10 +170,8 @@ def export(run_dir: Path, out: Path, fmt: str = "torchscript") -> dict[str, Any]
         env.close()
     text = json.dumps(meta, indent=2)
     with torch.no_grad(), warnings.catch_warnings():
-        # PyTorch 2.13 warns that TorchScript and the TorchScript-based ONNX exporter are
-        # deprecated in favour of torch.export; both work, their files load everywhere, and they
-        # need no more packages and take a tenth of a second where the torch.export path takes
-        # seconds (and onnxscript).
+        # PyTorch warns that TorchScript and the TorchScript-based ONNX exporter are deprecated;
+        # both work, and need neither onnxscript nor the seconds torch.export takes.
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", ".*is deprecated", category=FutureWarning)
         warnings.filterwarnings("ignore", ".*jit.*deprecated")
@@ -222,8 +220,7 @@ def _onnx(
         ) from None
     batch = {0: "batch"}
     buffer = io.BytesIO()
-    # The TorchScript-based exporter (dynamo=False): the torch.export one needs onnxscript and
-    # takes seconds a network where this one takes a tenth of one.
+    # The TorchScript-based exporter (dynamo=False): see `export`'s warnings.
     torch.onnx.export(
         policy,
         example,

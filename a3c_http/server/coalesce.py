@@ -1,11 +1,8 @@
 """One send for a message's head and body, at both ends of a push.
 
 uvicorn writes a response's head and its body to the socket one after the other, and httpcore a
-request's head and its body, so each HTTP message left in two TCP segments, and on loopback each
-segment is the kernel's whole path to the peer and a wake-up of it. A push of the default model
-cost the master two reads, two writes and three waits on epoll (strace of a 1-worker run); the two
-segments of each message were a third of its CPU per push (py-spy: uvicorn's two writes, the
-event loop's extra wake-up).
+request's head and its body: two TCP segments a message, each a wake-up of the peer (figures:
+docs/performance.md, "The parameter server", "one send").
 
 - Served (`HeldTransport`, which a3c_http/tuning.py gives every connection uvicorn accepts):
   the transport uvicorn's protocol writes to holds what is written in one turn of the event loop and

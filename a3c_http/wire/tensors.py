@@ -1,32 +1,19 @@
 """Tensors on the wire: one safetensors file per body, one tensor per parameter, named as in the
-model's `state_dict()`: float32, or in a run of `wire_dtype` bfloat16 the parameters' tensors
-(weights and gradients) as bfloat16, half the bytes.
+model's `state_dict()`, float32 (or the parameters as bfloat16 in a run of `wire_dtype` bfloat16).
 
 safetensors is a plain header plus raw bytes, so decoding runs no code (unlike pickle or
 `torch.load`). `decode` checks everything a peer could get wrong before anything touches a model.
 
 `Layout` is the hot path's form of the same file: every entry of a model, parameters first, packed
-in one float32 vector. Its bodies are a fixed header and that vector's bytes, so encoding is one
-copy, and decoding a body laid out the same way (ours always are) is one header comparison and one
-copy; a body in any other valid layout (another safetensors writer, its tensors in any order) has
-its header parsed and checked, then its tensors gathered into one vector, a copy each. The
-header's `__metadata__` (safetensors' own string map) may carry what travels with the tensors: a
-gradient push's finished episodes and statistics (docs/http-api.md).
+in one float32 vector. Encoding is one copy; decoding a body in our own layout is one header
+comparison and one copy, and any other valid layout is parsed, checked and gathered (a copy per
+tensor). The header's `__metadata__` may carry a push's finished episodes and statistics
+(docs/http-api.md).
 
-bfloat16 (`Layout.of(model, "bfloat16")`): the master and every worker of such a run encode the
-parameters' tensors as BF16 (float32 rounded to the nearest even, torch's `.to(torch.bfloat16)`) and
-decode them into their float32 vector; every vector in memory stays float32. The buffers (the
-running statistics of a3c_http/models/normalize.py) stay F32 in the same file: their count reaches
-millions, and bfloat16 holds integers exactly only up to 256 (a rollout's count of 1,001 would
-arrive as 1,000, and a run's count of 3,000,000 as 2,998,272; the master's check of a batch's count
-against t_max x num_envs could refuse a rounded one), its means are off by up to 0.4% of their size,
-which for observations far from zero is many of their standard deviations, and the same batch rounds
-the same way at every push, so that error would not average out. They are a few dozen values:
-float32 costs nothing. The F32 buffers come first in the data, as safetensors' own writer orders
-them, so that each tensor starts aligned to its size. A body must be in its run's dtype, either way
-(422 naming the dtype expected): a float32 body to a bfloat16 run comes from a worker that does not
-follow the run's config, and taking it would hide that it sends twice the bytes the run chose; a
-bfloat16 body to a float32 run would round what the run chose to keep whole.
+bfloat16: only the parameters' tensors travel as BF16; every vector in memory stays float32, and
+the buffers (a3c_http/models/normalize.py's running statistics) stay F32 in the same file, first
+in the data so each tensor is aligned, because bfloat16 would round their counts and means
+(docs/performance.md, "Smaller tensors on the wire"). A body must be in its run's dtype, else 422.
 """
 
 from __future__ import annotations
@@ -246,14 +233,11 @@ class Layout:
         """The vector of a safetensors body (in layout order) and its metadata, from any writer:
         the file must be valid as safetensors reads one (a header of tensors that tile its data
         exactly), hold this layout's names and no other, each of its shape and dtype (`dtypes`),
-        every value finite. Raises `WireError` naming the first problem. A body whose tensors lie
-        as this layout's own (ours always do) is read as one vector: its header compared, not
-        parsed, but for its metadata; a float32 one given as a bytearray, which the caller hands
-        over, becomes the vector without a copy (its memory). Any other order is gathered into
-        one new vector, a copy per tensor. `finite_params=False`: the parameters' region is not
-        checked for NaN and infinities, by a caller who checks it otherwise (the master computes
-        a gradient's norm, which such a value makes non-finite: one pass over a large model
-        instead of two); the buffers' are, always."""
+        every value finite. Raises `WireError` naming the first problem. A float32 body in this
+        layout given as a bytearray becomes the vector without a copy (the caller hands its
+        memory over). `finite_params=False` skips the finiteness check of the parameters' region
+        for a caller who checks it otherwise (the master's gradient norm); buffers are always
+        checked."""
         if not data:
             raise WireError("empty body: expected a safetensors file")
         if len(data) < 8:
@@ -361,7 +345,7 @@ class Layout:
             return {}
         if not (rest.startswith(self._metadata_key) and rest.endswith(b"}")):
             return None
-        try:  # pydantic's parser: 0.6 us for a push's report, json.loads and a check 2.3
+        try:  # pydantic's parser: about 4x faster than json.loads and a check
             return _METADATA.validate_json(rest[len(self._metadata_key) : -1])
         except ValidationError:
             return None

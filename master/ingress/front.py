@@ -3,9 +3,9 @@ them to the master, so that reading, judging and answering pushes use more cores
 master's own process has (master/ingress/fronts.py starts them).
 
 A front serves `POST /gradients` exactly as the master's own hot path does
-(master/ingress/gradients.py
-`GradientRoute`, behind the same gate, header bounds and body limit: a3c_http/server/service.py
-`install_common`, with the same settings, read from the same environment), but its `push` sends
+(master/ingress/gradients.py `GradientRoute`, behind the same gate, header bounds and body limit:
+a3c_http/server/service.py `install_common`, with the same settings, read from the same
+environment), but its `push` sends
 the push's headers and body to the master over a socket pair and answers with what the master
 answers: the master alone counts, screens, steps and saves, so every guarantee of a push holds
 as it does on the master's own port. Everything but `POST /gradients` and `GET /healthz` is for

@@ -17,11 +17,10 @@ On the master's side each front's socket pair is a connection of the master's ev
 (master/ingress/gradients.py `begin`) as a push of its own port is, and each answer is written back
 by the loop's transport, which never blocks: a front that stops reading gets no more of its pushes
 read until its answers drain. A push answered at once (async mode: every worker's push) needs no
-task, and the answers to one read leave in one write. No thread stands between a front and the loop.
-A first version had a reader and a writer thread a front, and every push crossed between them and
-the loop: on this project's 2-core machine that cost the master's process as much a push as the HTTP
-work the fronts took off it (0.157 against 0.156 ms a push, 16 simulated workers). A front that dies
-is started again; the fronts end with the master (their socket pair closes; a killed master's too).
+task, and the answers to one read leave in one write. No thread stands between a front and the
+loop: crossing threads cost the master as much as the fronts saved it (docs/performance.md, "A
+master on more than one core: fronts"). A front that dies is started again; the fronts end with
+the master (their socket pair closes; a killed master's too).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """`POST /gradients`, the workers' hot path, served straight from ASGI.
 
 A push through FastAPI's router, its dependency injection and its request and response objects
-cost the master about as much as the update itself: on this project's 2-core machine, 16
-simulated workers got about 2,000 pushes/s of the default model through the route and about
-3,400 through this layer (scripts/bench.py, section master). So `GradientRoute`, an ASGI
+cost the master about as much as the update itself (docs/performance.md, "The parameter
+server"). So `GradientRoute`, an ASGI
 middleware inside the gate and the body limit (a3c_http/server/service.py `install_common`: a push
 still passes the token, page, content-type, size and time checks first), answers
 `POST /gradients` itself. The route stays declared in master/api/weights.py, which gives it
@@ -44,12 +43,10 @@ from master.state import ClusterState
 
 PATH = "/gradients"
 # A gradient body up to this size is applied on the event loop itself: the hop to a threadpool
-# thread and back, and the GIL passed between them, cost more than the loop's pause. Measured on
-# this project's 2-core machine with the million-parameter model (4 MB float32, 2 MB bfloat16
-# bodies): 3.9 to 4.5 ms of the master's CPU a push inline, against 4.6 to 5.0 through the
-# threadpool (bfloat16: 3.5 to 3.6 against 3.9 to 4.3), and as many more pushes a second. 8 MiB
-# takes models of up to two million parameters (the next issue's pixel policies) inline, with a
-# pause of a few milliseconds for other requests; larger ones go to the threadpool.
+# thread and back, and the GIL passed between them, cost more than the loop's pause (about 0.6 ms
+# of a 1M push, docs/performance.md "The parameter server"). 8 MiB takes models of up to two
+# million parameters inline, with a pause of a few milliseconds for other requests; larger ones
+# go to the threadpool.
 INLINE_BYTES = 8 << 20
 # PushHeaders's fields by the lower-case header names ASGI gives.
 _ALIASES = {field.alias.lower(): field.alias for field in PushHeaders.model_fields.values()}
