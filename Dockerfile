@@ -9,7 +9,7 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 # PyTorch's index of CPU builds: the torch of PyPI brings gigabytes of CUDA packages.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-# The torch of scripts/constraints.txt (tests/test_deploy.py keeps them equal).
+# The torch of scripts/constraints.txt (tests/ops/test_deploy.py keeps them equal).
 ARG TORCH_VERSION=2.13.0
 # Optional extras of pyproject.toml, comma-separated (atari, minatar, box2d, tensorboard).
 ARG EXTRAS=""

@@ -18,7 +18,7 @@ FastAPI/uvicorn, httpx and torch. Each function is then a no-op or torch's own p
 - `rmsprop_step`: `PlainRMSprop` steps with torch's operations (bit for bit torch's RMSprop).
 
 Written against uvicorn 0.54, httpcore 1.0 (httpx 0.28) and torch 2.13; pyproject.toml bounds
-them, and tests/test_tuning.py names what changed here when a newer one differs.
+them, and tests/unit/test_tuning.py names what changed here when a newer one differs.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ _LOG = logging.getLogger("a3c.tuning")
 
 _enabled: bool | None = None
 _warned: set[str] = set()
-# What this process installed, by name (tests/test_tuning.py: nothing with the switch off).
+# What this process installed, by name (tests/unit/test_tuning.py: nothing with the switch off).
 installed: set[str] = set()
 
 
@@ -284,7 +284,7 @@ def rmsprop_step(
     Adagrad adds g^2 to its sum and moves a weight by -clr g / (sqrt(sum) + eps'). Given the sum
     alpha square_avg / (1 - alpha), clr = lr / sqrt(1 - alpha) and eps' = eps / sqrt(1 - alpha),
     its sum is RMSprop's new square_avg over (1 - alpha) and its move RMSprop's step: the same
-    maths, equal up to float32 rounding (tests/test_a3c_loss.py). About 2x faster than torch's
+    maths, equal up to float32 rounding (tests/unit/test_a3c_loss.py). About 2x faster than torch's
     RMSprop on a million parameters (docs/performance.md "The parameter server")."""
     g = p.grad
     if not (

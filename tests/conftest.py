@@ -13,14 +13,8 @@ import torch
 from a3c_http.server import logs
 from a3c_http.testing.localcluster import LocalCluster, free_port
 from a3c_http.testing.standin import StandInWorker
-from tests.log_capture import CapturedEvents
-from tests.support import TOKEN
-
-# The session cluster's workers. IMPATIENT gives up on an unreachable master after 3 s
-# (A3C_MASTER_RETRY_S); the others keep the default 60 s. A run names the workers it uses.
-PATIENT = (0, 1)
-IMPATIENT = 2
-MAX_BODY = 256 * 1024  # the session cluster's A3C_MAX_BODY_BYTES (the model's weights fit)
+from tests.support.common import MAX_BODY, TOKEN
+from tests.support.log_capture import CapturedEvents
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -37,7 +31,7 @@ def _one_torch_thread() -> Iterator[None]:
 def session_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """A master and three workers with a token (so every real run carries it both ways), a
     persist interval of 1 s (a killed master loses at most that), a body limit of MAX_BODY, and
-    the test environments allowed (`tests.envs`)."""
+    the test environments allowed (`tests.support.envs`)."""
     tmp = tmp_path_factory.mktemp("cluster")
     with pytest.MonkeyPatch.context() as mp:
         for key in list(os.environ):
@@ -54,7 +48,7 @@ def session_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalC
             token=TOKEN,
             env={
                 "A3C_PERSIST_INTERVAL_S": "1",
-                "A3C_ENV_MODULES": "tests.envs",
+                "A3C_ENV_MODULES": "tests.support.envs",
                 "A3C_MAX_BODY_BYTES": str(MAX_BODY),
             },
         )
@@ -85,7 +79,7 @@ def standin() -> Iterator[StandInWorker]:
 
 @pytest.fixture
 def captured_events(caplog: pytest.LogCaptureFixture) -> Iterator[CapturedEvents]:
-    """The records of our `a3c` loggers, through caplog (tests/log_capture.py), set up as a
+    """The records of our `a3c` loggers, through caplog (tests/support/log_capture.py), set up as a
     service sets them up by default (info)."""
     logs.configure()
     events = CapturedEvents(caplog)

@@ -4,9 +4,9 @@
 `a3c_http/CueMemory-v0` asks for memory and nothing else: the first observation shows a cue (one
 of two), the next `delay` show nothing, and the last asks which cue it was. Answering right earns
 +1, wrong -1; the actions before the question earn nothing. A policy without memory sees the same
-question whichever cue came first, so it is right half the time (mean return 0 in the long run);
-a recurrent one (`core: "lstm"`) remembers the cue and earns 1 an episode. It is the known-answer
-test of the recurrent path (tests/test_recurrent.py) and a row of `scripts/bench.py learn`, in the
+question whichever cue came first, so it is right half the time (mean return 0 in the long run); a
+recurrent one (`core: "lstm"`) remembers the cue and earns 1 an episode. It is the known-answer test
+of the recurrent path (tests/unit/test_learning.py) and a row of `scripts/bench.py learn`, in the
 spirit of POPGym's RepeatFirst and the T-maze of Bakker (2001).
 """
 

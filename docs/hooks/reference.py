@@ -11,7 +11,7 @@ A page's markdown may hold these placeholders, each on a line of its own:
   codes each can answer.
 
 So the reference cannot drift from the code: a field without a row cannot exist. The functions
-below are also what tests/test_readme.py calls.
+below are also what tests/ops/test_docs.py calls.
 """
 
 from __future__ import annotations

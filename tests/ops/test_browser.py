@@ -1,0 +1,64 @@
+"""The dashboard in a real headless Chromium (tests/support/browser.py) against the session cluster,
+which has a token: the page asks for it once, draws the return curve, lists every worker, and its
+stop button stops the run. Skipped, with the reason, where no Chromium is installed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from a3c_http.testing.localcluster import LocalCluster, wait_for
+from tests.support.browser import Browser, chromium_or_skip
+from tests.support.common import ENDLESS_RUN, TOKEN
+
+pytestmark = pytest.mark.integration
+
+CURVE = """(() => {
+  const svg = document.querySelector('#curve');
+  const drawn = (cls) => (svg.querySelector('path.' + cls)?.getAttribute('d') || '').length;
+  return {episodes: Number(svg.dataset.episodes || 0), line: drawn('episodes'),
+          mean: drawn('mean100'), target: svg.querySelectorAll('line.target').length};
+})()"""
+WORKERS = "[...document.querySelectorAll('#workers tbody tr')].map(r => r.dataset.workerId)"
+
+
+def test_the_dashboard_draws_the_run_lists_every_worker_and_stops_it(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    executable = chromium_or_skip()
+    reply = cluster.train(**{**ENDLESS_RUN, "target_return": 475.0})
+    assert reply.status_code == 202, reply.text
+    wait_for(lambda: cluster.status()["global_episode"] >= 20, 60, "some episodes")
+    worker_ids = {w["worker_id"] for w in cluster.status()["workers"]}
+    assert len(worker_ids) == len(cluster.workers)
+
+    with Browser(executable, tmp_path / "profile", tmp_path / "chromium.log") as page:
+        page.goto(f"{cluster.master.url}/")
+        # The master has a token: the page asks for it, and keeps it out of the URL.
+        page.wait("!document.querySelector('#token-form').hidden", 20, "the token form")
+        page.js(f"""document.querySelector('#token').value = {TOKEN!r};
+                    document.querySelector('#token-form').requestSubmit()""")
+        curve = page.wait(f"(c => c.episodes >= 20 && c)({CURVE})", 20, "the curve")
+        assert curve["line"] > 100 and curve["mean"] > 100 and curve["target"] == 1, curve
+        listed = page.wait(f"(ids => ids.length === {len(worker_ids)} && ids)({WORKERS})",
+                           20, "the workers table")
+        assert set(listed) == worker_ids
+        assert page.js("document.querySelector('#state').textContent") == "running"
+
+        # A reload does not ask again; the token is in neither the URL nor the master's log.
+        page.send("Page.reload")
+        page.wait(f"({CURVE}).episodes >= 20", 20, "the curve after a reload")
+        assert page.js("document.querySelector('#token-form').hidden") is True
+        assert TOKEN not in page.js("location.href")
+
+        # The stop button takes two clicks: the first only arms it.
+        page.js("document.querySelector('#stop').click()")
+        assert cluster.status()["state"] == "running"
+        page.js("document.querySelector('#stop').click()")
+        status = cluster.wait_finished(30)
+        assert status["finish_reason"] == "stopped by POST /stop", status
+        page.wait("document.querySelector('#state').textContent === 'finished'", 20,
+                  "the page to show the run finished")
+        assert page.js("document.querySelector('#stop').disabled") is True
+    assert TOKEN not in cluster.master.log_path.read_text(errors="replace")
