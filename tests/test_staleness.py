@@ -16,7 +16,7 @@ from master.learning.parameter_server import ParameterServer
 def server(**config: object) -> tuple[ParameterServer, TrainConfig]:
     cfg = TrainConfig(seed=1, max_steps=None, **config)
     params = ParameterServer()
-    params.begin(cfg, model_for(cfg), next_version=False)
+    params.start_run(cfg, model_for(cfg), next_version=False)
     return params, cfg
 
 

@@ -71,7 +71,7 @@ class ParameterServer(SyncRounds):
         self._round_numbers = itertools.count(1)  # never reused, so a late timeout closes no other
         self._reset_rounds()
 
-    def begin(self, config: TrainConfig, model: ActorCritic, next_version: bool) -> None:
+    def start_run(self, config: TrainConfig, model: ActorCritic, next_version: bool) -> None:
         """Fresh weights and counters for a new run; `next_version`: an earlier run used this
         folder, so the new weights get the next version."""
         with self.lock:

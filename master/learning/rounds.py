@@ -8,9 +8,9 @@ closed without at its deadline is not waited for again until it sends: one regis
 worker used to make every round wait out `sync_timeout_s`.
 
 A waiting request holds no thread: the route awaits the round's outcome on the event loop
-(`settle`), so hundreds of workers cannot exhaust the threadpool. When the deadline passes before
-the round is complete, the first waiting request to notice closes it (in the threadpool, since
-closing runs the optimizer step), so the timeout fires even if no further request arrives.
+(`await_outcome`), so hundreds of workers cannot exhaust the threadpool. When the deadline passes
+before the round is complete, the first waiting request to notice closes it (in the threadpool,
+since closing runs the optimizer step), so the timeout fires even if no further request arrives.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class Outcome:
     def ready(cls, weights: Weights, duplicate: bool) -> Outcome:
         return cls(None, duplicate, weights=weights)
 
-    def known(self) -> bool:
+    def is_done(self) -> bool:
         return self.future is None or self.future.done()
 
 
@@ -90,11 +90,13 @@ class Round:
         return expected <= self.updates.keys()
 
 
-async def settle(outcome: Outcome, close_round: Callable[[int], None]) -> tuple[bytes, int, bool]:
+async def await_outcome(
+    outcome: Outcome, close_round: Callable[[int], None]
+) -> tuple[bytes, int, bool]:
     """The new weights, their version and whether the request was a retry, once the outcome is
     known; at the round's deadline, `close_round(number)` closes it with what it gathered. Raises
     what the round failed with (StateConflict: the run ended, or the weights were replaced)."""
-    if not outcome.known():
+    if not outcome.is_done():
         waiting = asyncio.wrap_future(outcome.future)
         try:
             await asyncio.wait_for(
@@ -103,11 +105,11 @@ async def settle(outcome: Outcome, close_round: Callable[[int], None]) -> tuple[
         except TimeoutError:
             await run_in_threadpool(close_round, outcome.round)
             await waiting
-    return settled(outcome)
+    return outcome_reply(outcome)
 
 
-def settled(outcome: Outcome) -> tuple[bytes, int, bool]:
-    """`settle`'s answer for an outcome that is `known()`."""
+def outcome_reply(outcome: Outcome) -> tuple[bytes, int, bool]:
+    """`await_outcome`'s answer for an outcome that `is_done()`."""
     weights, version = outcome.weights if outcome.future is None else outcome.future.result()
     return weights, version, outcome.duplicate
 
