@@ -247,7 +247,7 @@ class ClusterState:
         refusal, config, limits = self.ledger.admit_update(worker_id, run_id)
         vector, metadata = self.params.decode(body, gradients=True)
         report = rollout_report(metadata)
-        update = self.params.update_of(
+        update = self.params.checked_update(
             worker_id, version, vector, config, limits, seq, loss, norm
         )
         episodes, stats = (report.episodes, report.stats) if report else ([], None)

@@ -46,7 +46,9 @@ def push(
     worker: str = "w1",
 ):
     vector = grads_of(params, scale)
-    update = params.update_of(worker, params.version, vector, config, LIMITS, loss=loss, norm=norm)
+    update = params.checked_update(
+        worker, params.version, vector, config, LIMITS, loss=loss, norm=norm
+    )
     return params.apply_gradients(update, config, refusal=None)
 
 

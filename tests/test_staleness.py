@@ -27,7 +27,7 @@ def grads(params: ParameterServer, seed: int) -> torch.Tensor:
 
 
 def push(params: ParameterServer, cfg: TrainConfig, version: int, vector: torch.Tensor) -> None:
-    update = params.update_of("w1", version, vector, cfg, RunLimits.of(cfg))
+    update = params.checked_update("w1", version, vector, cfg, RunLimits.of(cfg))
     params.apply_gradients(update, cfg, None)
 
 

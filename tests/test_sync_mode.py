@@ -198,7 +198,7 @@ def test_a_round_steps_on_the_mean_not_the_sum() -> None:
     workers = {"a", "b", "c"}
     limits = RunLimits.of(config)
     outcomes = [
-        params.join_round(params.update_of(w, 0, g, config, limits), config, None, workers)
+        params.join_round(params.checked_update(w, 0, g, config, limits), config, None, workers)
         for w, g in zip(sorted(workers), grads, strict=True)
     ]
     assert all(o.is_done() for o in outcomes) and params.version == 1

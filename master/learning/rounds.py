@@ -82,7 +82,7 @@ class Round:
     # are absent from the next rounds until they send (master/learning/parameter_server.py).
     expected: set[str] = field(default_factory=set)
 
-    def waiting(self, duplicate: bool) -> Outcome:
+    def pending_outcome(self, duplicate: bool) -> Outcome:
         return Outcome(self.outcome, duplicate, self.number, self.deadline)
 
     def complete(self, expected: set[str]) -> bool:
@@ -117,9 +117,10 @@ def outcome_reply(outcome: Outcome) -> tuple[bytes, int, bool]:
 class SyncRounds:
     """The parameter server's (master/learning/parameter_server.py `ParameterServer`, which inherits
     them) methods for sync mode's rounds, apart because they are an idea of their own. They run
-    under its lock (`lock`) and use its retry check (`_seen`), screening (`_screen`, `_accepted`),
-    optimizer step (`_step`), weights (`weights`, `version`), refusal counts (`_reject`) and round
-    numbers (`_round_numbers`, never reused, so a late timeout closes no other round)."""
+    under its lock (`lock`) and use its retry check (`_is_retry`), screening (`_screen`,
+    `_join_outlier_window`), optimizer step (`_step`), weights (`weights`, `version`), refusal
+    counts (`_reject`) and round numbers (`_round_numbers`, never reused, so a late timeout closes
+    no other round)."""
 
     def _reset_rounds(self) -> None:
         self.round: Round | None = None  # the round gathering gradients
@@ -141,13 +142,13 @@ class SyncRounds:
         or when `check_round` finds it complete. A retry of gradients of this round waits for
         the same outcome; of an earlier round, it gets the current weights."""
         with self.lock:
-            if self._seen(update.worker_id, update.seq):
+            if self._is_retry(update.worker_id, update.seq):
                 return Outcome.ready(self.weights(), duplicate=True)
             current = self.round
             sent = current.updates.get(update.worker_id) if current is not None else None
             if sent is not None:
                 if update.seq is not None and update.seq == sent.seq:
-                    return current.waiting(duplicate=True)
+                    return current.pending_outcome(duplicate=True)
                 self._reject("round")
                 raise StateConflict(
                     f"worker {update.worker_id} already sent gradients for version "
@@ -155,14 +156,14 @@ class SyncRounds:
                     "round): wait for the round's reply"
                 )
             self._screen(update, config, refusal, sync=True)
-            self._accepted(update)
+            self._join_outlier_window(update)
             self.absent.discard(update.worker_id)
             if current is None:
                 deadline = time.monotonic() + config.sync_timeout_s
                 current = self.round = Round(next(self._round_numbers), self.version, deadline)
             current.updates[update.worker_id] = update
             current.expected = expected
-            outcome = current.waiting(duplicate=False)
+            outcome = current.pending_outcome(duplicate=False)
             if current.complete(expected - self.absent):
                 self._close_round()
             return outcome
