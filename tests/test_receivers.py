@@ -50,7 +50,7 @@ def receivers_env(tmp: Path, port: int) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
     """A master with two receivers and the token, running a run of a stand-in worker."""
-    tmp = tmp_path_factory.mktemp("fronts")
+    tmp = tmp_path_factory.mktemp("receivers")
     with pytest.MonkeyPatch.context() as mp:
         for key in list(os.environ):
             if key.startswith("A3C_"):
