@@ -28,8 +28,8 @@ from master.api import weights as routes_weights
 from master.api.metrics import MasterMetrics
 from master.background import housekeeping
 from master.errors import Invalid
-from master.ingress.fronts import Fronts
-from master.ingress.gradients import GradientRoute, begin, push
+from master.ingress.gradients import GradientRoute, push, take_push
+from master.ingress.receivers import Receivers
 from master.persistence import tensorboard
 from master.state import ClusterState, StateConflict
 
@@ -55,15 +55,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         thread.start()
         state.evaluator.start()
-        if settings.fronts:
-            state.fronts = Fronts(settings, own_begin, asyncio.get_running_loop()).start()
+        if settings.receivers:
+            loop = asyncio.get_running_loop()
+            state.receivers = Receivers(settings, own_take_push, loop).start()
         # Everything built so far lives as long as the process: out of the collector's sight.
         tuning.freeze_startup_objects()
         try:
             yield
         finally:
-            if state.fronts is not None:
-                state.fronts.close()
+            if state.receivers is not None:
+                state.receivers.close()
             stop.set()
             thread.join(timeout=10)
             state.evaluator.close()
@@ -82,7 +83,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.cluster = state
     app.state.metrics = MasterMetrics(state.status)
     own_push = functools.partial(push, state, app.state.metrics)
-    own_begin = functools.partial(begin, state, app.state.metrics)  # the fronts' pushes
+    own_take_push = functools.partial(take_push, state, app.state.metrics)  # the receivers' pushes
     # The routes of the workers' training loop: hundreds of requests a second. The 409s of their
     # updates are part of the loop too (stale pushes, and after a restart every push computed
     # before it): counted in updates_rejected_by, summed up by the progress line.

@@ -58,7 +58,7 @@ from master.run.events import lock_file_restored, resume_failed
 from master.run.ledger import RunLedger
 
 if TYPE_CHECKING:
-    from master.ingress.fronts import Fronts
+    from master.ingress.receivers import Receivers
 
 __all__ = [
     "VERSIONS_SKIPPED_AFTER_A_CRASH",
@@ -93,7 +93,7 @@ class ClusterState:
         self.store = RunStore.acquire(settings.run_dir)
         # Why the run in the folder could not be resumed (master/persistence/resume.py), until a new
         # run.
-        self.fronts: Fronts | None = None  # master/ingress/fronts.py, started by the app
+        self.receivers: Receivers | None = None  # master/ingress/receivers.py, started by the app
         self.resume_error: CannotResume | None = None
         self._new_parts()
         try:
@@ -149,8 +149,8 @@ class ClusterState:
             # A run of this folder before (also one that could not be resumed, whose last
             # version `__init__` took): the new run's versions go on after its.
             earlier_run = self.ledger.run_id is not None or self.params.version > 0
-            worker_ids = self.ledger.begin(config, worker_urls)
-            self.params.begin(config, model, next_version=earlier_run)
+            worker_ids = self.ledger.start_run(config, worker_urls)
+            self.params.start_run(config, model, next_version=earlier_run)
             return self.ledger.run_id, worker_ids
 
         started = self.persister.switch_run(swap)
@@ -174,9 +174,9 @@ class ClusterState:
     def finish(self, reason: str) -> bool:
         """End the running run (idempotent) and save it; workers learn it at their next
         exchange."""
-        return self._saving_a_finish(self.ledger.finish(reason))
+        return self._after_change(self.ledger.finish(reason))
 
-    def _saving_a_finish(self, result: Any) -> Any:
+    def _after_change(self, result: Any) -> Any:
         """Save at once when the change that produced `result` finished the run (after closing
         a sync round that no running worker is left to complete; the housekeeping thread's
         liveness check comes here twice a second), and log the events of the change."""
@@ -188,26 +188,26 @@ class ClusterState:
         return result
 
     def check_liveness(self) -> None:
-        self._saving_a_finish(self.ledger.check_liveness())
+        self._after_change(self.ledger.check_liveness())
 
     def record_evaluation(
         self, run_id: str, taken: dict[str, Any], result: dict[str, Any] | None, error: str | None
     ) -> None:
-        self._saving_a_finish(self.ledger.record_evaluation(run_id, taken, result, error))
+        self._after_change(self.ledger.record_evaluation(run_id, taken, result, error))
 
     def worker_started(self, worker_id: str, url: str | None, run_id: str | None = None) -> None:
-        self._saving_a_finish(self.ledger.worker_started(worker_id, url, run_id))
+        self._after_change(self.ledger.worker_started(worker_id, url, run_id))
 
     def join(
         self, name: str, url: str | None, run_id: str | None, worker_id: str | None
     ) -> dict[str, Any] | None:
-        return self._saving_a_finish(self.ledger.join(name, url, run_id, worker_id))
+        return self._after_change(self.ledger.join(name, url, run_id, worker_id))
 
     def worker_done(self, worker_id: str, error: str | None, run_id: str | None = None) -> str:
-        return self._saving_a_finish(self.ledger.worker_done(worker_id, error, run_id))
+        return self._after_change(self.ledger.worker_done(worker_id, error, run_id))
 
     def heartbeat(self, worker_id: str, stats: dict[str, Any], run_id: str | None = None) -> bool:
-        return self._saving_a_finish(self.ledger.heartbeat(worker_id, stats, run_id))
+        return self._after_change(self.ledger.heartbeat(worker_id, stats, run_id))
 
     def report_episode(
         self,
@@ -217,7 +217,7 @@ class ClusterState:
         run_id: str | None = None,
         seq: int | None = None,
     ) -> dict[str, Any]:
-        return self._saving_a_finish(
+        return self._after_change(
             self.ledger.report_episode(worker_id, reward, length, run_id, seq)
         )
 
@@ -238,8 +238,8 @@ class ClusterState:
         metadata may carry the rollout's finished episodes and the worker's statistics
         (master/api/schemas.py RolloutReport), counted first, whatever becomes of the gradients.
         The run's algorithm (a3c_http/algos/) decides what applying means. Returns the outcome
-        (master/learning/rounds.py `settle`: the new weights, their version and
-        whether the request was a retry of gradients taken already) and the run's figures as
+        (master/learning/rounds.py `await_outcome`: the new weights, their version and
+        whether the request was a retry of gradients taken already) and the run's summary as
         `POST /episode` answers them. Raises StateConflict (stale, an outlier, no running run,
         or a worker that is not registered) or WireError; no gradient is taken then, and for an
         Invalid (an implausible report, gradients beyond their bound) or a WireError nothing at
@@ -247,12 +247,12 @@ class ClusterState:
         refusal, config, limits = self.ledger.admit_update(worker_id, run_id)
         vector, metadata = self.params.decode(body, gradients=True)
         report = rollout_report(metadata)
-        update = self.params.update_of(
+        update = self.params.checked_update(
             worker_id, version, vector, config, limits, seq, loss, norm
         )
         episodes, stats = (report.episodes, report.stats) if report else ([], None)
         try:
-            figures = self._saving_a_finish(
+            run_summary = self._after_change(
                 self.ledger.report_rollout(
                     worker_id, episodes, stats.model_dump() if stats else None, run_id, seq
                 )
@@ -265,9 +265,9 @@ class ClusterState:
         outcome = algorithm_class(config).apply(
             self.params, update, config, refusal, self._round_expectation
         )
-        if outcome.duplicate and not figures["duplicate"]:
+        if outcome.duplicate and not run_summary["duplicate"]:
             self.ledger.count_duplicate(worker_id)
-        return outcome, figures
+        return outcome, run_summary
 
     def _round_expectation(self) -> set[str]:
         """The running workers a sync round waits for."""
@@ -303,7 +303,7 @@ class ClusterState:
             "save_error": persister.failures.public(),
             "last_saved_at": persister.last_saved_at,
             "resume_error": self.resume_error.public() if self.resume_error else None,
-            "fronts": self.fronts.status() if self.fronts is not None else None,
+            "fronts": self.receivers.status() if self.receivers is not None else None,
         }
 
     def persist(self, force: bool = False, clean: bool = False, wait_s: float = -1) -> bool:

@@ -38,7 +38,7 @@ class StartIn(BaseModel):
         None,
         max_length=2048,
         pattern=r"^https?://",
-        description="Where to send gradient pushes: the master's fronts (A3C_FRONTS); unset: "
+        description="Where to send gradient pushes: the master's receivers (A3C_RECEIVERS); unset: "
         "master_url.",
     )
     worker_id: str = Field(min_length=1, max_length=128, pattern=WORKER_ID_PATTERN)

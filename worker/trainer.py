@@ -3,7 +3,7 @@
 What the worker does with each rollout is its algorithm's (a3c_http/algos/: A3C, sync A2C, the
 original design's best weights); this module is the port they do it through (`WorkerPort`): pushes
 of gradients with the rollout's finished episodes and the worker's statistics, whose replies bring
-the new weights and the run's figures; episode reports; weights pushed and pulled. Up to the
+the new weights and the run's summary; episode reports; weights pushed and pulled. Up to the
 algorithm's `pushes_in_flight` pushes are in flight while the worker collects its next rollouts
 (worker/pipeline.py). A heartbeat goes only when no reply came for `heartbeat_interval_s`.
 """
@@ -29,7 +29,7 @@ from a3c_http.envs.rollout import Episode, Rollout, RolloutCollector
 from a3c_http.models.actor_critic import ActorCritic, model_for
 from a3c_http.net.client import A3CError, Conflict, MasterClient, Stopped, Weights
 from a3c_http.optim.flatnet import bind
-from a3c_http.server.logs import Events, Pace
+from a3c_http.server.logs import Events, ProgressClock
 from a3c_http.wire import tensors as wire
 from worker.pipeline import Pipeline
 
@@ -102,7 +102,7 @@ class Trainer:
         self.flat: torch.Tensor | None = None
         self.last_reply = time.monotonic()
         self.events = events or Events(logging.getLogger("a3c.worker"), None, worker_id)
-        self.pace = Pace(progress_s)
+        self.progress_clock = ProgressClock(progress_s)
         self._logged_steps = 0  # env steps at the last progress line
 
     def run(self) -> None:
@@ -140,7 +140,7 @@ class Trainer:
                 ):
                     last_heartbeat = time.monotonic()
                     self._heartbeat(algorithm)
-                seconds = self.pace.due()
+                seconds = self.progress_clock.due()
                 if seconds is not None:
                     self._log_progress(seconds)
             self._count_replies(pipeline.drain(), ending=True)  # this worker's /stop

@@ -16,7 +16,7 @@ from a3c_http.algos.a3c import rollout_loss
 from a3c_http.algos.base import Algorithm, Sends, WorkerPort, register
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import Rollout
-from a3c_http.models.normalize import absorb
+from a3c_http.models.normalize import merge_moments
 from a3c_http.optim.optimizers import make_optimizer
 
 
@@ -40,7 +40,7 @@ class BestWeights(Algorithm):
             terms.total.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
             self.optimizer.step()
-            absorb(self.model, rollout.statistics)
+            merge_moments(self.model, rollout.statistics)
 
     def on_heartbeat(self, port: WorkerPort) -> None:
         port.push_weights(temporary=True)

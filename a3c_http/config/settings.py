@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from a3c_http.net.outbound import environment_proxies
@@ -31,7 +31,8 @@ class _FromEnv(BaseSettings):
     validated by pydantic; `from_env` turns a bad one into a one-line error that names it."""
 
     model_config = SettingsConfigDict(
-        env_prefix="A3C_", env_ignore_empty=True, extra="forbid", frozen=True
+        env_prefix="A3C_", env_ignore_empty=True, extra="forbid", frozen=True,
+        validate_by_name=True,  # a renamed setting's field by its name too (Settings(receivers=2))
     )
 
     token: str | None = Field(
@@ -117,6 +118,35 @@ class _FromEnv(BaseSettings):
         "every call goes straight to its host.",
     )
 
+    @classmethod
+    def variables(cls, name: str) -> list[str]:
+        """The environment variables of field `name`: `A3C_<NAME>`, then the old names a renamed
+        setting is still read by (its `validation_alias`)."""
+        alias = cls.model_fields[name].validation_alias
+        if isinstance(alias, AliasChoices):
+            return [str(choice) for choice in alias.choices]
+        return [f"{cls.model_config['env_prefix']}{name.upper()}"]
+
+    @classmethod
+    def variable(cls, name: str) -> str:
+        """The variable that set field `name`: an old name if that is the one set, else
+        `A3C_<NAME>` (what an error message names)."""
+        names = cls.variables(name)
+        return next((v for v in names if os.environ.get(v)), names[0])
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_and_new_names_agree(cls, data: Any) -> Any:
+        for name in cls.model_fields:
+            given = [(v, os.environ[v]) for v in cls.variables(name) if os.environ.get(v)]
+            if len({value for _, value in given}) > 1:
+                (new, value), (old, other) = given[:2]
+                raise ValueError(
+                    f"{new}={value!r} and {old}={other!r} (its old name) are both set, to "
+                    f"different values: keep {new}"
+                )
+        return data
+
     @model_validator(mode="before")
     @classmethod
     def _token_from_file(cls, data: Any) -> Any:
@@ -181,25 +211,33 @@ class _FromEnv(BaseSettings):
         try:
             return cls()
         except ValidationError as exc:
-            raise ValueError(_one_line(exc)) from None
+            raise ValueError(_one_line(cls, exc)) from None
 
 
 # Settings whose value an error message must not repeat (it would land in a log).
 _SECRET = frozenset({"A3C_TOKEN"})
 
 
-def _one_line(exc: ValidationError) -> str:
+def _one_line(model: type[_FromEnv], exc: ValidationError) -> str:
     """`A3C_QUEUE_MAX='0': Input should be greater than or equal to 1; A3C_...`"""
     problems = []
     for error in exc.errors():
         if not error["loc"]:  # a check of several settings, whose message names them
             problems.append(str(error["msg"]).removeprefix("Value error, "))
             continue
-        name = f"A3C_{str(error['loc'][0]).upper()}"
+        name = _variable(model, str(error["loc"][0]))
         raw = os.environ.get(name)
         shown = f"{name}={raw!r}" if raw is not None and name not in _SECRET else name
         problems.append(f"{shown}: {error['msg']}")
     return "; ".join(problems)
+
+
+def _variable(model: type[_FromEnv], loc: str) -> str:
+    """The variable the user set for an error's `loc`: a field's name, or one of its variables."""
+    for name in model.model_fields:
+        if loc == name or loc in model.variables(name):
+            return model.variable(name)
+    return f"A3C_{loc.upper()}"
 
 
 class Settings(_FromEnv):
@@ -254,29 +292,31 @@ class Settings(_FromEnv):
         "counted in updates_rejected_by); other errors and every other route are logged. all: "
         "every request.",
     )
-    # Processes that take the workers' gradient pushes on an address of their own (master/
-    # fronts.py): 0, the master's own process takes them all.
-    fronts: int = Field(
+    # Processes that take the workers' gradient pushes on an address of their own
+    # (master/ingress/receivers.py): 0, the master's own process takes them all.
+    receivers: int = Field(
         0,
         ge=0,
         le=64,
-        description="Front processes that take the workers' gradient pushes on an address of "
+        validation_alias=AliasChoices("A3C_RECEIVERS", "A3C_FRONTS"),  # and its old name
+        description="Receiver processes that take the workers' gradient pushes on an address of "
         "their own, around the master's process; 0: the master's process takes them all.",
     )
-    fronts_bind: str | None = Field(
+    receivers_bind: str | None = Field(
         None,
+        validation_alias=AliasChoices("A3C_RECEIVERS_BIND", "A3C_FRONTS_BIND"),  # and its old name
         pattern=r"^(\[[0-9A-Fa-f:.]+\]|[^\s:\[\]]+):\d{1,5}$",
-        description="host:port the fronts listen on (all of them on one socket), beside the "
-        "master's own port; needed with A3C_FRONTS. Workers the master starts are told the "
+        description="host:port the receivers listen on (all of them on one socket), beside the "
+        "master's own port; needed with A3C_RECEIVERS. Workers the master starts are told the "
         "master URL's host with this port (when this host is 0.0.0.0 or ::), or this host.",
     )
 
     @model_validator(mode="after")
-    def _fronts_have_an_address(self) -> Settings:
-        if self.fronts and not self.fronts_bind:
+    def _receivers_have_an_address(self) -> Settings:
+        if self.receivers and not self.receivers_bind:
             raise ValueError(
-                "A3C_FRONTS needs A3C_FRONTS_BIND, the host:port its fronts listen on (e.g. "
-                "0.0.0.0:33334, beside the master's own port)"
+                f"{self.variable('receivers')} needs A3C_RECEIVERS_BIND, the host:port its "
+                "receivers listen on (e.g. 0.0.0.0:33334, beside the master's own port)"
             )
         return self
 

@@ -80,7 +80,7 @@ def statistics_entries(prefix: str, x: torch.Tensor) -> dict[str, torch.Tensor]:
     return {f"{prefix}.mean": mean, f"{prefix}.var": var, f"{prefix}.count": count}
 
 
-def absorb(model: nn.Module, entries: dict[str, torch.Tensor]) -> None:
+def merge_moments(model: nn.Module, entries: dict[str, torch.Tensor]) -> None:
     """Merge the batch moments of `entries` into every RunningMeanStd of `model`."""
     for prefix, module in model.named_modules():
         if isinstance(module, RunningMeanStd):

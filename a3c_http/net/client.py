@@ -68,21 +68,21 @@ __all__ = [
 @dataclass(frozen=True)
 class Weights:
     """Global weights: `vector` in `layout`'s order (`tensors`: its entries by name, as views).
-    A gradient push's reply also carries the run's figures, as `POST /episode` answers them."""
+    A gradient push's reply also carries the run's summary, as `POST /episode` answers them."""
 
     vector: torch.Tensor
     layout: wire.Layout
     version: int
     stop: bool = False
-    figures: dict[str, Any] | None = None
+    run_summary: dict[str, Any] | None = None
 
     @property
     def tensors(self) -> dict[str, torch.Tensor]:
         return self.layout.views(self.vector)
 
 
-def _figures(headers: Mapping[str, str]) -> dict[str, Any] | None:
-    """The run's figures a weights reply carries; `headers` by lower-case name (httpx's headers,
+def _run_summary(headers: Mapping[str, str]) -> dict[str, Any] | None:
+    """The run's summary a weights reply carries; `headers` by lower-case name (httpx's headers,
     or a push process's reply)."""
     if _GLOBAL_EPISODE not in headers:
         return None
@@ -97,7 +97,8 @@ def _figures(headers: Mapping[str, str]) -> dict[str, Any] | None:
     }
 
 
-# The headers `_figures` and `_weights` read, by the lower-case names both kinds of headers have.
+# The headers `_run_summary` and `_weights` read, by the lower-case names both kinds of headers
+# have.
 _GLOBAL_EPISODE, _BEST_SCORE, _MOVING_AVERAGE, _IMPROVED, _STOP, _DUPLICATE, _VERSION = (
     name.lower()
     for name in (
@@ -131,7 +132,7 @@ class MasterClient:
         started at the first push), else from threads of this process. `max_reply_bytes` and
         `proxy_from_env`: the worker's A3C_MAX_BODY_BYTES and A3C_PROXY_FROM_ENV (`Transport`),
         in this process and the push process alike. `push_url`: where gradient pushes go (the
-        master's fronts, master/ingress/fronts.py); unset, `base_url` as every other call."""
+        master's receivers, master/ingress/receivers.py); unset, `base_url` as every other call."""
         # Worker messages carry the run id so that a late message of an earlier run is refused.
         self.run_id = run_id
         events = events or Events(logging.getLogger("a3c.client"), run_id)
@@ -241,20 +242,21 @@ class MasterClient:
     def _weights(
         self, headers: Mapping[str, str], content: bytes, layout: wire.Layout
     ) -> Weights:
-        """The weights of a reply: its headers by lower-case name (`_figures`), its body."""
+        """The weights of a reply: its headers by lower-case name (`_run_summary`), its body."""
         try:
             version = int(headers[_VERSION])
-            figures = _figures(headers)
+            run_summary = _run_summary(headers)
         except (KeyError, ValueError):
             raise ProtocolError(
                 f"the weights reply has no integer {VERSION_HEADER} header, or a malformed "
-                "figure header"
+                "summary header"
             ) from None
         try:
             vector, _ = layout.decode(content)
         except wire.WireError as exc:
             raise ProtocolError(f"the master's weights do not fit this model: {exc}") from exc
-        return Weights(vector, layout, version, stop=headers.get(_STOP) == "1", figures=figures)
+        stop = headers.get(_STOP) == "1"
+        return Weights(vector, layout, version, stop=stop, run_summary=run_summary)
 
     def _weights_reply(self, response: httpx.Response, layout: wire.Layout) -> Weights:
         return self._weights(response.headers, response.content, layout)
@@ -284,7 +286,7 @@ class MasterClient:
         layout's order), with the rollout's loss and their norm before clipping (for the
         master's outlier check), and the rollout `report` (finished episodes and the worker's
         statistics, master/api/schemas.py RolloutReport) in the body's metadata. Returns the new
-        global weights, with the run's figures. `wait_s`: how long the master may hold the
+        global weights, with the run's summary. `wait_s`: how long the master may hold the
         reply beyond the usual timeout (a sync round's `sync_timeout_s`). Raises `Conflict` when
         they were too stale or an outlier. Safe to call from several threads at once."""
         request = self._gradients(

@@ -16,7 +16,7 @@ leaves any value non-finite (`NonFiniteStep`). A step is known finite when the w
 are finite and the gradient was checked by the master (finite, its norm within max_grad_norm, its
 statistics mergeable: master/learning/admission.py): it then moves each weight by at most
 `STEP_BOUND` learning rates (RMSprop: lr / sqrt(1 - alpha); Adam about 32 lr at the default
-betas). So the network keeps a bound on its largest weight (`reach`, exact when weights are
+betas). So the network keeps a bound on its largest weight (`weight_bound`, exact when weights are
 loaded, raised by that much at every step) and skips the copies and the check while the bound
 stays far from float32's limit.
 """
@@ -31,14 +31,14 @@ import torch
 from torch import nn
 
 from a3c_http.config.training import TrainConfig
-from a3c_http.models.normalize import absorb, batch_problem
+from a3c_http.models.normalize import batch_problem, merge_moments
 from a3c_http.optim.optimizers import make_optimizer
 from a3c_http.wire.tensors import Layout
 
 # Each step moves a weight by at most this many learning rates (see the module's docstring).
 STEP_BOUND = 100.0
 # A weight below this in size stays finite through any such step.
-REACH_LIMIT = 1e37
+WEIGHT_BOUND_LIMIT = 1e37
 # A gradient below this in size squares to a finite float32 (the optimizers' moments).
 GRADIENT_LIMIT = 1e18
 # The optimizers STEP_BOUND holds for, as a3c_http/algos/a3c.py `make_optimizer` makes them.
@@ -66,16 +66,16 @@ class FlatNetwork:
             self.optimizer.load_state_dict(flat_optimizer_state(optimizer_state, layout))
         self._spare: list[torch.Tensor] = []  # where `step` keeps what it may have to undo
         self._bounded = _bounded(self.optimizer)
-        self.reach = self._measure_reach()  # at least the size of every weight
+        self.weight_bound = self._measure_weight_bound()  # at least the size of every weight
 
-    def _measure_reach(self) -> float:
+    def _measure_weight_bound(self) -> float:
         return float(self.params.detach().abs().max()) if self.layout.n_params else 0.0
 
     def load(self, vector: torch.Tensor) -> None:
         """Weights and statistics from elsewhere (a worker's whole weights)."""
         with torch.no_grad():
             self.flat.copy_(vector)
-        self.reach = self._measure_reach()
+        self.weight_bound = self._measure_weight_bound()
 
     def step(
         self, vectors: list[torch.Tensor], lr_scale: float = 1.0, checked_norm: float | None = None
@@ -96,7 +96,7 @@ class FlatNetwork:
             and checked_norm is not None
             and checked_norm < GRADIENT_LIMIT
             and len(vectors) == 1
-            and self.reach + moves < REACH_LIMIT
+            and self.weight_bound + moves < WEIGHT_BOUND_LIMIT
         )
         before = {} if known_finite else self._state_tensors()
         saved = [] if known_finite else self._keep(before)
@@ -115,10 +115,10 @@ class FlatNetwork:
             group["lr"] = lr
         if self._statistics:
             for vector in vectors:
-                absorb(self.model, self.layout.views(vector))
+                merge_moments(self.model, self.layout.views(vector))
         bad = None if known_finite else self.non_finite()
         if bad is None:
-            self.reach += moves
+            self.weight_bound += moves
             return
         if self._state_tensors().keys() != before.keys():  # the first step made the state
             self.optimizer.state.pop(self.params, None)

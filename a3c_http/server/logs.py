@@ -100,7 +100,7 @@ class Events:
         self.log(logging.ERROR, event, message, exc_info, **fields)
 
 
-class Pace:
+class ProgressClock:
     """When the next progress line is due: every `interval_s` seconds, never with 0."""
 
     def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:

@@ -67,7 +67,7 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 def with_descendants(pids: list[int]) -> list[int]:
-    """`pids` and every process below them (a master's fronts, a worker's push process), from
+    """`pids` and every process below them (a master's receivers, a worker's push process), from
     /proc."""
     children: dict[int, list[int]] = {}
     for path in Path("/proc").glob("[0-9]*"):
@@ -213,7 +213,7 @@ class ServiceProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def cpu_seconds(self) -> dict[int, float]:
-        """The CPU time the process and the processes below it (a master's fronts) have used so
+        """The CPU time the process and the processes below it (a master's receivers) have used so
         far, by pid (`cpu_of`; `cpu_delta` of two of them is what they used in between)."""
         return cpu_of(with_descendants([self.pid])) if self.pid is not None else {}
 

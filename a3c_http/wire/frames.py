@@ -1,10 +1,10 @@
 """Messages between our own processes: frames of 8 bytes (the lengths of a JSON head and of a
 body, little-endian uint32), the head, the body. The push process (a3c_http/net/push_process.py)
-speaks them with its worker over pipes, the master's fronts (master/ingress/fronts.py) with the
-master over socket pairs. Bodies are bytes as they are (tensors, replies): nothing is pickled.
+speaks them with its worker over pipes, the master's receivers (master/ingress/receivers.py) with
+the master over socket pairs. Bodies are bytes as they are (tensors, replies): nothing is pickled.
 
 Heads are JSON, written and read by pydantic's Rust codec (`pydantic_core.to_json`, `from_json`),
-about 4x faster than the `json` module on every push through a front (docs/performance.md). What
+about 4x faster than the `json` module on every push through a receiver (docs/performance.md). What
 that codec refuses, a string with a lone
 surrogate (an exception's message can hold one), goes through the `json` module instead."""
 
@@ -93,8 +93,8 @@ class Frames:
 
 class FrameReader:
     """Frames read straight into their memory, for an asyncio `BufferedProtocol` (the master's
-    end of its fronts' channels, master/ingress/fronts.py): the loop asks `buffer()` where to put
-    what it reads and says with `filled(n)` how much it put there, which returns the frames that
+    end of its receivers' channels, master/ingress/receivers.py): the loop asks `buffer()` where to
+    put what it reads and says with `filled(n)` how much it put there, which returns the frames that
     completed. Heads and small bodies land in a staging buffer and are copied out of it; a body of
     `direct_bytes` or more gets a bytearray of its own, and the rest of it is read into that
     bytearray itself. So a model's body, 4 MB for a million parameters, crosses from the socket to

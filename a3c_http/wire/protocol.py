@@ -32,7 +32,7 @@ GRAD_NORM_HEADER = "X-A3C-Grad-Norm"
 # The entry of a gradient body's safetensors metadata that carries the rollout's finished episodes
 # and the worker's statistics (JSON: {"episodes": [[return, length], ...], "stats": {...}}).
 ROLLOUT_METADATA = "a3c"
-# On a gradient push's reply: the run's figures, as POST /episode answers them (best score and
+# On a gradient push's reply: the run's summary, as POST /episode answers them (best score and
 # moving average are left out while there are none).
 GLOBAL_EPISODE_HEADER = "X-A3C-Global-Episode"
 BEST_SCORE_HEADER = "X-A3C-Best-Score"

@@ -6,7 +6,7 @@ A page's markdown may hold these placeholders, each on a line of its own:
   row per field, its type, default and `description`;
 - `<!-- a3c:settings -->`: the process settings, `Settings` (master) and `WorkerSettings`
   (a3c_http/config/settings.py): one row per `A3C_*` variable, who reads it, its type, default and
-  `description`;
+  `description` (and one per old name a renamed setting is still read by);
 - `<!-- a3c:routes -->`: every route of both services from their OpenAPI schemas, with the status
   codes each can answer.
 
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import annotated_types
+from pydantic import AliasChoices
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
@@ -117,10 +118,10 @@ def train_config_table() -> str:
 
 def settings_rows() -> list[tuple[str, str, FieldInfo]]:
     """(variable, who reads it, field) for every A3C_* setting, in the models' order; a field both
-    models share is read by both, one with the same name but another meaning gets a row each."""
+    models share is read by both, one with the same name but another meaning gets a row each. A
+    renamed setting's old names, still read, follow its row, each with a row of its own."""
     from a3c_http.config.settings import Settings, WorkerSettings
 
-    prefix = Settings.model_config["env_prefix"]
     rows = []
     master, worker = Settings.model_fields, WorkerSettings.model_fields
 
@@ -128,10 +129,11 @@ def settings_rows() -> list[tuple[str, str, FieldInfo]]:
         return name in master and name in worker and repr(master[name]) == repr(worker[name])
 
     for name, field in master.items():
-        rows.append((f"{prefix}{name.upper()}", "both" if same(name) else "master", field))
+        for variable in Settings.variables(name):
+            rows.append((variable, "both" if same(name) else "master", field))
     for name, field in worker.items():
         if not same(name):
-            rows.append((f"{prefix}{name.upper()}", "worker", field))
+            rows.extend((variable, "worker", field) for variable in WorkerSettings.variables(name))
     # the variables both read first, then the master's, then the worker's
     order = {"both": 0, "master": 1, "worker": 2}
     return sorted(rows, key=lambda row: order[row[1]])
@@ -142,6 +144,14 @@ def settings_table() -> str:
     for variable, reader, field in settings_rows():
         if not field.description:
             raise ValueError(f"the setting {variable} has no description")
+        alias = field.validation_alias
+        new = str(alias.choices[0]) if isinstance(alias, AliasChoices) else variable
+        if variable != new:  # an old name, still read
+            rows.append(
+                f"| `{variable}` | {reader} | | | the old name of `{new}`, still read (setting "
+                "both to different values stops the service at start) |"
+            )
+            continue
         rows.append(
             f"| `{variable}` | {reader} | {_type_cell(field)} | {_default(field)} "
             f"| {_cell(field.description)} |"

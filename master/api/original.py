@@ -1,4 +1,4 @@
-"""The seed-compatible endpoints: the names of the original design, each a locked, atomic
+"""The original design's endpoints, under its names, each a locked, atomic
 operation on the master's state (mutations are POST, never GET)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from a3c_http.server.service import JSON_BODY, protected_router
 from master.api.deps import State
 from master.api.schemas import OTHER_RUN, CountIn, ScoreIn, ValueIn, WorkerDoneIn, WorkerStartedIn
 
-router = protected_router(tags=["seed-compatible"])
+router = protected_router(tags=["original design"])
 
 
 @router.get("/best_score")
@@ -19,7 +19,7 @@ def get_best_score(state: State) -> dict[str, Any]:
 
 @router.post("/best_score", responses=JSON_BODY)
 def post_best_score(body: ScoreIn, state: State) -> dict[str, Any]:
-    best, raised = state.ledger.seed.raise_best(body.data)
+    best, raised = state.ledger.original.raise_best(body.data)
     return {"data": best, "raised": raised}
 
 
@@ -30,7 +30,7 @@ def get_global_episode(state: State) -> dict[str, Any]:
 
 @router.post("/global_episode", responses=JSON_BODY)
 def post_global_episode(state: State, body: CountIn | None = None) -> dict[str, Any]:
-    return {"data": state.ledger.seed.add_episodes(body.data if body else 1)}
+    return {"data": state.ledger.original.add_episodes(body.data if body else 1)}
 
 
 @router.get("/global_moving_average")
@@ -40,23 +40,23 @@ def get_moving_average(state: State) -> dict[str, Any]:
 
 @router.post("/global_moving_average", responses=JSON_BODY)
 def post_moving_average(body: ValueIn, state: State) -> dict[str, Any]:
-    return {"data": state.ledger.seed.fold_average(body.data)}
+    return {"data": state.ledger.original.fold_average(body.data)}
 
 
 @router.post("/create_queue")
 def create_queue(state: State) -> dict[str, Any]:
-    state.ledger.seed.clear_queue()
+    state.ledger.original.clear_queue()
     return {"data": {"length": 0}}
 
 
 @router.post("/queue", responses=JSON_BODY)
 def post_queue(body: ValueIn, state: State) -> dict[str, Any]:
-    return {"data": {"length": state.ledger.seed.push_queue(body.data)}}
+    return {"data": {"length": state.ledger.original.push_queue(body.data)}}
 
 
 @router.get("/queue")
 def get_queue(state: State) -> dict[str, Any]:
-    value = state.ledger.seed.pop_queue()
+    value = state.ledger.original.pop_queue()
     return {"data": value, "empty": value is None}
 
 

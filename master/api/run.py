@@ -136,7 +136,7 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
         master_url,
         settings.token,
         proxy_from_env=settings.proxy_from_env,
-        push_url=state.fronts.url_for(master_url) if state.fronts is not None else None,
+        push_url=state.receivers.url_for(master_url) if state.receivers is not None else None,
     )
     data = {"run_id": run_id, "master_url": master_url, "workers": results}
     if not any(r["started"] for r in results):
@@ -156,11 +156,11 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
 def join(body: JoinIn, request: Request, state: State) -> dict[str, Any]:
     """A worker joins by itself (a worker with A3C_MASTER_URL, at its start, after a run and
     after a restart of either): `run` is what POST /start_worker would have told it (its
-    `worker_id`, the `run_id`, the `config`, its `exploration`, and `push_url` with fronts), or
+    `worker_id`, the `run_id`, the `config`, its `exploration`, and `push_url` with receivers), or
     null while no run is running; it asks again after `retry_s` seconds."""
     run = state.join(body.name, body.url, body.run_id, body.worker_id)
-    if run is not None and state.fronts is not None:
-        run["push_url"] = state.fronts.url_for(str(request.base_url))
+    if run is not None and state.receivers is not None:
+        run["push_url"] = state.receivers.url_for(str(request.base_url))
     return {"data": {"run": run, "retry_s": JOIN_RETRY_S}}
 
 

@@ -49,7 +49,7 @@ def start_workers(
     marked failed with the reason. Each call ends within `timeout_s`, however slowly the worker
     answers, and goes through the proxy the environment names only with `proxy_from_env`
     (A3C_PROXY_FROM_ENV). `push_url`: where the workers send their gradients, when the master has
-    fronts (master/ingress/fronts.py)."""
+    receivers (master/ingress/receivers.py)."""
     jobs = [
         (
             worker_id,

@@ -9,7 +9,7 @@ still passes the token, page, content-type, size and time checks first), answers
 its OpenAPI schema and serves it through FastAPI should a request ever get past this layer; both
 call `push`, and judge the headers with one model (master/api/schemas.py `PushHeaders`), so they
 answer alike: the same 422 body for bad headers, the same 409 and 422 for what the master
-refuses, the same weights and figures on success.
+refuses, the same weights and run summary on success.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from a3c_http.wire.tensors import WireError
 from master.api.metrics import MasterMetrics
 from master.api.schemas import PushHeaders
 from master.errors import Invalid, StateConflict
-from master.learning.rounds import Outcome, settle, settled
+from master.learning.rounds import Outcome, await_outcome, outcome_reply
 from master.state import ClusterState
 
 PATH = "/gradients"
@@ -54,22 +54,22 @@ _ALIASES = {field.alias.lower(): field.alias for field in PushHeaders.model_fiel
 Reply = tuple[int, list[tuple[str, str]], bytes]
 
 
-def begin(
+def take_push(
     state: ClusterState, metrics: MasterMetrics, headers: PushHeaders, body: bytes
 ) -> Reply | Awaitable[Reply]:
     """One gradient push: its status, headers and body (the new weights, or the error's JSON),
     at once where the master waits for nothing (a body of up to INLINE_BYTES in async mode: a
     worker's every push), else an awaitable of them (a larger body, applied off the loop; a
     sync round, answered when it closes). A caller that takes the answer at once saves the task
-    a coroutine would need (the fronts' channel, master/ingress/fronts.py)."""
+    a coroutine would need (the receivers' channel, master/ingress/receivers.py)."""
     started = time.perf_counter()
     if len(body) > INLINE_BYTES:
         return _offloaded(state, metrics, headers, body, started)
     try:
-        outcome, figures = state.apply_gradients(*_arguments(headers, body))
-        if not outcome.known():
-            return _settled(state, metrics, outcome, figures, started)
-        return _success(metrics, started, settled(outcome), figures)
+        outcome, run_summary = state.apply_gradients(*_arguments(headers, body))
+        if not outcome.is_done():
+            return _awaited_reply(state, metrics, outcome, run_summary, started)
+        return _success(metrics, started, outcome_reply(outcome), run_summary)
     except _REFUSALS as exc:
         return _refusal(exc)
 
@@ -77,8 +77,8 @@ def begin(
 async def push(
     state: ClusterState, metrics: MasterMetrics, headers: PushHeaders, body: bytes
 ) -> Reply:
-    """`begin`'s answer, awaited where it must be."""
-    reply = begin(state, metrics, headers, body)
+    """`take_push`'s answer, awaited where it must be."""
+    reply = take_push(state, metrics, headers, body)
     return reply if isinstance(reply, tuple) else await reply
 
 
@@ -102,40 +102,40 @@ async def _offloaded(
     state: ClusterState, metrics: MasterMetrics, headers: PushHeaders, body: bytes, started: float
 ) -> Reply:
     try:
-        outcome, figures = await run_in_threadpool(
+        outcome, run_summary = await run_in_threadpool(
             state.apply_gradients, *_arguments(headers, body)
         )
     except _REFUSALS as exc:
         return _refusal(exc)
-    return await _settled(state, metrics, outcome, figures, started)
+    return await _awaited_reply(state, metrics, outcome, run_summary, started)
 
 
-async def _settled(
+async def _awaited_reply(
     state: ClusterState,
     metrics: MasterMetrics,
     outcome: Outcome,
-    figures: dict[str, Any],
+    run_summary: dict[str, Any],
     started: float,
 ) -> Reply:
     try:
-        answer = await settle(outcome, state.params.close_round)
+        answer = await await_outcome(outcome, state.params.close_round)
     except _REFUSALS as exc:
         return _refusal(exc)
-    return _success(metrics, started, answer, figures)
+    return _success(metrics, started, answer, run_summary)
 
 
 def _success(
     metrics: MasterMetrics,
     started: float,
     answer: tuple[bytes, int, bool],
-    figures: dict[str, Any],
+    run_summary: dict[str, Any],
 ) -> Reply:
     weights, version, duplicate = answer
     reply_headers = [
         ("content-type", CONTENT_TYPE),
         (VERSION_HEADER, str(version)),
         ("etag", f'"{version}"'),
-        *figure_headers(figures),
+        *summary_headers(run_summary),
     ]
     if duplicate:
         reply_headers.append((DUPLICATE_HEADER, "1"))
@@ -149,14 +149,14 @@ def _refusal(exc: Exception) -> Reply:
     return _error(422, {"detail": str(exc)})
 
 
-def figure_headers(figures: dict[str, Any]) -> Iterable[tuple[str, str]]:
-    """The run's figures on a gradient push's reply, as POST /episode answers them."""
-    yield GLOBAL_EPISODE_HEADER, str(figures["global_episode"])
-    yield IMPROVED_HEADER, "1" if figures["improved"] else "0"
-    yield STOP_HEADER, "1" if figures["stop"] else "0"
+def summary_headers(run_summary: dict[str, Any]) -> Iterable[tuple[str, str]]:
+    """The run's summary on a gradient push's reply, as POST /episode answers them."""
+    yield GLOBAL_EPISODE_HEADER, str(run_summary["global_episode"])
+    yield IMPROVED_HEADER, "1" if run_summary["improved"] else "0"
+    yield STOP_HEADER, "1" if run_summary["stop"] else "0"
     for name, value in (
-        (BEST_SCORE_HEADER, figures["best_score"]),
-        (MOVING_AVERAGE_HEADER, figures["moving_average"]),
+        (BEST_SCORE_HEADER, run_summary["best_score"]),
+        (MOVING_AVERAGE_HEADER, run_summary["moving_average"]),
     ):
         if value is not None:
             yield name, repr(float(value))
@@ -171,8 +171,8 @@ Push = Callable[[PushHeaders, bytes], Awaitable[Reply]]
 
 class GradientRoute:
     """ASGI middleware: `POST /gradients` answered here (see the module's docstring) by `push`
-    (the master's own, `push` above bound to its state; a front's forwards it to the master,
-    master/ingress/front.py); every other request goes on to the app."""
+    (the master's own, `push` above bound to its state; a receiver's forwards it to the master,
+    master/ingress/receiver.py); every other request goes on to the app."""
 
     def __init__(self, app: ASGIApp, push: Push) -> None:
         self.app = app

@@ -65,13 +65,13 @@ class ParameterServer(SyncRounds):
         self.temporary: dict[str, bytes] = {}
         self.temporary_revision = 0  # rises with every change of a temporary slot
         self._encoded: tuple[int, bytes] | None = None  # (version, its weights body)
-        self._update_seq: dict[str, SeqWindow] = {}  # worker -> X-A3C-Seq of updates applied
+        self._seq_windows: dict[str, SeqWindow] = {}  # worker -> X-A3C-Seq of updates applied
         self.outliers = OutlierFilter()
         self.staleness_total = 0  # versions between the weights of applied gradients and theirs
         self._round_numbers = itertools.count(1)  # never reused, so a late timeout closes no other
         self._reset_rounds()
 
-    def begin(self, config: TrainConfig, model: ActorCritic, next_version: bool) -> None:
+    def start_run(self, config: TrainConfig, model: ActorCritic, next_version: bool) -> None:
         """Fresh weights and counters for a new run; `next_version`: an earlier run used this
         folder, so the new weights get the next version."""
         with self.lock:
@@ -83,7 +83,7 @@ class ParameterServer(SyncRounds):
             self.rejected_by = {}
             self.temporary = {}
             self.temporary_revision += 1
-            self._update_seq = {}
+            self._seq_windows = {}
             self.outliers.reset()
             self._reset_rounds()
             self.staleness_total = 0
@@ -131,7 +131,7 @@ class ParameterServer(SyncRounds):
     ) -> tuple[torch.Tensor, dict[str, str]]:
         """A worker's tensors as one vector, checked against the model, and the body's metadata;
         a body that does not fit is counted as a refused update (WireError). `gradients`: the
-        parameters' finiteness is left to `update_of`, whose norm shows it."""
+        parameters' finiteness is left to `checked_update`, whose norm shows it."""
         try:
             return self._require_net().wire.decode(body, finite_params=not gradients)
         except wire.WireError:
@@ -151,16 +151,16 @@ class ParameterServer(SyncRounds):
         self.updates_rejected += n
         self.rejected_by[reason] = self.rejected_by.get(reason, 0) + n
 
-    def _seen(self, worker_id: str, seq: int | None) -> bool:
-        return seq is not None and worker_id in self._update_seq and self._update_seq[
+    def _is_retry(self, worker_id: str, seq: int | None) -> bool:
+        return seq is not None and worker_id in self._seq_windows and self._seq_windows[
             worker_id
         ].seen(seq)
 
-    def _taken(self, worker_id: str, seq: int | None) -> None:
+    def _remember_seq(self, worker_id: str, seq: int | None) -> None:
         if seq is not None:
-            self._update_seq.setdefault(worker_id, SeqWindow()).add(seq)
+            self._seq_windows.setdefault(worker_id, SeqWindow()).add(seq)
 
-    def update_of(
+    def checked_update(
         self,
         worker_id: str,
         version: int,
@@ -196,11 +196,11 @@ class ParameterServer(SyncRounds):
         again, even if the run finished since). `refusal`: the run's reason to refuse any
         update, raised unless the request is such a retry."""
         with self.lock:
-            duplicate = self._seen(update.worker_id, update.seq)
+            duplicate = self._is_retry(update.worker_id, update.seq)
             if not duplicate:
                 self._screen(update, config, refusal, sync=False)
                 self._step([update], config.staleness_scaling)
-                self._accepted(update)
+                self._join_outlier_window(update)
         return Outcome.ready(self.weights(), duplicate)
 
     def _screen(
@@ -222,7 +222,7 @@ class ParameterServer(SyncRounds):
             self._reject("outlier")
             raise StateConflict(f"{why}; nothing applied: pull the weights and go on")
 
-    def _accepted(self, update: Update) -> None:
+    def _join_outlier_window(self, update: Update) -> None:
         """A screened update was taken: it joins its worker's outlier window."""
         self.outliers.accept(update.worker_id, update.norm, update.loss)
 
@@ -232,7 +232,7 @@ class ParameterServer(SyncRounds):
         leave anything non-finite is undone and refused (StateConflict)."""
         staleness = sum(self.version - u.version for u in updates)
         scale = lr_scale(staleness / len(updates), scaling)
-        # Every update was checked (`update_of`): a single one's norm bounds its step.
+        # Every update was checked (`checked_update`): a single one's norm bounds its step.
         checked = updates[0].norm if len(updates) == 1 else None
         try:
             self._require_net().step([u.vector for u in updates], scale, checked)
@@ -243,7 +243,7 @@ class ParameterServer(SyncRounds):
         self.version += 1
         self.updates_applied += len(updates)
         for u in updates:
-            self._taken(u.worker_id, u.seq)
+            self._remember_seq(u.worker_id, u.seq)
 
     def put_weights(
         self,
@@ -268,7 +268,7 @@ class ParameterServer(SyncRounds):
         body = net.layout.encode(vector) if temporary else b""
         with self.lock:
             # A temporary slot is simply overwritten, so a retry of it is harmless as it is.
-            duplicate = not temporary and self._seen(worker_id, seq)
+            duplicate = not temporary and self._is_retry(worker_id, seq)
             if refusal is not None and not duplicate:
                 raise refusal
             if temporary:
@@ -284,7 +284,7 @@ class ParameterServer(SyncRounds):
                 )
                 self.version += 1
                 self.updates_applied += 1
-                self._taken(worker_id, seq)
+                self._remember_seq(worker_id, seq)
             return self.version, duplicate
 
     def counters(self) -> dict[str, Any]:
@@ -314,7 +314,7 @@ class ParameterServer(SyncRounds):
                 "updates_applied": self.updates_applied,
                 "updates_rejected": self.updates_rejected,
                 "first_version": self.first_version,
-                "update_seq": {w: window.to_json() for w, window in self._update_seq.items()},
+                "update_seq": {w: window.to_json() for w, window in self._seq_windows.items()},
                 "sync_rounds": self.sync_rounds,
                 "sync_gradients": self.sync_gradients,
                 "staleness_total": self.staleness_total,
@@ -355,7 +355,7 @@ class ParameterServer(SyncRounds):
             self.first_version = int(state.get("first_version", 0))
             self.updates_applied = int(state.get("updates_applied", 0))
             self.updates_rejected = int(state.get("updates_rejected", 0))
-            self._update_seq = {
+            self._seq_windows = {
                 str(k): SeqWindow.from_json(v) for k, v in state.get("update_seq", {}).items()
             }
             self.sync_rounds = int(state.get("sync_rounds", 0))

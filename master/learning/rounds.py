@@ -8,9 +8,9 @@ closed without at its deadline is not waited for again until it sends: one regis
 worker used to make every round wait out `sync_timeout_s`.
 
 A waiting request holds no thread: the route awaits the round's outcome on the event loop
-(`settle`), so hundreds of workers cannot exhaust the threadpool. When the deadline passes before
-the round is complete, the first waiting request to notice closes it (in the threadpool, since
-closing runs the optimizer step), so the timeout fires even if no further request arrives.
+(`await_outcome`), so hundreds of workers cannot exhaust the threadpool. When the deadline passes
+before the round is complete, the first waiting request to notice closes it (in the threadpool,
+since closing runs the optimizer step), so the timeout fires even if no further request arrives.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class Outcome:
     def ready(cls, weights: Weights, duplicate: bool) -> Outcome:
         return cls(None, duplicate, weights=weights)
 
-    def known(self) -> bool:
+    def is_done(self) -> bool:
         return self.future is None or self.future.done()
 
 
@@ -82,7 +82,7 @@ class Round:
     # are absent from the next rounds until they send (master/learning/parameter_server.py).
     expected: set[str] = field(default_factory=set)
 
-    def waiting(self, duplicate: bool) -> Outcome:
+    def pending_outcome(self, duplicate: bool) -> Outcome:
         return Outcome(self.outcome, duplicate, self.number, self.deadline)
 
     def complete(self, expected: set[str]) -> bool:
@@ -90,11 +90,13 @@ class Round:
         return expected <= self.updates.keys()
 
 
-async def settle(outcome: Outcome, close_round: Callable[[int], None]) -> tuple[bytes, int, bool]:
+async def await_outcome(
+    outcome: Outcome, close_round: Callable[[int], None]
+) -> tuple[bytes, int, bool]:
     """The new weights, their version and whether the request was a retry, once the outcome is
     known; at the round's deadline, `close_round(number)` closes it with what it gathered. Raises
     what the round failed with (StateConflict: the run ended, or the weights were replaced)."""
-    if not outcome.known():
+    if not outcome.is_done():
         waiting = asyncio.wrap_future(outcome.future)
         try:
             await asyncio.wait_for(
@@ -103,11 +105,11 @@ async def settle(outcome: Outcome, close_round: Callable[[int], None]) -> tuple[
         except TimeoutError:
             await run_in_threadpool(close_round, outcome.round)
             await waiting
-    return settled(outcome)
+    return outcome_reply(outcome)
 
 
-def settled(outcome: Outcome) -> tuple[bytes, int, bool]:
-    """`settle`'s answer for an outcome that is `known()`."""
+def outcome_reply(outcome: Outcome) -> tuple[bytes, int, bool]:
+    """`await_outcome`'s answer for an outcome that `is_done()`."""
     weights, version = outcome.weights if outcome.future is None else outcome.future.result()
     return weights, version, outcome.duplicate
 
@@ -115,9 +117,10 @@ def settled(outcome: Outcome) -> tuple[bytes, int, bool]:
 class SyncRounds:
     """The parameter server's (master/learning/parameter_server.py `ParameterServer`, which inherits
     them) methods for sync mode's rounds, apart because they are an idea of their own. They run
-    under its lock (`lock`) and use its retry check (`_seen`), screening (`_screen`, `_accepted`),
-    optimizer step (`_step`), weights (`weights`, `version`), refusal counts (`_reject`) and round
-    numbers (`_round_numbers`, never reused, so a late timeout closes no other round)."""
+    under its lock (`lock`) and use its retry check (`_is_retry`), screening (`_screen`,
+    `_join_outlier_window`), optimizer step (`_step`), weights (`weights`, `version`), refusal
+    counts (`_reject`) and round numbers (`_round_numbers`, never reused, so a late timeout closes
+    no other round)."""
 
     def _reset_rounds(self) -> None:
         self.round: Round | None = None  # the round gathering gradients
@@ -139,13 +142,13 @@ class SyncRounds:
         or when `check_round` finds it complete. A retry of gradients of this round waits for
         the same outcome; of an earlier round, it gets the current weights."""
         with self.lock:
-            if self._seen(update.worker_id, update.seq):
+            if self._is_retry(update.worker_id, update.seq):
                 return Outcome.ready(self.weights(), duplicate=True)
             current = self.round
             sent = current.updates.get(update.worker_id) if current is not None else None
             if sent is not None:
                 if update.seq is not None and update.seq == sent.seq:
-                    return current.waiting(duplicate=True)
+                    return current.pending_outcome(duplicate=True)
                 self._reject("round")
                 raise StateConflict(
                     f"worker {update.worker_id} already sent gradients for version "
@@ -153,14 +156,14 @@ class SyncRounds:
                     "round): wait for the round's reply"
                 )
             self._screen(update, config, refusal, sync=True)
-            self._accepted(update)
+            self._join_outlier_window(update)
             self.absent.discard(update.worker_id)
             if current is None:
                 deadline = time.monotonic() + config.sync_timeout_s
                 current = self.round = Round(next(self._round_numbers), self.version, deadline)
             current.updates[update.worker_id] = update
             current.expected = expected
-            outcome = current.waiting(duplicate=False)
+            outcome = current.pending_outcome(duplicate=False)
             if current.complete(expected - self.absent):
                 self._close_round()
             return outcome

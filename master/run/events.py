@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from a3c_http.server.logs import Pace, emit
+from a3c_http.server.logs import ProgressClock, emit
 
 if TYPE_CHECKING:
     from a3c_http.config.training import TrainConfig
@@ -198,12 +198,12 @@ class ProgressLog:
     the best score, the model version and the workers running."""
 
     def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.pace = Pace(interval_s, clock)
+        self.progress_clock = ProgressClock(interval_s, clock)
         self._last: tuple[str, int] | None = None  # the run and env steps of the last line
 
     def tick(self, status: Callable[[], dict[str, Any]]) -> None:
         """Called often (the housekeeping thread's tick); `status` only when a line is due."""
-        seconds = self.pace.due()
+        seconds = self.progress_clock.due()
         if seconds is None:
             return
         s = status()

@@ -25,7 +25,7 @@ from a3c_http.config.training import TrainConfig
 from master.errors import StateConflict
 from master.learning.admission import RunLimits
 from master.run.events import RunEvents
-from master.run.original_counters import SeedCounters
+from master.run.original_counters import OriginalCounters
 from master.run.records import Evaluations, Stats, WorkerRecord, solved_by
 from master.run.registry import DEFAULT_MAX_WORKERS, Registry
 from master.run.reports import Reports
@@ -63,11 +63,11 @@ class RunLedger(Reports):
         # Workers that asked to join while no run was running: name -> when they last asked (wall
         # clock), shown in /status; they get the next run by asking again.
         self.waiting: dict[str, float] = {}
-        self.seed = SeedCounters(self)  # the original design's counter endpoints
+        self.original = OriginalCounters(self)  # the original design's counter endpoints
 
     # -- the run ---------------------------------------------------------------------------------
 
-    def begin(self, config: TrainConfig, worker_urls: list[str]) -> list[str]:
+    def start_run(self, config: TrainConfig, worker_urls: list[str]) -> list[str]:
         """A new run with fresh counters; the workers the master is about to start are registered
         as `starting` in the same step, so the run is never seen running with nobody to run it.
         Returns the worker ids. Raises StateConflict while a run is running."""
@@ -118,8 +118,8 @@ class RunLedger(Reports):
 
     def check_same_run(self, run_id: str | None) -> None:
         """Refuse messages that name another run than the current one (a late worker of an
-        earlier run). Messages without a run id (curl, the seed's clients) belong to the current
-        run."""
+        earlier run). Messages without a run id (curl, the original design's clients) belong to the
+        current run."""
         if run_id is not None and run_id != self.run_id:
             raise StateConflict(
                 f"run {run_id} is over; the current run is {self.run_id}", stop=True

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from master.run.ledger import RunLedger
 
 
-class SeedCounters:
+class OriginalCounters:
     def __init__(self, ledger: RunLedger) -> None:
         self._ledger = ledger
 

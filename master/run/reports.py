@@ -121,7 +121,7 @@ class Reports:
         }
 
     def _duplicate_episode(self, record: WorkerRecord, seq: int) -> dict[str, Any]:
-        """The first attempt's reply when it is the last one kept, else the current figures."""
+        """The first attempt's reply when it is the last one kept, else the current summary."""
         record.duplicates += 1
         last_seq, reply = self._episode_replies.get(record.worker_id, (None, None))
         if last_seq != seq or reply is None:

@@ -67,21 +67,21 @@ class Plan:
     reps: int  # wire encode / decode repetitions
     solve_cap_s: float  # seconds before a run to the target gives up
     seeds: int
-    fronts: int = 0  # the master section's master has this many fronts (A3C_FRONTS)
+    receivers: int = 0  # the master section's master has this many receivers (A3C_RECEIVERS)
     rounds: int = 1  # throughput: (a), (b) and (c) in turn, this many times; medians
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> Plan:
         if args.quick:
             return cls(
-                args.budget or 6_000, 30.0, 0.3, 1.0, 20_000, 20, 8.0, args.seeds or 1, args.fronts,
-                args.rounds or 1,
+                args.budget or 6_000, 30.0, 0.3, 1.0, 20_000, 20, 8.0, args.seeds or 1,
+                args.receivers, args.rounds or 1,
             )
         # 150,000 env steps: windows of about 15 s; at 60,000 (6 s) the same code's latency row
         # read 0.64, 1.08 and 0.73 on this noisy 2-core machine.
         return cls(
             args.budget or 150_000, 300.0, 1.0, 5.0, 50_000, 200, 600.0, args.seeds or 3,
-            args.fronts, args.rounds or 3,
+            args.receivers, args.rounds or 3,
         )
 
 
@@ -121,7 +121,7 @@ def solve(seeds: int, cap_s: float) -> dict:
 RUNNERS: dict[str, Callable[[Plan], dict]] = {
     "throughput": lambda p: cluster.throughput(p.budget, p.cap_s, p.rounds),
     "master": lambda p: server.master(
-        LEVELS, p.warmup_s, p.window_s, p.max_count, p.fronts
+        LEVELS, p.warmup_s, p.window_s, p.max_count, p.receivers
     ),
     "latency": lambda p: cluster.latency(p.budget, p.cap_s, DELAYS_MS, p.solve_cap_s),
     "wire": lambda p: server.wire_figures(p.reps),
@@ -150,21 +150,22 @@ def show_throughput(f: dict) -> None:
 
 
 def show_master(f: dict) -> None:
-    fronts = f.get("fronts") or 0  # then also the master's own process's CPU a push
+    receivers = f.get("fronts") or 0  # then also the master's own process's CPU a push
     for name, m in f["models"].items():
         rows = [[str(r["workers"]), fmt(r["pushes_per_s"]), fmt(r["p50_ms"], ".2f"),
                  fmt(r["p99_ms"], ".2f"), fmt(r["max_ms"], ".1f"),
                  ", ".join(f"{k}: {v}" for k, v in r["errors"].items()) or "0",
                  fmt(r["applied"]), str(r["lost"]), fmt(r.get("master_ms_per_push"), ".3f"),
-                 *([fmt(r.get("master_own_ms_per_push"), ".3f")] if fronts else []),
+                 *([fmt(r.get("master_own_ms_per_push"), ".3f")] if receivers else []),
                  fmt(r.get("master_cpu"), ".0%"), fmt(r["client_cpu"], ".0%")]
                 for r in m["levels"]]
         table(f"master, {name} model ({m['params']:,} parameters, "
               f"{m.get('wire_dtype', 'float32')}); max_staleness "
               f"{f['max_staleness']:,}: n pushers at once are up to n - 1 versions stale by "
-              "construction" + (f"; {fronts} fronts, in the master's CPU" if fronts else ""),
+              "construction"
+              + (f"; {receivers} receivers, in the master's CPU" if receivers else ""),
               ["workers", "pushes/s", "p50 ms", "p99 ms", "max ms", "errors", "applied", "lost",
-               "master ms/push", *(["own process ms/push"] if fronts else []), "master CPU",
+               "master ms/push", *(["own process ms/push"] if receivers else []), "master CPU",
                "client CPU"], rows)
 
 
@@ -292,8 +293,8 @@ def main(argv: list[str] | None = None, prog: str | None = None, epilog: str | N
     parser.add_argument("--rounds", type=int, default=None,
                         help="throughput: (a), (b) and (c) in turn this many times, medians "
                         "(3; --quick 1)")
-    parser.add_argument("--fronts", type=int, default=0,
-                        help="master: give the master this many fronts (A3C_FRONTS) and push "
+    parser.add_argument("--receivers", "--fronts", type=int, default=0,  # and its old name
+                        help="master: give the master this many receivers (A3C_RECEIVERS) and push "
                         "through them (0)")
     parser.add_argument("--json", type=Path, default=ROOT / "runs" / "bench.json",
                         help="where the figures go (default runs/bench.json)")

@@ -23,7 +23,7 @@ from a3c_http.algos.single_process import train
 from a3c_http.config.training import TrainConfig
 from a3c_http.testing.delayproxy import DelayProxy
 from a3c_http.testing.localcluster import LocalCluster, ServiceProcess, free_port, wait_for
-from scripts.benchlib.procs import fronts_cores
+from scripts.benchlib.procs import receivers_cores
 from scripts.benchlib.report import PROGRESS_S, say
 
 STEADY_FROM = 0.1  # the share of the budget left out as start-up
@@ -85,12 +85,12 @@ def local_cluster(n_workers: int, pin: list[str] | None = None) -> Iterator[Loca
 @contextlib.contextmanager
 def cluster_of(n: int, pin: list[str] | None, cores: list[int]) -> Iterator[LocalCluster]:
     """`local_cluster` of `n` workers, pinned as `pin` says (procs.pin_sets), and the master's
-    fronts, if it has any, moved to procs.fronts_cores once they run (they start on the
+    receivers, if it has any, moved to procs.receivers_cores once they run (they start on the
     master's core, which they inherit; one the master starts again later stays there)."""
     with local_cluster(n, pin) as cluster:
         if pin:
             for pid in (cluster.status().get("fronts") or {}).get("pids", []):
-                os.sched_setaffinity(pid, fronts_cores(cores))
+                os.sched_setaffinity(pid, receivers_cores(cores))
         yield cluster
 
 

@@ -177,7 +177,7 @@ async def _level(
         writer = None
         try:
             # Only registered workers take part: each registers as a worker does, at the
-            # master's own port (pushes may go to its fronts).
+            # master's own port (pushes may go to its receivers).
             status = await _register(host, master_port, f"{tag}-{index}", run_id)
             if status != 200:
                 level.errors[f"register {status}"] += 1
@@ -267,7 +267,7 @@ def push_level(
     `warmup_s` unmeasured, then a window of `window_s` (or up to `max_count` replies); each then
     finishes its request in flight, so the master's counters are final when this returns. Each
     registers first at `master_port` (default: `port`; another when `port` is the master's
-    fronts'). A SIGINT or SIGTERM meanwhile closes every connection and then goes to the
+    receivers'). A SIGINT or SIGTERM meanwhile closes every connection and then goes to the
     caller's own handler."""
     received: list[int] = []
     coro = _level(

@@ -47,9 +47,9 @@ def pin_sets(workers: int, cores: list[int]) -> list[str]:
     return [str(cores[0]), *(str(rest[i % len(rest)]) for i in range(workers))]
 
 
-def fronts_cores(cores: list[int]) -> set[int]:
-    """Where pinned fronts run: on the workers' cores, among them (the kernel places them), so
+def receivers_cores(cores: list[int]) -> set[int]:
+    """Where pinned receivers run: on the workers' cores, among them (the kernel places them), so
     that the master keeps its core to itself and a host full of workers stays full (15 workers
-    and the master on 16 cores, the row the scaling bar reads, with the fronts' work shared
+    and the master on 16 cores, the row the scaling bar reads, with the receivers' work shared
     among them)."""
     return set(cores[1:] or cores)

@@ -1,7 +1,7 @@
 """Benchmark: how the cluster scales with its number of workers on one host.
 
     .venv/bin/python scripts/bench.py scale [--workers 1,2,4,8] [--seeds 3] [--budget 150000]
-        [--time-cap 600] [--model default,1M] [--config '{"max_in_flight": 0}'] [--fronts 2]
+        [--time-cap 600] [--model default,1M] [--config '{"max_in_flight": 0}'] [--receivers 2]
         [--pin] [--quick] [--json runs/bench_scale.json]
 
 A master and as many workers as the largest N of --workers, each its own uvicorn process on a free
@@ -27,9 +27,9 @@ and that number itself (1, 2, 4, 8, 15 on 16 cores, the row the scaling bar read
 worker process then has a core, its push process and this script's polling (2 GET /status a
 second) sharing them. `--pin` runs each process on one core
 (taskset): the master on the first, worker i on the (i + 1)-th, around again past the last;
-the master's fronts (--fronts k, or A3C_FRONTS=k) on the workers' cores, among the workers, so
-that 15 workers and the master still fill 16 cores. The master's CPU counts its fronts';
-`master_own_ms_per_push` is its own process's alone, which caps a master with fronts.
+the master's receivers (--receivers k, or A3C_RECEIVERS=k) on the workers' cores, among the workers,
+so that 15 workers and the master still fill 16 cores. The master's CPU counts its receivers';
+`master_own_ms_per_push` is its own process's alone, which caps a master with receivers.
 Prints a table per model and writes every figure to the JSON file after each window and each N's
 solve runs, so a cut run keeps what it measured. `--quick` gives tiny budgets, only to check that
 the script works. Ctrl-C or SIGTERM ends every process it started (by pid) and exits with what
@@ -98,7 +98,7 @@ OWN_WHY = "set by this script (CartPole-v1; --model sets hidden_sizes)"
 
 def window_figures(n: int, first: dict, last: dict) -> dict:
     """A window's figures from its two readings: {"t": monotonic s, "status": GET /status,
-    "master": cpu_of(the master and its fronts), "workers": cpu_of(workers and their children),
+    "master": cpu_of(the master and its receivers), "workers": cpu_of(workers and their children),
     and "master_own": cpu_of(the master's process alone), which may be left out}."""
     seconds = last["t"] - first["t"]
     a, b = first["status"], last["status"]
@@ -125,7 +125,7 @@ def window_figures(n: int, first: dict, last: dict) -> dict:
         "master_cpu_s": None if master is None else round(master, 3),
         "master_cpu_cores": None if master is None else round(master / seconds, 3),
         "master_ms_per_push": ms_a_push(master, applied + refused, 4),
-        # the master's process without its fronts: what caps a master that has them (full at
+        # the master's process without its receivers: what caps a master that has them (full at
         # 1.0 core)
         "master_own_ms_per_push": ms_a_push(own, applied + refused, 4),
         "master_own_cpu_cores": None if own is None else round(own / seconds, 3),
@@ -164,7 +164,7 @@ def steady_window(
 
     wait_for(warmed, plan.window_cap_s, f"{n} workers to report and {warm:,} env steps", POLL_S)
     # After the warm-up: each worker's push process runs by now.
-    master_pids = with_descendants([cluster.master.pid])  # its fronts, if it has any
+    master_pids = with_descendants([cluster.master.pid])  # its receivers, if it has any
     worker_pids = with_descendants([w.pid for w in workers])
 
     def reading() -> dict:
@@ -251,9 +251,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                         help="comma-separated numbers of workers, measured in this order "
                         "(default: powers of two up to this host's cores less the master's, and "
                         "that number)")
-    parser.add_argument("--fronts", type=int, default=None,
-                        help="give the master this many fronts (A3C_FRONTS, on a free loopback "
-                        "port), whose CPU counts as the master's (default: A3C_FRONTS, else 0)")
+    parser.add_argument("--receivers", "--fronts", type=int, default=None,  # and its old name
+                        help="give the master this many receivers (A3C_RECEIVERS, on a free "
+                        "loopback port), whose CPU counts as the master's (default: A3C_RECEIVERS, "
+                        "else 0)")
     parser.add_argument("--model", default="default",
                         help=f"comma-separated, of {', '.join(MODELS)} (default: default)")
     parser.add_argument("--seeds", type=int, default=None, help="solve runs per N (3; --quick 1)")
@@ -271,10 +272,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--json", type=Path, default=ROOT / "runs" / "bench_scale.json",
                         help="where the figures go (default runs/bench_scale.json)")
     args = parser.parse_args(argv)
-    if args.fronts is not None:  # judged with the master's settings, below
-        os.environ["A3C_FRONTS"] = str(args.fronts)  # the master this script starts reads it
-        if args.fronts and not os.environ.get("A3C_FRONTS_BIND"):
-            os.environ["A3C_FRONTS_BIND"] = f"127.0.0.1:{free_port()}"
+    if args.receivers is not None:  # judged with the master's settings, below
+        # The master this script starts reads them (by the names already set, if old ones).
+        os.environ[Settings.variable("receivers")] = str(args.receivers)
+        bind = Settings.variable("receivers_bind")
+        if args.receivers and not os.environ.get(bind):
+            os.environ[bind] = f"127.0.0.1:{free_port()}"
     models = [m.strip() for m in args.model.split(",") if m.strip()]
     if not models or any(m not in MODELS for m in models):
         parser.error(f"--model {args.model!r}: give one or more of {', '.join(MODELS)}")
@@ -283,7 +286,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     except ValueError as exc:
         parser.error(f"--config {args.config!r}: {exc}")
     try:
-        fronts = Settings.from_env().fronts  # the master's, which reads the same environment
+        receivers = Settings.from_env().receivers  # the master's, which reads the same environment
     except ValueError as exc:
         parser.error(f"the master's settings: {exc}")
     workers = counts("--workers", args.workers or ",".join(map(str, default_workers(len(cores)))),
@@ -299,7 +302,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     figures: dict = {"meta": {
         "argv": argv, "plan": asdict(plan), "workers": workers, "models": models,
         "config": overrides,
-        "cores": len(cores), "cpu_count": os.cpu_count(), "pinned": pin, "fronts": fronts,
+        "cores": len(cores), "cpu_count": os.cpu_count(), "pinned": pin, "fronts": receivers,
         "master_counted": "as one core: the default workers are powers of two up to cores - 1, "
         "and cores - 1",
         "staleness": "the window's: difference of staleness_total over that of updates_applied",
@@ -324,7 +327,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                         f"{fmt(level['master_ms_per_push'], '.3f')} ms a push"
                         + (f" ({fmt(level['master_own_ms_per_push'], '.3f')} ms and "
                            f"{fmt(level['master_own_cpu_cores'], '.2f')} cores in its own "
-                           "process)" if fronts else ""))
+                           "process)" if receivers else ""))
                     model["levels"].append(level)
                     add_efficiency(model["levels"])
                     args.json.write_text(json.dumps(figures, indent=1))

@@ -50,13 +50,13 @@ MAX_STALENESS = 1_000_000
 
 
 @contextlib.contextmanager
-def standin_master(fronts: int = 0) -> Iterator[tuple[LocalCluster, StandInWorker]]:
-    """A master process (with `fronts` fronts, master/ingress/fronts.py) and no worker process; the
-    stand-in is the run's only worker host."""
-    env = {"A3C_FRONTS": str(fronts), "A3C_FRONTS_BIND": f"127.0.0.1:{free_port()}"}
+def standin_master(receivers: int = 0) -> Iterator[tuple[LocalCluster, StandInWorker]]:
+    """A master process (with `receivers` receivers, master/ingress/receivers.py) and no worker
+    process; the stand-in is the run's only worker host."""
+    env = {"A3C_RECEIVERS": str(receivers), "A3C_RECEIVERS_BIND": f"127.0.0.1:{free_port()}"}
     with tempfile.TemporaryDirectory(prefix="a3c-bench-") as tmp, StandInWorker() as worker:
         cluster = LocalCluster(
-            Path(tmp) / "run", Path(tmp) / "logs", workers=[], env=env if fronts else None
+            Path(tmp) / "run", Path(tmp) / "logs", workers=[], env=env if receivers else None
         )
         try:
             say("  starting a master (its workers are played by this process)")
@@ -92,17 +92,17 @@ def n_params(config: TrainConfig) -> int:
 
 
 def master(
-    levels: list[int], warmup_s: float, window_s: float, max_count: int, fronts: int = 0
+    levels: list[int], warmup_s: float, window_s: float, max_count: int, receivers: int = 0
 ) -> dict:
     """Per model (and wire_dtype) and number of simulated workers: pushes/s, latency and errors
     (load.py), `lost`: 200 replies the master's `updates_applied` did not count (or,
-    below 0, counted without a 200), and the master's CPU. With `fronts`, the simulated workers
-    push to the master's fronts, whose CPU counts as the master's."""
+    below 0, counted without a 200), and the master's CPU. With `receivers`, the simulated workers
+    push to the master's receivers, whose CPU counts as the master's."""
     out: dict = {"max_staleness": MAX_STALENESS, "warmup_s": warmup_s, "window_s": window_s,
-                 "max_count": max_count, "fronts": fronts, "models": {}}
-    with standin_master(fronts) as (cluster, worker):
+                 "max_count": max_count, "fronts": receivers, "models": {}}
+    with standin_master(receivers) as (cluster, worker):
         host = cluster.master.host
-        port = cluster.status()["fronts"]["port"] if fronts else cluster.master.port
+        port = cluster.status()["fronts"]["port"] if receivers else cluster.master.port
         for name, (hidden, dtype, extra) in MASTER_RUNS.items():
             try:  # the Atari model needs the atari extra (./scripts/setup_venv.sh atari)
                 register_family(str(extra.get("env_id", "CartPole-v1")))
@@ -117,7 +117,7 @@ def master(
                 f"{len(bodies[0].data):,} bytes a push")
             rows = []
             for n in levels:
-                before, cpu = cluster.status(), cluster.master.cpu_seconds()  # fronts too
+                before, cpu = cluster.status(), cluster.master.cpu_seconds()  # receivers too
                 own = {pid: t for pid, t in cpu.items() if pid == cluster.master.pid}
                 level = push_level(host, port, n, bodies, run_id, before["model_version"],
                                    warmup_s, window_s, max_count, tag=f"sim-{tag}-{n}",
@@ -132,15 +132,15 @@ def master(
                        # answered (applied or refused), and in cores over the level's time.
                        "master_ms_per_push": ms_a_push(cpu, applied + rejected),
                        "master_cpu": round(cpu / level.wall_s, 3) if cpu is not None else None,
-                       # With fronts: the master's own process alone, what caps its pushes/s.
+                       # With receivers: the master's own process alone, what caps its pushes/s.
                        "master_own_ms_per_push": (
-                           ms_a_push(own_cpu, applied + rejected) if fronts else None)}
+                           ms_a_push(own_cpu, applied + rejected) if receivers else None)}
                 rows.append(row)
                 say(f"    {n:>3} workers: {row['pushes_per_s'] or 0:,.0f} pushes/s, p50 "
                     f"{row['p50_ms']} ms, p99 {row['p99_ms']} ms, master "
                     f"{row['master_ms_per_push']} ms CPU a push"
-                    + (f" ({row['master_own_ms_per_push']} in its own process)" if fronts else "")
-                    + f", errors {row['errors'] or 0}")
+                    + (f" ({row['master_own_ms_per_push']} in its own process)" if receivers else
+                    "") + f", errors {row['errors'] or 0}")
             out["models"][name] = {"hidden_sizes": hidden, "wire_dtype": dtype, "params": count,
                                    "levels": rows}
     return out

@@ -21,7 +21,7 @@ from scripts.benchlib.bar import bar
 from scripts.benchlib.cluster import median_round, steady_rate
 from scripts.benchlib.load import ready_bodies
 from scripts.benchlib.options import config_overrides
-from scripts.benchlib.procs import default_workers, fronts_cores, pin_sets
+from scripts.benchlib.procs import default_workers, pin_sets, receivers_cores
 from scripts.benchlib.scale import OWN_FIELDS, OWN_WHY, add_efficiency, window_figures
 from scripts.benchlib.staleness import summary as staleness_summary
 
@@ -169,7 +169,7 @@ def test_a_scale_window_counts_only_its_own_span_and_the_efficiency_is_against_t
     assert r["refused"] == {"stale": 6, "invalid": 2}
     assert r["refusals_per_s"] == {"stale": 3.0, "invalid": 1.0}
     assert r["staleness_mean"] == 2.0  # not the run's cumulative 900 / 300
-    # The master (pid 10) and a front of it (11), which used half what the master did.
+    # The master (pid 10) and a receiver of it (11), which used half what the master did.
     assert r["master_cpu_cores"] == pytest.approx(0.312)
     assert r["master_ms_per_push"] == pytest.approx(3.0)  # 0.624 CPU s over 208 pushes
     assert r["master_own_ms_per_push"] == pytest.approx(2.0)  # the master's 0.416 alone
@@ -183,14 +183,14 @@ def test_a_scale_window_counts_only_its_own_span_and_the_efficiency_is_against_t
     assert [default_workers(c) for c in (16, 9, 2, 1)] == [[1, 2, 4, 8, 15], [1, 2, 4, 8], [1], [1]]
 
 
-def test_pinned_the_master_has_a_core_of_its_own_and_its_fronts_share_the_workers() -> None:
+def test_pinned_the_master_has_a_core_of_its_own_and_its_receivers_share_the_workers() -> None:
     # taskset's lists, the master's first.
     assert pin_sets(3, list(range(16))) == ["0", "1", "2", "3"]
-    assert fronts_cores(list(range(16))) == set(range(1, 16))
+    assert receivers_cores(list(range(16))) == set(range(1, 16))
     # Past the last core the workers go around again over theirs, not the master's.
     assert pin_sets(4, [0, 1, 2]) == ["0", "1", "2", "1", "2"]
     assert pin_sets(2, [0, 1]) == ["0", "1", "1"]
-    assert pin_sets(1, [5]) == ["5", "5"] and fronts_cores([5]) == {5}  # all the cores there are
+    assert pin_sets(1, [5]) == ["5", "5"] and receivers_cores([5]) == {5}  # all the cores there are
 
 
 def test_the_staleness_summary_takes_medians_of_solved_runs_and_counts_the_rest() -> None:

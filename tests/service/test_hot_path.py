@@ -256,20 +256,20 @@ def test_glibc_takes_the_settings_that_keep_freed_buffers() -> None:
 
 
 def test_a_push_is_answered_at_once_unless_it_must_wait_for_its_sync_round(tmp_path) -> None:
-    """master/ingress/gradients.py `begin`: the answer itself where the master waits for nothing
-    (what the fronts' channel answers without a task), an awaitable where a sync round must close
+    """master/ingress/gradients.py `take_push`: the answer itself where the master waits for nothing
+    (what the receivers' channel answers without a task), an awaitable where a sync round must close
     first."""
     import inspect
 
     from master.api.schemas import PushHeaders
-    from master.ingress.gradients import begin
+    from master.ingress.gradients import take_push
     from tests.support.common import master_running
 
     def first_push(c) -> object:
         state, metrics = c.app.state.cluster, c.app.state.metrics
         layout = state.params.net.wire
         headers = PushHeaders.model_validate({"X-Worker-Id": "w1", "X-Model-Version": 0})
-        return begin(state, metrics, headers, layout.encode(torch.full((layout.numel,), 1e-3)))
+        return take_push(state, metrics, headers, layout.encode(torch.full((layout.numel,), 1e-3)))
 
     with master_running(tmp_path / "async") as c:
         reply = first_push(c)

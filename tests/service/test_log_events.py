@@ -204,7 +204,7 @@ def test_the_trainer_logs_a_progress_line_every_interval(
         config, client, "w1", None, threading.Event(), Progress(), events=events, progress_s=15
     )
     clock = itertools.count(0.0, 10.0)  # each look at the clock is 10 s later
-    trainer.pace = logs.Pace(15, clock=lambda: next(clock))
+    trainer.progress_clock = logs.ProgressClock(15, clock=lambda: next(clock))
     trainer.run()  # six rollouts: a line after the second and the fourth
     lines = captured_events.all("progress")
     steps = [r.fields["env_steps"] for r in lines]

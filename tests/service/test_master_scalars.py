@@ -1,4 +1,4 @@
-"""The master's seed-compatible scalars, in-process (TestClient): /best_score only rises,
+"""The master's original design's scalars, in-process (TestClient): /best_score only rises,
 /global_episode counts, /global_moving_average folds, and /queue is a bounded FIFO that counts
 what it drops."""
 

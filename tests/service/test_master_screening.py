@@ -102,9 +102,9 @@ def test_a_step_known_finite_skips_the_undo_and_one_that_is_not_keeps_it() -> No
     config = TrainConfig(seed=1, max_steps=None)
     net = FlatNetwork(model_for(config), config)
     vector = torch.full((net.layout.numel,), 1e-3)
-    reach = net.reach
+    weight_bound = net.weight_bound
     net.step([vector], checked_norm=net.gradient_norm(vector))
-    assert net._spare == [] and net.reach == pytest.approx(reach + 100 * config.lr)
+    assert net._spare == [] and net.weight_bound == pytest.approx(weight_bound + 100 * config.lr)
     net.step([vector])  # an unchecked gradient: the undo is ready
     assert net._spare
     near = net.flat.clone()
@@ -112,7 +112,7 @@ def test_a_step_known_finite_skips_the_undo_and_one_that_is_not_keeps_it() -> No
     net.load(near)
     net._spare = []
     net.step([vector], checked_norm=net.gradient_norm(vector))
-    assert net._spare and net.reach >= 1e38 * 0.999
+    assert net._spare and net.weight_bound >= 1e38 * 0.999
     assert FlatNetwork(model_for(config), config.model_copy(update={"optimizer": "adam"}))._bounded
     net.optimizer = torch.optim.SGD([net.params], lr=0.1, momentum=0.9)
     assert not _bounded(net.optimizer)

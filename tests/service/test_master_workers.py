@@ -65,7 +65,7 @@ def test_worker_started_done_and_workers_status(running: TestClient) -> None:
 
 
 def test_worker_started_without_a_run_registers_it(client: TestClient) -> None:
-    # The seed's registry works on its own: register, see it active, mark it done.
+    # The original design's registry works on its own: register, see it active, mark it done.
     r = client.post("/worker_started", json={"worker_id": "w1", "url": "http://127.0.0.1:9"})
     assert r.status_code == 200
     data = client.get("/workers_status").json()["data"]

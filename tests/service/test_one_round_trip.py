@@ -1,5 +1,5 @@
 """One round trip per update: a gradient push carries the rollout's finished episodes and the
-worker's statistics in its body's metadata, and its reply carries the run's figures. Through
+worker's statistics in its body's metadata, and its reply carries the run's summary. Through
 TestClient, the test playing the workers."""
 
 from __future__ import annotations

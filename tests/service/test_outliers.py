@@ -27,7 +27,7 @@ LIMITS = RunLimits.of(CONFIG)
 
 def server(config: TrainConfig = CONFIG) -> ParameterServer:
     params = ParameterServer()
-    params.begin(config, model_for(config), next_version=False)
+    params.start_run(config, model_for(config), next_version=False)
     return params
 
 
@@ -46,7 +46,9 @@ def push(
     worker: str = "w1",
 ):
     vector = grads_of(params, scale)
-    update = params.update_of(worker, params.version, vector, config, LIMITS, loss=loss, norm=norm)
+    update = params.checked_update(
+        worker, params.version, vector, config, LIMITS, loss=loss, norm=norm
+    )
     return params.apply_gradients(update, config, refusal=None)
 
 
@@ -185,7 +187,7 @@ def test_the_counter_and_the_window_are_saved_with_the_run() -> None:
     with pytest.raises(StateConflict, match="outlier"):  # judged at once: no second warm-up
         push(resumed, 1000.0)
     # A new run starts a new window and a new count.
-    resumed.begin(CONFIG, model_for(CONFIG), next_version=True)
+    resumed.start_run(CONFIG, model_for(CONFIG), next_version=True)
     push(resumed, 1000.0)
     assert resumed.counters()["updates_refused_outlier"] == 0
 

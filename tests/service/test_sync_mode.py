@@ -190,7 +190,7 @@ def test_a_round_steps_on_the_mean_not_the_sum() -> None:
     """With plain SGD at lr=1 the step is exactly minus the gradients it was given."""
     config = TrainConfig(seed=1, max_steps=None, sync_mode="sync")
     params = ParameterServer()
-    params.begin(config, model_for(config), next_version=False)
+    params.start_run(config, model_for(config), next_version=False)
     params.net.optimizer = torch.optim.SGD([params.net.params], lr=1.0)
     before = {k: v.clone() for k, v in params.model.state_dict().items()}
     names = [n for n, _ in params.model.named_parameters()]
@@ -198,10 +198,10 @@ def test_a_round_steps_on_the_mean_not_the_sum() -> None:
     workers = {"a", "b", "c"}
     limits = RunLimits.of(config)
     outcomes = [
-        params.join_round(params.update_of(w, 0, g, config, limits), config, None, workers)
+        params.join_round(params.checked_update(w, 0, g, config, limits), config, None, workers)
         for w, g in zip(sorted(workers), grads, strict=True)
     ]
-    assert all(o.known() for o in outcomes) and params.version == 1
+    assert all(o.is_done() for o in outcomes) and params.version == 1
     for name in names:
         assert torch.allclose(params.model.state_dict()[name], before[name] - 1.5e-3)
 

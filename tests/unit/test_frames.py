@@ -53,7 +53,7 @@ def test_a_widened_pipe_holds_a_megabyte() -> None:
 
 def test_a_frame_reader_gives_every_frame_whole_and_in_order_however_the_reads_fall() -> None:
     """Small frames are staged, bodies of `direct_bytes` or more read into their own memory
-    (the master's fronts' channel), whatever the sizes of the reads that bring them; a staged
+    (the master's receivers' channel), whatever the sizes of the reads that bring them; a staged
     frame larger than the staging buffer grows it."""
     bodies = [b"", b"s" * 10, bytes(range(256)) * 300, b"t" * 5, b"L" * 300_000, b"e" * 1024]
     stream = b"".join(frame({"n": n}, body) for n, body in enumerate(bodies))

@@ -244,5 +244,5 @@ def test_the_master_progress_line_comes_every_interval_while_a_run_runs(
 
 
 def test_a_progress_interval_of_0_never_logs() -> None:
-    pace = logs.Pace(0.0, clock=itertools.count(0.0, 1000.0).__next__)
-    assert [pace.due() for _ in range(5)] == [None] * 5
+    progress_clock = logs.ProgressClock(0.0, clock=itertools.count(0.0, 1000.0).__next__)
+    assert [progress_clock.due() for _ in range(5)] == [None] * 5

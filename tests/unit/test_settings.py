@@ -254,3 +254,38 @@ def test_a_token_file_gives_its_token_without_the_final_newline(
     clean_env.setenv("A3C_TOKEN", "other")
     with pytest.raises(ValueError, match="both set: keep one"):
         Settings.from_env()
+
+
+# The settings renamed since, by their new names: their old ones still work.
+RENAMED = {"A3C_RECEIVERS": "A3C_FRONTS", "A3C_RECEIVERS_BIND": "A3C_FRONTS_BIND"}  # old names
+
+
+def test_the_old_names_of_renamed_settings_still_work(clean_env: pytest.MonkeyPatch) -> None:
+    for new, old in RENAMED.items():
+        clean_env.delenv(new, raising=False)
+        clean_env.delenv(old, raising=False)
+    clean_env.setenv(RENAMED["A3C_RECEIVERS"], "2")
+    clean_env.setenv(RENAMED["A3C_RECEIVERS_BIND"], "127.0.0.1:33334")
+    old = Settings.from_env()
+    assert (old.receivers, old.receivers_bind) == (2, "127.0.0.1:33334")
+    assert Settings(receivers=2, receivers_bind="127.0.0.1:33334") == old  # by the fields' names
+    # The same values under both names are one setting.
+    clean_env.setenv("A3C_RECEIVERS", "2")
+    assert Settings.from_env() == old
+    # An error names the variable that was set, the old name too.
+    clean_env.delenv("A3C_RECEIVERS")
+    clean_env.setenv(RENAMED["A3C_RECEIVERS"], "many")
+    with pytest.raises(ValueError) as info:
+        Settings.from_env()
+    assert str(info.value).startswith(f"{RENAMED['A3C_RECEIVERS']}='many': ")
+    clean_env.setenv(RENAMED["A3C_RECEIVERS"], "2")
+    clean_env.delenv(RENAMED["A3C_RECEIVERS_BIND"])
+    with pytest.raises(ValueError, match=f"^{RENAMED['A3C_RECEIVERS']} needs A3C_RECEIVERS_BIND"):
+        Settings.from_env()
+    # Both names set to different values: refused, in one line.
+    clean_env.setenv("A3C_RECEIVERS", "3")
+    with pytest.raises(ValueError) as info:
+        Settings.from_env()
+    message = str(info.value)
+    assert "A3C_RECEIVERS='3' and " in message and "(its old name) are both set" in message
+    assert "\n" not in message

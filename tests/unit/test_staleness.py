@@ -16,7 +16,7 @@ from master.learning.parameter_server import ParameterServer
 def server(**config: object) -> tuple[ParameterServer, TrainConfig]:
     cfg = TrainConfig(seed=1, max_steps=None, **config)
     params = ParameterServer()
-    params.begin(cfg, model_for(cfg), next_version=False)
+    params.start_run(cfg, model_for(cfg), next_version=False)
     return params, cfg
 
 
@@ -27,7 +27,7 @@ def grads(params: ParameterServer, seed: int) -> torch.Tensor:
 
 
 def push(params: ParameterServer, cfg: TrainConfig, version: int, vector: torch.Tensor) -> None:
-    update = params.update_of("w1", version, vector, cfg, RunLimits.of(cfg))
+    update = params.checked_update("w1", version, vector, cfg, RunLimits.of(cfg))
     params.apply_gradients(update, cfg, None)
 
 

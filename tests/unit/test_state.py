@@ -94,16 +94,16 @@ def test_steps_of_episodes_going_on_count_so_max_steps_ends_an_endless_task(
 def test_the_fifo_is_saved_by_its_changes_and_resumed_in_order(tmp_path: Path) -> None:
     state = ClusterState(settings(tmp_path))
     for value in (1.0, 2.0, 3.0):
-        state.ledger.seed.push_queue(value)
+        state.ledger.original.push_queue(value)
     state.persist()
-    assert state.ledger.seed.pop_queue() == 1.0
-    state.ledger.seed.push_queue(4.0)
+    assert state.ledger.original.pop_queue() == 1.0
+    state.ledger.original.push_queue(4.0)
     state.persist()
     saved = RunStore(tmp_path / "run").load()
     assert saved.queue == [(1, 2.0), (2, 3.0), (3, 4.0)]  # only the changes were written
     state.close()
     resumed = ClusterState(settings(tmp_path))
-    assert [resumed.ledger.seed.pop_queue() for _ in range(4)] == [2.0, 3.0, 4.0, None]
+    assert [resumed.ledger.original.pop_queue() for _ in range(4)] == [2.0, 3.0, 4.0, None]
     resumed.close()
 
 

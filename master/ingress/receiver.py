@@ -1,8 +1,8 @@
-"""A front of the master: a process that takes gradient pushes on the fronts' address and hands
-them to the master, so that reading, judging and answering pushes use more cores than the one the
-master's own process has (master/ingress/fronts.py starts them).
+"""A receiver of the master: a process that takes gradient pushes on the receivers' address and
+hands them to the master, so that reading, judging and answering pushes use more cores than the one
+the master's own process has (master/ingress/receivers.py starts them).
 
-A front serves `POST /gradients` exactly as the master's own hot path does
+A receiver serves `POST /gradients` exactly as the master's own hot path does
 (master/ingress/gradients.py `GradientRoute`, behind the same gate, header bounds and body limit:
 a3c_http/server/service.py `install_common`, with the same settings, read from the same
 environment), but its `push` sends
@@ -11,10 +11,10 @@ answers: the master alone counts, screens, steps and saves, so every guarantee o
 as it does on the master's own port. Everything but `POST /gradients` and `GET /healthz` is for
 the master's own port: 404 here.
 
-    python -m master.ingress.front LISTEN_FD CHANNEL_FD   (the file descriptors of its two sockets)
+    python -m master.ingress.receiver LISTEN_FD CHANNEL_FD   (the descriptors of its two sockets)
 
-A front ends when its channel closes: the master ended (or was killed), and with it every push
-the front could still answer.
+A receiver ends when its channel closes: the master ended (or was killed), and with it every push
+the receiver could still answer.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from master.ingress.gradients import GradientRoute, Reply
 
 
 class Channel:
-    """The front's end of its socket pair with the master: pushes out, answers back, by id."""
+    """The receiver's end of its socket pair with the master: pushes out, answers back, by id."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -62,7 +62,7 @@ class Channel:
         self._waiting[call] = answer
         assert self._writer is not None
         # By their header names, which the master validates them by again
-        # (master/ingress/fronts.py).
+        # (master/ingress/receivers.py).
         given = headers.model_dump(by_alias=True, exclude_none=True)
         self._writer.writelines(frame_parts({"id": call, "headers": given}, body))  # no join
         head, content = await answer
@@ -79,7 +79,7 @@ class Channel:
                     answer.set_result((head, content))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
-        # The master is gone: nothing a front takes can be answered any more.
+        # The master is gone: nothing a receiver takes can be answered any more.
         os._exit(0)
 
 
@@ -93,7 +93,7 @@ def create_app(settings: Settings, channel: Channel) -> FastAPI:
             reading.cancel()
 
     app = FastAPI(
-        title="a3c-http master front", lifespan=lifespan, docs_url=None, redoc_url=None,
+        title="a3c-http master receiver", lifespan=lifespan, docs_url=None, redoc_url=None,
         openapi_url=None,
     )
     app.add_middleware(GradientRoute, push=channel.push)

@@ -1,9 +1,9 @@
-"""The master's fronts (master/ingress/fronts.py, master/ingress/front.py): processes that take
-gradient pushes on a port of their own and hand them to the master. What only real processes show:
-pushes through the fronts are counted exactly as the master's own port counts them, under load and
-with retries; a front answers as the master's port does; a front that dies is started again; the
-fronts end with a killed master and come back with it; and a real run's workers push through
-them."""
+"""The master's receivers (master/ingress/receivers.py, master/ingress/receiver.py): processes that
+take gradient pushes on a port of their own and hand them to the master. What only real processes
+show: pushes through the receivers are counted exactly as the master's own port counts them, under
+load and with retries; a receiver answers as the master's port does; a receiver that dies is started
+again; the receivers end with a killed master and come back with it; and a real run's workers push
+through them."""
 
 from __future__ import annotations
 
@@ -37,27 +37,27 @@ LAYOUT = Layout.of(model_for(TrainConfig()))
 GRADIENTS = LAYOUT.encode(torch.full((LAYOUT.numel,), 1e-4))
 
 
-def fronts_env(tmp: Path, port: int) -> dict[str, str]:
+def receivers_env(tmp: Path, port: int) -> dict[str, str]:
     return {
         "A3C_RUN_DIR": str(tmp / "run"),
         "A3C_WORKERS_FILE": str(tmp / "workers.txt"),
         "A3C_PERSIST_INTERVAL_S": "1",
-        "A3C_FRONTS": "2",
-        "A3C_FRONTS_BIND": f"127.0.0.1:{port}",
+        "A3C_RECEIVERS": "2",
+        "A3C_RECEIVERS_BIND": f"127.0.0.1:{port}",
     }
 
 
 @pytest.fixture(scope="module")
 def master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    """A master with two fronts and the token, running a run of a stand-in worker."""
-    tmp = tmp_path_factory.mktemp("fronts")
+    """A master with two receivers and the token, running a run of a stand-in worker."""
+    tmp = tmp_path_factory.mktemp("receivers")
     with pytest.MonkeyPatch.context() as mp:
         for key in list(os.environ):
             if key.startswith("A3C_"):
                 mp.delenv(key)
         proc = ServiceProcess(
             "master.app:app", free_port(), tmp / "master.log",
-            env=fronts_env(tmp, free_port()), token=TOKEN,
+            env=receivers_env(tmp, free_port()), token=TOKEN,
         )
     try:
         proc.start().wait_healthy(60)
@@ -78,16 +78,16 @@ def push(http: httpx.Client, url: str, worker: str, version: int, seq: int) -> h
     return http.post(f"{url}/gradients", content=GRADIENTS, headers=headers)
 
 
-def test_pushes_through_the_fronts_are_counted_once_each_and_answered_as_the_master_does(
+def test_pushes_through_the_receivers_are_counted_once_each_and_answered_as_the_master_does(
     master: ServiceProcess, standin: StandInWorker
 ) -> None:
     with httpx.Client(headers=AUTH, timeout=60, trust_env=False) as http:
         train = {**STAND_IN_RUN, "workers": [standin.url], "max_staleness": 10_000}
         assert http.post(f"{master.url}/train", json=train).status_code == 202
-        fronts = status(http, master)["fronts"]
-        assert fronts["count"] == fronts["alive"] == 2
-        front = f"http://127.0.0.1:{fronts['port']}"
-        assert standin.starts()[-1]["body"]["push_url"] == front
+        receivers = status(http, master)["fronts"]
+        assert receivers["count"] == receivers["alive"] == 2
+        receiver = f"http://127.0.0.1:{receivers['port']}"
+        assert standin.starts()[-1]["body"]["push_url"] == receiver
         before = status(http, master)
         workers, per_worker = 6, 25
 
@@ -95,8 +95,8 @@ def test_pushes_through_the_fronts_are_counted_once_each_and_answered_as_the_mas
             with httpx.Client(headers=AUTH, timeout=60, trust_env=False) as own:
                 own.post(f"{master.url}/worker_started", json={"worker_id": f"p{n}"})
                 for seq in range(1, per_worker + 1):
-                    assert push(own, front, f"p{n}", 0, seq).status_code == 200
-                    retry = push(own, front, f"p{n}", 0, seq)  # the reply was lost: again
+                    assert push(own, receiver, f"p{n}", 0, seq).status_code == 200
+                    retry = push(own, receiver, f"p{n}", 0, seq)  # the reply was lost: again
                     assert retry.headers["X-A3C-Duplicate"] == "1"
 
         threads = [threading.Thread(target=pusher, args=(n,)) for n in range(workers)]
@@ -106,41 +106,41 @@ def test_pushes_through_the_fronts_are_counted_once_each_and_answered_as_the_mas
             t.join(timeout=120)
         after = status(http, master)
         assert after["updates_applied"] - before["updates_applied"] == workers * per_worker
-        assert after["fronts"]["pushes"] - fronts["pushes"] == 2 * workers * per_worker
-        # A front answers what the master's own port answers.
-        for url in (master.url, front):
+        assert after["fronts"]["pushes"] - receivers["pushes"] == 2 * workers * per_worker
+        # A receiver answers what the master's own port answers.
+        for url in (master.url, receiver):
             assert push(http, url, "stranger", 0, 1).status_code == 409
             bad = http.post(f"{url}/gradients", content=GRADIENTS, headers={**OCTET})
             assert bad.status_code == 422 and "X-Worker-Id" in bad.json()["detail"]
             tokenless = httpx.post(f"{url}/gradients", content=GRADIENTS, headers=OCTET)
             assert tokenless.status_code == 401
-        assert http.get(f"{front}/status").status_code == 404  # the rest is the master's port
+        assert http.get(f"{receiver}/status").status_code == 404  # the rest is the master's port
 
 
-def test_a_front_that_dies_is_started_again(master: ServiceProcess) -> None:
+def test_a_receiver_that_dies_is_started_again(master: ServiceProcess) -> None:
     with httpx.Client(headers=AUTH, timeout=60, trust_env=False) as http:
         first = status(http, master)["fronts"]["pids"]
         os.kill(first[0], signal.SIGKILL)
-        fronts = wait_for(
+        receivers = wait_for(
             lambda: (f := status(http, master)["fronts"])["alive"] == 2
             and first[0] not in f["pids"] and f,
-            30, "the front to be started again",
+            30, "the receiver to be started again",
         )
-        assert first[1] in fronts["pids"]
+        assert first[1] in receivers["pids"]
 
 
-def test_the_fronts_end_with_a_killed_master_and_come_back_with_it(
+def test_the_receivers_end_with_a_killed_master_and_come_back_with_it(
     master: ServiceProcess,
 ) -> None:
     with httpx.Client(headers=AUTH, timeout=60, trust_env=False) as http:
-        fronts = status(http, master)["fronts"]
+        receivers = status(http, master)["fronts"]
         master.kill()
-        for pid in fronts["pids"]:
-            wait_for(lambda pid=pid: not _alive(pid), 30, f"front {pid} to end")
+        for pid in receivers["pids"]:
+            wait_for(lambda pid=pid: not _alive(pid), 30, f"receiver {pid} to end")
         master.start().wait_healthy(60)
         again = status(http, master)["fronts"]
-        assert again["alive"] == 2 and again["port"] == fronts["port"]
-        assert set(again["pids"]).isdisjoint(fronts["pids"])
+        assert again["alive"] == 2 and again["port"] == receivers["port"]
+        assert set(again["pids"]).isdisjoint(receivers["pids"])
 
 
 def _alive(pid: int) -> bool:
@@ -148,7 +148,7 @@ def _alive(pid: int) -> bool:
     return fields is not None and fields[0] != "Z"
 
 
-def test_a_real_run_pushes_through_the_fronts(tmp_path: Path) -> None:
+def test_a_real_run_pushes_through_the_receivers(tmp_path: Path) -> None:
     with pytest.MonkeyPatch.context() as mp:
         for key in list(os.environ):
             if key.startswith("A3C_"):
@@ -156,7 +156,7 @@ def test_a_real_run_pushes_through_the_fronts(tmp_path: Path) -> None:
         cluster = LocalCluster(
             tmp_path / "run", tmp_path / "logs",
             [("127.0.0.1", free_port())],
-            env={k: v for k, v in fronts_env(tmp_path, free_port()).items()
+            env={k: v for k, v in receivers_env(tmp_path, free_port()).items()
                  if k not in ("A3C_RUN_DIR", "A3C_WORKERS_FILE")},
         )
     try:
@@ -167,6 +167,6 @@ def test_a_real_run_pushes_through_the_fronts(tmp_path: Path) -> None:
         assert done["finish_reason"] == "max_episodes=40 reached"
         updates = sum(w["updates"] for w in workers)
         assert updates > 0 and done["updates_applied"] == updates
-        assert done["fronts"]["pushes"] >= updates  # every push came through the fronts
+        assert done["fronts"]["pushes"] >= updates  # every push came through the receivers
     finally:
         cluster.close()

@@ -1,26 +1,26 @@
-"""The master's fronts: processes that take the workers' gradient pushes on a port of their own,
-around the master's process, which owns the parameters (`A3C_FRONTS`, `A3C_FRONTS_BIND`).
+"""The master's receivers: processes that take the workers' gradient pushes on a port of their own,
+around the master's process, which owns the parameters (`A3C_RECEIVERS`, `A3C_RECEIVERS_BIND`).
 
 One Python process saturates one core: reading a push's HTTP, judging its headers and answering it
-with the weights cost the master about as much as the update itself. With fronts, that work is
+with the weights cost the master about as much as the update itself. With receivers, that work is
 spread over as many processes, on as many cores, all accepting on one listening socket; each hands
-the push it read to the master over a socket pair (master/ingress/front.py), and the master does
+the push it read to the master over a socket pair (master/ingress/receiver.py), and the master does
 what only the owner of the run can do: count the push's episodes, screen it, step the optimizer and
-save; its answer, the new weights and the run's figures, goes back the same way. So every guarantee
+save; its answer, the new weights and the run's summary, goes back the same way. So every guarantee
 of a push holds as on the master's own port (no lost update, a retry counted once, the staleness,
-outlier and run checks, persistence), and what grows with the fronts is the HTTP work around it.
+outlier and run checks, persistence), and what grows with the receivers is the HTTP work around it.
 Everything else (runs, status, reports, weights) stays on the master's own port, which takes pushes
-too; workers the master starts are told the fronts' URL (`push_url`).
+too; workers the master starts are told the receivers' URL (`push_url`).
 
-On the master's side each front's socket pair is a connection of the master's event loop
+On the master's side each receiver's socket pair is a connection of the master's event loop
 (`_Channel`): the frames it reads are pushes, each applied by the master's own hot path
-(master/ingress/gradients.py `begin`) as a push of its own port is, and each answer is written back
-by the loop's transport, which never blocks: a front that stops reading gets no more of its pushes
-read until its answers drain. A push answered at once (async mode: every worker's push) needs no
-task, and the answers to one read leave in one write. No thread stands between a front and the
-loop: crossing threads cost the master as much as the fronts saved it (docs/performance.md, "A
-master on more than one core: fronts"). A front that dies is started again; the fronts end with
-the master (their socket pair closes; a killed master's too).
+(master/ingress/gradients.py `take_push`) as a push of its own port is, and each answer is written
+back by the loop's transport, which never blocks: a receiver that stops reading gets no more of its
+pushes read until its answers drain. A push answered at once (async mode: every worker's push) needs
+no task, and the answers to one read leave in one write. No thread stands between a receiver and the
+loop: crossing threads cost the master as much as the receivers saved it (docs/performance.md, "A
+master on more than one core: receivers"). A receiver that dies is started again; the receivers end
+with the master (their socket pair closes; a killed master's too).
 """
 
 from __future__ import annotations
@@ -44,17 +44,17 @@ from a3c_http.wire.frames import FrameReader, frame_parts
 from master.api.schemas import PushHeaders
 from master.ingress.gradients import Reply
 
-logger = logging.getLogger("a3c.master.fronts")
+logger = logging.getLogger("a3c.master.receivers")
 ROOT = Path(__file__).resolve().parents[2]
-# How long a front may take to end once its channel closes, at the master's shutdown.
+# How long a receiver may take to end once its channel closes, at the master's shutdown.
 STOP_WAIT_S = 10.0
 # How long a starting master waits for its port to be free (see `bind`).
 BIND_WAIT_S = 10.0
 
 
 def bind(address: str, wait_s: float = BIND_WAIT_S) -> socket.socket:
-    """A listening socket on `host:port` (an IPv6 host in brackets) for the fronts to share. The
-    fronts of a master that was just killed may hold the port for a moment: tried again for up
+    """A listening socket on `host:port` (an IPv6 host in brackets) for the receivers to share. The
+    receivers of a master that was just killed may hold the port for a moment: tried again for up
     to `wait_s`; then RuntimeError, which stops the master with a message that names it."""
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
@@ -68,7 +68,8 @@ def bind(address: str, wait_s: float = BIND_WAIT_S) -> socket.socket:
             sock.close()
             if exc.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
                 raise RuntimeError(
-                    f"A3C_FRONTS_BIND={address}: the fronts cannot listen there ({exc.strerror})"
+                    f"{Settings.variable('receivers_bind')}={address}: the receivers cannot "
+                    f"listen there ({exc.strerror})"
                 ) from None
             time.sleep(0.1)  # the polling interval of a port another process is giving up
             continue
@@ -77,8 +78,8 @@ def bind(address: str, wait_s: float = BIND_WAIT_S) -> socket.socket:
         return sock
 
 
-class _Front:
-    """One front process and the master's end of its socket pair."""
+class _Receiver:
+    """One receiver process and the master's end of its socket pair."""
 
     def __init__(self, index: int, listening: socket.socket) -> None:
         self.index = index
@@ -91,7 +92,7 @@ class _Front:
         }
         self.proc = subprocess.Popen(
             [
-                sys.executable, "-m", "master.ingress.front",
+                sys.executable, "-m", "master.ingress.receiver",
                 str(listening.fileno()), str(theirs.fileno()),
             ],
             env=env,
@@ -103,14 +104,14 @@ class _Front:
 
 
 class _Channel(asyncio.BufferedProtocol):
-    """The master's end of one front's socket pair, on the event loop: each frame read is a
+    """The master's end of one receiver's socket pair, on the event loop: each frame read is a
     push, applied as the master's own port applies one, and its answer framed back. A push's
     body is read into its own memory, which becomes its gradient vector (a3c_http/wire/frames.py
     `FrameReader`)."""
 
-    def __init__(self, fronts: Fronts, front: _Front) -> None:
-        self.fronts = fronts
-        self.front = front
+    def __init__(self, receivers: Receivers, receiver: _Receiver) -> None:
+        self.receivers = receivers
+        self.receiver = receiver
         self.reader = FrameReader()
         self.transport: asyncio.Transport | None = None
 
@@ -123,19 +124,19 @@ class _Channel(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         answers: list[bytes] = []  # one write for all the pushes of this read answered at once
         for head, body in self.reader.filled(nbytes):
-            self.fronts.forwarded += 1
+            self.receivers.forwarded += 1
             call = head["id"]
             try:
-                # Judged by the front already: validating them again (by their header names)
+                # Judged by the receiver already: validating them again (by their header names)
                 # costs less than pydantic's model_construct.
                 headers = PushHeaders.model_validate(head["headers"])
-                reply = self.fronts.begin(headers, body)
+                reply = self.receivers.take_push(headers, body)
             except Exception:
                 reply = self._failed()
             if isinstance(reply, tuple):
                 answers.extend(_answer_parts(call, reply))
             else:
-                self.fronts.spawn(self._answer_later(call, reply))
+                self.receivers.spawn(self._answer_later(call, reply))
         self._write(answers)
 
     async def _answer_later(self, call: int, pending: Awaitable[Reply]) -> None:
@@ -146,8 +147,8 @@ class _Channel(asyncio.BufferedProtocol):
         self._write(_answer_parts(call, reply))
 
     def _failed(self) -> Reply:
-        """The master's own 500, which the front answers too."""
-        logger.exception("a push through front %d failed", self.front.index)
+        """The master's own 500, which the receiver answers too."""
+        logger.exception("a push through receiver %d failed", self.receiver.index)
         return _FAILED
 
     def _write(self, parts: list[bytes]) -> None:
@@ -155,7 +156,7 @@ class _Channel(asyncio.BufferedProtocol):
         if parts and transport is not None and not transport.is_closing():
             transport.writelines(parts)
 
-    # A front that stops reading its answers: read none of its pushes until they drain.
+    # A receiver that stops reading its answers: read none of its pushes until they drain.
     def pause_writing(self) -> None:
         if self.transport is not None:
             self.transport.pause_reading()
@@ -165,27 +166,27 @@ class _Channel(asyncio.BufferedProtocol):
             self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.fronts.lost(self.front)
+        self.receivers.lost(self.receiver)
 
 
-class Fronts:
-    """Starts `count` fronts on `address`, serves their pushes with `begin` (the master's hot
-    path, run on `loop`), restarts a front that dies, and ends them all at `close`."""
+class Receivers:
+    """Starts `count` receivers on `address`, serves their pushes with `take_push` (the master's hot
+    path, run on `loop`), restarts a receiver that dies, and ends them all at `close`."""
 
     def __init__(
         self,
         settings: Settings,
-        begin: Callable[[PushHeaders, bytes], Reply | Awaitable[Reply]],
+        take_push: Callable[[PushHeaders, bytes], Reply | Awaitable[Reply]],
         loop: asyncio.AbstractEventLoop,
     ) -> None:
-        self.count = settings.fronts
-        self.begin = begin
+        self.count = settings.receivers
+        self.take_push = take_push
         self.loop = loop
-        self.listening = bind(settings.fronts_bind or "")
+        self.listening = bind(settings.receivers_bind or "")
         self.port = self.listening.getsockname()[1]
         self._closing = False
-        self.forwarded = 0  # pushes the fronts handed to the master (counted on the loop)
-        self._fronts: list[_Front] = []
+        self.forwarded = 0  # pushes the receivers handed to the master (counted on the loop)
+        self._receivers: list[_Receiver] = []
         self._tasks: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
 
     def spawn(self, coroutine: Any) -> None:
@@ -194,40 +195,40 @@ class Fronts:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def start(self) -> Fronts:
-        """Start the fronts; their channels join the loop as it runs (called on the loop)."""
+    def start(self) -> Receivers:
+        """Start the receivers; their channels join the loop as it runs (called on the loop)."""
         for index in range(self.count):
             self._start(index)
         return self
 
     def _start(self, index: int) -> None:
-        front = _Front(index, self.listening)
-        self._fronts.append(front)
+        receiver = _Receiver(index, self.listening)
+        self._receivers.append(receiver)
 
         def channel() -> _Channel:
-            front.channel = _Channel(self, front)
-            return front.channel
+            receiver.channel = _Channel(self, receiver)
+            return receiver.channel
 
-        self.spawn(self.loop.connect_accepted_socket(channel, sock=front.sock))
+        self.spawn(self.loop.connect_accepted_socket(channel, sock=receiver.sock))
 
-    def lost(self, front: _Front) -> None:
-        """A front's channel closed: at the master's shutdown, or the front died, and another
+    def lost(self, receiver: _Receiver) -> None:
+        """A receiver's channel closed: at the master's shutdown, or the receiver died, and another
         takes its place once it has ended (waited for off the loop)."""
         if self._closing:
             return
-        self.spawn(self._replace(front))
+        self.spawn(self._replace(receiver))
 
-    async def _replace(self, front: _Front) -> None:
-        code = await asyncio.to_thread(front.proc.wait)
+    async def _replace(self, receiver: _Receiver) -> None:
+        code = await asyncio.to_thread(receiver.proc.wait)
         if self._closing:
             return
-        logger.warning("front %d ended (exit code %s): starting it again", front.index, code)
-        self._fronts.remove(front)
-        self._start(front.index)
+        logger.warning("receiver %d ended (exit code %s): starting it again", receiver.index, code)
+        self._receivers.remove(receiver)
+        self._start(receiver.index)
 
     def url_for(self, master_url: str) -> str:
-        """The fronts' URL for workers that reach the master at `master_url`: its scheme and,
-        when the fronts listen on every address, its host."""
+        """The receivers' URL for workers that reach the master at `master_url`: its scheme and,
+        when the receivers listen on every address, its host."""
         parts = urlsplit(master_url)
         host = self.listening.getsockname()[0]
         if host in ("0.0.0.0", "::"):
@@ -235,8 +236,8 @@ class Fronts:
         return f"{parts.scheme}://{f'[{host}]' if ':' in host else host}:{self.port}"
 
     def status(self) -> dict[str, Any]:
-        """What /status shows of the fronts."""
-        alive = [f.proc.pid for f in self._fronts if f.proc.poll() is None]
+        """What /status shows of the receivers."""
+        alive = [f.proc.pid for f in self._receivers if f.proc.poll() is None]
         return {
             "count": self.count,
             "alive": len(alive),
@@ -246,19 +247,19 @@ class Fronts:
         }
 
     def close(self) -> None:
-        """End every front (their pushes in flight go unanswered) and free the port."""
+        """End every receiver (their pushes in flight go unanswered) and free the port."""
         self._closing = True
-        for front in self._fronts:
-            if front.channel is not None and front.channel.transport is not None:
-                front.channel.transport.abort()
+        for receiver in self._receivers:
+            if receiver.channel is not None and receiver.channel.transport is not None:
+                receiver.channel.transport.abort()
             with contextlib.suppress(OSError):
-                front.sock.shutdown(socket.SHUT_RDWR)
-        for front in self._fronts:
+                receiver.sock.shutdown(socket.SHUT_RDWR)
+        for receiver in self._receivers:
             try:
-                front.proc.wait(STOP_WAIT_S)
+                receiver.proc.wait(STOP_WAIT_S)
             except subprocess.TimeoutExpired:
-                front.proc.kill()
-                front.proc.wait()
+                receiver.proc.kill()
+                receiver.proc.wait()
         self.listening.close()
 
 

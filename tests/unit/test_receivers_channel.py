@@ -1,8 +1,8 @@
-"""master/ingress/fronts.py `_Channel`, the master's end of a front's socket pair, on an event loop
-of the test's own with a stand-in for the master's hot path: every push read gets its answer, framed
-back with its id, whether the hot path answered it at once or later, and a front that stops reading
-its answers holds neither the loop nor more of the master's memory than the transport's buffer: the
-channel reads none of its pushes until the answers drain, then goes on."""
+"""master/ingress/receivers.py `_Channel`, the master's end of a receiver's socket pair, on an event
+loop of the test's own with a stand-in for the master's hot path: every push read gets its answer,
+framed back with its id, whether the hot path answered it at once or later, and a receiver that
+stops reading its answers holds neither the loop nor more of the master's memory than the
+transport's buffer: the channel reads none of its pushes until the answers drain, then goes on."""
 
 from __future__ import annotations
 
@@ -13,26 +13,26 @@ from typing import Any
 
 from a3c_http.wire.frames import Frames, frame
 from a3c_http.wire.protocol import VERSION_HEADER, WORKER_ID_HEADER
-from master.ingress.fronts import _Channel
+from master.ingress.receivers import _Channel
 
 WEIGHTS = b"w" * 100_000  # an answer far larger than a push: they back up first
 
 
-class StandInFronts:
-    """What a channel needs of master/ingress/fronts.py `Fronts`."""
+class StandInReceivers:
+    """What a channel needs of master/ingress/receivers.py `Receivers`."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.forwarded = 0
         self.tasks: set[asyncio.Task] = set()
-        self.lost_fronts: list[Any] = []
+        self.lost_receivers: list[Any] = []
 
     def spawn(self, coroutine: Any) -> None:
         task = self.loop.create_task(coroutine)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    def begin(self, headers: Any, body: bytes) -> Any:
+    def take_push(self, headers: Any, body: bytes) -> Any:
         """Answered at once, as a push in async mode is; every other push's answer comes later,
         as a sync round's does."""
         reply = 200, [("x-a3c-worker", headers.worker_id)], WEIGHTS
@@ -42,11 +42,11 @@ class StandInFronts:
         await asyncio.sleep(0)
         return reply
 
-    def lost(self, front: Any) -> None:
-        self.lost_fronts.append(front)
+    def lost(self, receiver: Any) -> None:
+        self.lost_receivers.append(receiver)
 
 
-class StandInFront:
+class StandInReceiver:
     index = 0
 
 
@@ -65,29 +65,29 @@ async def until(condition: Any, what: str, timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.001)
 
 
-def test_a_front_that_stops_reading_is_read_no_more_and_gets_every_answer_when_it_reads() -> None:
+def test_a_receiver_that_stops_reading_is_read_no_more_and_gets_every_answer_once_it_does() -> None:
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair()
         theirs.setblocking(False)
-        fronts = StandInFronts(loop)
-        channel = _Channel(fronts, StandInFront())  # type: ignore[arg-type]
+        receivers = StandInReceivers(loop)
+        channel = _Channel(receivers, StandInReceiver())  # type: ignore[arg-type]
         await loop.connect_accepted_socket(lambda: channel, sock=ours)
         transport = channel.transport
         assert transport is not None
 
-        # 50 pushes whose answers (5 MB) the front does not read: the channel stops reading.
+        # 50 pushes whose answers (5 MB) the receiver does not read: the channel stops reading.
         await loop.sock_sendall(theirs, pushes(0, 50))
-        await until(lambda: fronts.forwarded == 50 and not fronts.tasks, "50 pushes answered")
+        await until(lambda: receivers.forwarded == 50 and not receivers.tasks, "50 pushes answered")
         await until(lambda: not transport.is_reading(), "the channel to stop reading")
         assert transport.get_write_buffer_size() > 0  # the answers wait in the loop, unsent
         # More pushes wait in the socket, unread, while the loop goes on serving the rest.
         await loop.sock_sendall(theirs, pushes(50, 10))
         for _ in range(100):
             await asyncio.sleep(0)
-        assert fronts.forwarded == 50
+        assert receivers.forwarded == 50
 
-        # The front reads: every answer arrives, once, and the channel reads again.
+        # The receiver reads: every answer arrives, once, and the channel reads again.
         answers: dict[int, tuple[dict, bytes]] = {}
         frames = Frames()
         while len(answers) < 60:
@@ -96,13 +96,13 @@ def test_a_front_that_stops_reading_is_read_no_more_and_gets_every_answer_when_i
             for head, body in frames.feed(data):
                 assert head["id"] not in answers
                 answers[head["id"]] = (head, body)
-        assert sorted(answers) == list(range(60)) and fronts.forwarded == 60
+        assert sorted(answers) == list(range(60)) and receivers.forwarded == 60
         for i, (head, body) in answers.items():
             assert head["status"] == 200 and body == WEIGHTS
             assert ["x-a3c-worker", f"w{i}"] in head["headers"]
         assert transport.is_reading()
 
         theirs.close()
-        await until(lambda: fronts.lost_fronts, "the closed channel to be reported")
+        await until(lambda: receivers.lost_receivers, "the closed channel to be reported")
 
     asyncio.run(scenario())
