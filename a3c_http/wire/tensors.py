@@ -71,6 +71,10 @@ def decode(data: bytes | bytearray | memoryview, spec: Spec) -> dict[str, torch.
 
 # safetensors' own bound on a header (100 MB); ours are about 100 bytes per tensor.
 _MAX_HEADER = 100_000_000
+# How many other writers' headers a layout keeps read (`Layout.decode`), each at most this long:
+# at most 4 MiB kept, whatever clients send.
+_READ_HEADERS = 64
+_READ_HEADER_BYTES = 64 * 1024
 # The dtypes a run may send its parameters' tensors in (TrainConfig.wire_dtype): safetensors'
 # name, torch's, the bytes of a value, and its relative rounding error from float32 (round to
 # nearest even: half a unit in the last place of bfloat16's 8-bit significand, 2**-8).
@@ -169,6 +173,10 @@ class Layout:
             }
             self.dtypes[name] = torch_dtype if kind == code else torch.float32
         self._own_places = [(e["dtype"], *e["data_offsets"]) for e in self._entries.values()]
+        # Other writers' headers read before, checked: (header bytes, data bytes) -> where each
+        # entry is and the metadata. A client that sends the same header every push (no
+        # metadata, or the same) is read as cheaply as our own.
+        self._read_headers: dict[tuple[bytes, int], tuple[list, dict[str, str]]] = {}
         statistics = "" if dtype == "float32" else ", the running statistics as F32"
         self._dtype_note = (
             f" (this run's wire_dtype is {dtype}: the parameters travel as {code}{statistics})"
@@ -248,8 +256,24 @@ class Layout:
         metadata = self._own_header(data, size)
         if metadata is not None:
             return self._vector(data, 8 + size, finite_params), metadata
+        key = (bytes(data[8 : 8 + size]), len(data) - 8 - size)
+        known = self._read_headers.get(key)
+        if known is None:
+            known = self._read_header(key[0], key[1])
+            if size <= _READ_HEADER_BYTES:
+                if len(self._read_headers) >= _READ_HEADERS:
+                    self._read_headers.pop(next(iter(self._read_headers)), None)
+                self._read_headers[key] = known
+        places, metadata = known
+        if places == self._own_places:  # another writer's header of our layout
+            return self._vector(data, 8 + size, finite_params), dict(metadata)
+        return self._checked(self._gather(data, 8 + size, places), finite_params), dict(metadata)
+
+    def _read_header(self, raw: bytes, nbytes: int) -> tuple[list, dict[str, str]]:
+        """Where each entry is in a body whose header (after its length) is `raw` and whose data
+        is `nbytes` bytes (`_places`), and the header's metadata. Raises `WireError`."""
         try:
-            head = from_json(data[8 : 8 + size])  # pydantic's parser: half json.loads's time
+            head = from_json(raw)  # pydantic's parser: half json.loads's time
         except ValueError as exc:
             raise _invalid(f"header: {exc}") from None
         if not isinstance(head, dict):
@@ -257,10 +281,7 @@ class Layout:
         metadata = head.pop("__metadata__", None) or {}
         if not _is_metadata(metadata):
             raise _invalid("__metadata__ must map str to str")
-        places = self._places(head, len(data) - 8 - size)
-        if places == self._own_places:  # another writer's header of our layout
-            return self._vector(data, 8 + size, finite_params), metadata
-        return self._checked(self._gather(data, 8 + size, places), finite_params), metadata
+        return self._places(head, nbytes), metadata
 
     def _places(self, head: dict, nbytes: int) -> list[tuple[str, int, int]]:
         """Where each entry's bytes are in a body's data of `nbytes` bytes whose header's tensors

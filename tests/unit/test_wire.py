@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import struct
 
 import pytest
 import torch
@@ -365,6 +366,33 @@ def test_another_writers_body_reads_as_the_layouts_own_in_one_gathering(
         # Data in the layout's own places is one vector whatever the header's order.
         own_places = writer == "by hand, in order" and layout.dtype == "float32"
         assert len(gathered) == (0 if own_places else 2), writer
+
+
+def test_another_writers_header_is_read_once_and_its_data_every_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client that sends the same header every push has it parsed and checked once: later
+    bodies cost the gathering alone. The data is checked every time (its size and its values),
+    the caller's metadata is its own, and the headers kept are bounded."""
+    layout = wire.Layout(list(F32.spec.items()), F32.n_params)
+    vector = mixed_vector()
+    body = other_writers(layout, vector)["safetensors.torch.save"]
+    parsed = []
+    parse = wire.from_json
+    monkeypatch.setattr(wire, "from_json", lambda raw: parsed.append(1) or parse(raw))
+    first, metadata = layout.decode(body)
+    metadata["a3c"] = "changed by the caller"
+    again, metadata = layout.decode(body)
+    assert torch.equal(first, again) and metadata == {"a3c": "{}"} and len(parsed) == 1
+    nan = bytearray(body)
+    nan[-4:] = struct.pack("<f", float("nan"))  # the last tensor's last value
+    with pytest.raises(wire.WireError, match="NaN or infinite"):
+        layout.decode(bytes(nan))
+    with pytest.raises(wire.WireError, match="data is"):
+        layout.decode(body + bytes(4))  # the same header over more data: checked again
+    for i in range(3 * wire._READ_HEADERS):
+        layout.decode(st_save(layout.views(vector), {"n": str(i)}))
+    assert len(layout._read_headers) == wire._READ_HEADERS
 
 
 def test_a_model_body_from_any_writer_reads_the_same() -> None:
