@@ -1,5 +1,5 @@
 """What the master and the workers share as HTTP services: the gate every request passes
-(a3c_http/server/edge.py), the bounds on a request's head (a3c_http/server/headerbounds.py) and
+(a3c_http/server/edge.py), the bounds on a request's head (a3c_http/tuning.py) and
 body, one send for a message's head and body (a3c_http/tuning.py), readable validation
 errors, the errors their OpenAPI schemas declare and the health route. The services import this
 module, never each other.
@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from a3c_http import tuning
 from a3c_http.config.settings import Settings, WorkerSettings
-from a3c_http.server import apidocs, headerbounds
+from a3c_http.server import apidocs
 from a3c_http.server.edge import SAFE_METHODS, Gate
 
 health_router = APIRouter()
@@ -305,7 +305,7 @@ def install_common(
     routes that take safetensors bodies."""
     if quiet_paths:
         quiet_access_log(quiet_paths, quiet_conflicts)
-    headerbounds.install(settings.max_header_bytes, settings.header_timeout_s)
+    tuning.bound_request_heads(settings.max_header_bytes, settings.header_timeout_s)
     tuning.install_server_hooks()
     app.include_router(health_router)
     apidocs.install(app)

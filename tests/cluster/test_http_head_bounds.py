@@ -1,4 +1,4 @@
-"""The bounds on a request's head (a3c_http/server/headerbounds.py), on a real `uvicorn
+"""The bounds on a request's head (a3c_http/tuning.py `bound_request_heads`), on a real `uvicorn
 worker.app:app` with each HTTP implementation uvicorn can pick (httptools, its default with
 uvicorn[standard], and h11): only the process shows them, since uvicorn reads the head before any
 app sees it.

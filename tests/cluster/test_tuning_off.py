@@ -20,6 +20,7 @@ import gc, json, socket, threading, time
 from pathlib import Path
 
 import httpcore, httpx, torch, uvicorn
+import uvicorn.protocols.http.h11_impl, uvicorn.protocols.http.httptools_impl
 from fastapi.testclient import TestClient
 
 kernel = torch._fused_adagrad_
@@ -84,10 +85,11 @@ assert not tuning.enabled()
 assert tuning.installed == set(), tuning.installed
 for cls in (uvicorn.protocols.http.h11_impl.H11Protocol,
             uvicorn.protocols.http.httptools_impl.HttpToolsProtocol):
-    made = cls.connection_made
-    while made is not None:
-        assert made.__module__ != "a3c_http.tuning", cls
-        made = getattr(made, "__wrapped__", None)
+    for name in ("connection_made", "data_received", "connection_lost"):
+        method = getattr(cls, name)
+        while method is not None:
+            assert method.__module__ != "a3c_http.tuning", (cls, name)
+            method = getattr(method, "__wrapped__", None)
 assert type(bounded._direct._pool._network_backend) is httpcore.SyncBackend
 assert gc.get_freeze_count() == 0
 assert kernel_calls == [], len(kernel_calls)

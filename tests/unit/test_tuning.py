@@ -14,7 +14,6 @@ import httpx
 import pytest
 
 from a3c_http import tuning
-from a3c_http.server import headerbounds
 
 MODULE = "a3c_http/tuning.py"
 
@@ -68,23 +67,22 @@ def test_torchs_fused_adagrad_kernel_is_as_tuning_expects() -> None:
     assert problem is None, f"a3c_http/tuning.py: torch._fused_adagrad_ changed: {problem}"
 
 
-def test_uvicorns_protocols_are_as_headerbounds_expects() -> None:
-    """a3c_http/server/headerbounds.py (the bounds on a request's head, not a tuning: A3C_TUNING
-    does not turn them off) wraps methods of the same classes and raises an h11 bound."""
+def test_uvicorns_protocols_are_as_the_head_bounds_expect() -> None:
+    """bound_request_heads wraps methods of the same classes and raises an h11 bound."""
     import h11
 
-    for module_name, (class_name, extra, _) in headerbounds._PROTOCOLS.items():
+    for module_name, (class_name, extra, _) in tuning.HEAD_PROTOCOLS.items():
         try:
             cls = getattr(importlib.import_module(module_name), class_name)
         except ImportError:
             continue
-        for method in (*headerbounds._CONNECTION_METHODS, *extra):
+        for method in (*tuning.CONNECTION_METHODS, *extra):
             assert callable(getattr(cls, method, None)), (
-                f"a3c_http/server/headerbounds.py: {module_name}.{class_name}.{method} is gone"
+                f"{MODULE}: {module_name}.{class_name}.{method} is gone"
             )
     conn = h11.Connection(h11.SERVER)
     assert isinstance(getattr(conn, "_max_incomplete_event_size", None), int), (
-        "a3c_http/server/headerbounds.py: h11.Connection._max_incomplete_event_size is gone"
+        f"{MODULE}: h11.Connection._max_incomplete_event_size is gone"
     )
 
 
