@@ -21,10 +21,7 @@ from a3c_http.server.service import install_common
 from a3c_http.store.runstore import RunDirInUse
 from a3c_http.wire.protocol import STOP_HEADER
 from a3c_http.wire.tensors import WireError
-from master.api import original as routes_seed
-from master.api import run as routes_run
-from master.api import view as routes_view
-from master.api import weights as routes_weights
+from master.api import original, run, view, weights
 from master.api.metrics import MasterMetrics
 from master.background import housekeeping
 from master.errors import Invalid
@@ -96,12 +93,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         settings,
         quiet_paths=hot if quiet else None,
         quiet_conflicts={"/gradients", "/local_model_weights"} if quiet else None,
-        public_paths=routes_view.PUBLIC_PATHS,
-        tensor_paths=routes_weights.TENSOR_PATHS,
+        public_paths=view.PUBLIC_PATHS,
+        tensor_paths=weights.TENSOR_PATHS,
     )
-    for module in (routes_seed, routes_weights, routes_run, routes_view):
+    for module in (original, weights, run, view):
         app.include_router(module.router)
-    app.include_router(routes_view.pages)
+    app.include_router(view.pages)
 
     @app.exception_handler(StateConflict)
     async def _conflict(request: Request, exc: StateConflict) -> JSONResponse:
