@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from pydantic import ValidationError
 
-from a3c_http.algos.base import algorithm_class
 from a3c_http.algos.exploration import check_actions
+from a3c_http.algos.registry import algorithm_class
 from a3c_http.config.settings import Settings
 from a3c_http.config.training import TrainConfig
 from a3c_http.models.actor_critic import model_for

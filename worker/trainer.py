@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
-from a3c_http.algos.base import Algorithm, GradientUpdate, algorithm_for
+from a3c_http.algos.base import Algorithm, GradientUpdate
 from a3c_http.algos.exploration import widened
+from a3c_http.algos.registry import algorithm_for
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import Episode, Rollout, RolloutCollector
 from a3c_http.models.actor_critic import ActorCritic, model_for

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch.distributions import Distribution
 
-from a3c_http.algos.base import Algorithm, GradientUpdate, Sends, WorkerPort, gradients, register
+from a3c_http.algos.base import Algorithm, GradientUpdate, Sends, WorkerPort, gradients
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import Rollout
 from a3c_http.models.actor_critic import ActorCritic
@@ -127,7 +127,6 @@ def rollout_loss(model: ActorCritic, rollout: Rollout, cfg: TrainConfig) -> Loss
     )
 
 
-@register
 class A3C(Algorithm):
     """Asynchronous gradients: up to `max_in_flight` pushes on the wire while the worker collects
     its next rollouts (never more than `max_staleness`, which would be refused)."""

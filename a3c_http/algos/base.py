@@ -3,7 +3,7 @@
 An algorithm is a room: what a worker does with each rollout and sends, and what the master does
 with what arrives. The plumbing around it (collecting rollouts, the wire, the transport, admission,
 versions, persistence, the views) is shared and knows no algorithm by name: the worker's trainer
-and the master's state ask the run's algorithm (`algorithm_for(config)`, by the config's
+and the master's state ask the run's algorithm (a3c_http/algos/registry.py, by the config's
 `sync_mode`) and never branch on the mode themselves.
 
 What an algorithm sends (`Sends`) decides which of the cluster's two data flows it uses:
@@ -115,8 +115,9 @@ class ParameterServerPort(Protocol):
 
 
 class Algorithm:
-    """One algorithm of the cluster. Subclasses set `name` (the config's `sync_mode` value) and
-    `sends`, and implement `on_rollout`; the rest has the plain gradient-pushing defaults."""
+    """One algorithm of the cluster. Subclasses set `name` (the config's `sync_mode` value that
+    selects it, in a3c_http/algos/registry.py) and `sends`, and implement `on_rollout`; the rest
+    has the plain gradient-pushing defaults."""
 
     name: ClassVar[str]
     sends: ClassVar[Sends]
@@ -157,25 +158,3 @@ class Algorithm:
         is the run's reason to refuse any update (the server raises it unless the push is a
         retry); `expected()` the running workers a round would wait for."""
         return server.apply_gradients(update, config, refusal)
-
-
-_ALGORITHMS: dict[str, type[Algorithm]] = {}
-
-
-def register(cls: type[Algorithm]) -> type[Algorithm]:
-    """Class decorator: make `cls` the algorithm of runs whose `sync_mode` is `cls.name`."""
-    _ALGORITHMS[cls.name] = cls
-    return cls
-
-
-def algorithm_class(config: TrainConfig) -> type[Algorithm]:
-    """The algorithm of a run's config."""
-    from a3c_http.algos import a3c, best_weights, sync  # noqa: F401  (they register themselves)
-
-    return _ALGORITHMS[config.sync_mode]
-
-
-def algorithm_for(config: TrainConfig, model: nn.Module, policy: Any) -> Algorithm:
-    """A worker's algorithm object for its run."""
-    return algorithm_class(config)(config, model, policy)
-

@@ -13,14 +13,13 @@ import torch
 from torch import nn
 
 from a3c_http.algos.a3c import rollout_loss
-from a3c_http.algos.base import Algorithm, Sends, WorkerPort, register
+from a3c_http.algos.base import Algorithm, Sends, WorkerPort
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import Rollout
 from a3c_http.models.normalize import merge_moments
 from a3c_http.optim.optimizers import make_optimizer
 
 
-@register
 class BestWeights(Algorithm):
     name = "best_weights"
     sends = Sends.WEIGHTS

@@ -11,11 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 from a3c_http.algos.a3c import A3C
-from a3c_http.algos.base import ParameterServerPort, register
+from a3c_http.algos.base import ParameterServerPort
 from a3c_http.config.training import TrainConfig
 
 
-@register
 class SyncA2C(A3C):
     """A3C's worker without pushes in flight, whose replies the master holds until the round
     closes; the master's side joins the round instead of stepping at once."""

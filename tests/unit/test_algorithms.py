@@ -5,6 +5,7 @@ through ports that fakes stand in for here."""
 from __future__ import annotations
 
 import contextlib
+import typing
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,8 +13,9 @@ import pytest
 import torch
 
 from a3c_http.algos.a3c import A3C
-from a3c_http.algos.base import GradientUpdate, Sends, algorithm_class, algorithm_for
+from a3c_http.algos.base import GradientUpdate, Sends
 from a3c_http.algos.best_weights import BestWeights
+from a3c_http.algos.registry import ALGORITHMS, algorithm_class, algorithm_for
 from a3c_http.algos.sync import SyncA2C
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import Episode, Rollout, RolloutCollector
@@ -72,6 +74,11 @@ def one_rollout(config: TrainConfig, model: torch.nn.Module) -> Rollout:
         return collector.collect(model, config.t_max)
     finally:
         collector.close()
+
+
+def test_every_sync_mode_a_config_takes_has_an_algorithm() -> None:
+    modes = typing.get_args(TrainConfig.model_fields["sync_mode"].annotation)
+    assert set(ALGORITHMS) == set(modes) and len(modes) == 3
 
 
 @pytest.mark.parametrize(

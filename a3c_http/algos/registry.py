@@ -1,0 +1,25 @@
+"""Which algorithm a run's config selects: one entry per `sync_mode` value."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from a3c_http.algos.a3c import A3C
+from a3c_http.algos.base import Algorithm
+from a3c_http.algos.best_weights import BestWeights
+from a3c_http.algos.sync import SyncA2C
+from a3c_http.config.training import TrainConfig
+
+ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (A3C, SyncA2C, BestWeights)}
+
+
+def algorithm_class(config: TrainConfig) -> type[Algorithm]:
+    """The algorithm of a run's config."""
+    return ALGORITHMS[config.sync_mode]
+
+
+def algorithm_for(config: TrainConfig, model: nn.Module, policy: Any) -> Algorithm:
+    """A worker's algorithm object for its run."""
+    return algorithm_class(config)(config, model, policy)
