@@ -6,4 +6,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ./scripts/setup_venv.sh plot
+# Python's bytecode cache, even where the environment turns it off: a .venv that test.sh set up
+# holds its dev tools uncompiled, and every process would otherwise compile what it imports.
+unset PYTHONDONTWRITEBYTECODE
 exec .venv/bin/python scripts/run_local.py "$@"

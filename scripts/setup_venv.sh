@@ -21,10 +21,16 @@ if [ -f "$stamp" ] && [ "$stamp" -nt "$root/pyproject.toml" ]; then
 fi
 from="${TORCH_INDEX_URL:+ from $TORCH_INDEX_URL}"
 echo "[setup] installing torch 2.13.0$from and the project [$extras] into .venv (first run only)"
+# The dev tools bring about 10,000 modules that pip would compile one by one (about 45 s of a
+# fresh clone's set-up); scripts/test.sh lets Python write the bytecode of those the tests import
+# as they import them instead.
+compile=()
+case ",$extras," in *,dev,*) compile=(--no-compile) ;; esac
 pip_install() {
     # This machine's pip config names index folders that may not exist; its warnings are noise.
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-        -c "$root/scripts/constraints.txt" "$@" 2>&1 | { grep -v "is ignored: it is neither" || true; }
+        ${compile[@]+"${compile[@]}"} -c "$root/scripts/constraints.txt" "$@" 2>&1 \
+        | { grep -v "is ignored: it is neither" || true; }
 }
 # torch first where it comes from an index of its own; otherwise the constraints file pins it
 # and one install brings it with the rest (one resolution: about 10 s less on a fresh clone).
