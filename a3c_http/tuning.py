@@ -33,7 +33,6 @@ import ctypes.util
 import functools
 import gc
 import importlib
-import json
 import logging
 import math
 import os
@@ -41,13 +40,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from a3c_http.server.coalesce import HeldTransport
+from a3c_http.server.headbounds import Head, bounds, feed
 
 if TYPE_CHECKING:
     import torch
 
 ENV = "A3C_TUNING"
 _LOG = logging.getLogger("a3c.tuning")
-_UVICORN_LOG = logging.getLogger("uvicorn.error")  # where uvicorn says what it did to a request
 
 _enabled: bool | None = None
 _warned: set[str] = set()
@@ -314,114 +313,13 @@ def rmsprop_step(
 
 # --- uvicorn: bounds on a request's head that it does not set ---------------------------------
 
-# After a 431 the client may still be sending its head: it is read and dropped this long before
-# the connection closes, since closing on unread bytes sends a reset that can destroy the 431
-# before the client reads it.
-LINGER_S = 2.0
-
-
-class _HeadBounds:
-    """The bounds of this process's connections: the settings of the app made last."""
-
-    max_bytes = 64 * 1024
-    timeout_s = 10.0
-
-
-_bounds = _HeadBounds()
 _heads_tried: set[str] = set()  # classes wrapped, or found lacking, in this process
-
-
-class _Head:
-    """One connection's request head: the bytes read of it (None between heads) and the timer
-    that closes the connection if it takes too long."""
-
-    __slots__ = ("protocol", "transport", "seen", "timer", "refused", "between")
-
-    def __init__(self, protocol: Any, transport: asyncio.Transport) -> None:
-        self.protocol = protocol
-        self.transport = transport
-        self.seen: int | None = None
-        self.timer: asyncio.TimerHandle | None = None
-        self.refused = False  # answered 431: what still comes is dropped
-        self.between = True  # httptools: the last message ended, the next has not begun
-
-    def begin(self) -> None:
-        if self.seen is None and not self.refused:
-            self.seen = 0
-            self.timer = asyncio.get_running_loop().call_later(_bounds.timeout_s, self._expire)
-
-    def end(self) -> None:
-        self.seen = None
-        self.cancel()
-
-    def cancel(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-    def _expire(self) -> None:
-        self.timer = None
-        if not self.transport.is_closing():
-            self.transport.close()
-
-    def refuse(self) -> None:
-        self.end()
-        self.refused = True
-        client = getattr(self.protocol, "client", None)
-        _UVICORN_LOG.warning(
-            "%s - request line and headers over A3C_MAX_HEADER_BYTES=%d bytes: 431, connection "
-            "closed",
-            "{}:{}".format(*client) if isinstance(client, tuple) else "a client",
-            _bounds.max_bytes,
-        )
-        detail = (
-            f"the request line and headers are larger than {_bounds.max_bytes} bytes "
-            "(A3C_MAX_HEADER_BYTES): send fewer or shorter headers"
-        )
-        body = json.dumps({"detail": detail}).encode()
-        self.transport.write(
-            b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-            b"content-type: application/json\r\nconnection: close\r\n"
-            b"content-length: %d\r\n\r\n%s" % (len(body), body)
-        )
-        if self.transport.can_write_eof():
-            self.transport.write_eof()
-        self.timer = asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
-
-
-def _feed(
-    protocol: Any,
-    head: _Head,
-    data: bytes,
-    received: Callable[[Any, Any], None],
-    settle: Callable[[Any, _Head], None],
-) -> None:
-    """Hand `data` to the protocol, at most up to the bound while a head is being read."""
-    room = _bounds.max_bytes - (head.seen or 0)
-    if head.seen is None or len(data) <= room:
-        if head.seen is not None:
-            head.seen += len(data)
-        received(protocol, data)
-        settle(protocol, head)
-        return
-    view = memoryview(data)
-    if room > 0:
-        head.seen = _bounds.max_bytes
-        received(protocol, view[:room])
-        settle(protocol, head)
-    if head.transport.is_closing():
-        return
-    if head.seen is not None:  # the bound is reached and the head goes on
-        head.refuse()
-        return
-    received(protocol, view[room:])
-    settle(protocol, head)
 
 
 def _wrap(
     cls: type,
-    idle: Callable[[Any, _Head], bool],
-    settle: Callable[[Any, _Head], None],
+    idle: Callable[[Any, Head], bool],
+    settle: Callable[[Any, Head], None],
     on_made: Callable[[Any], None] | None = None,
 ) -> None:
     """Wrap the connection methods of `cls`: `idle` says whether the protocol waits for a new
@@ -433,22 +331,22 @@ def _wrap(
         made(self, transport)
         if on_made is not None:
             on_made(self)
-        self._a3c_head = _Head(self, transport)
+        self._a3c_head = Head(self, transport)
         self._a3c_head.begin()
 
     @functools.wraps(received)
     def data_received(self: Any, data: bytes) -> None:
-        head: _Head | None = getattr(self, "_a3c_head", None)
+        head: Head | None = getattr(self, "_a3c_head", None)
         if head is None:
             received(self, data)
         elif not head.refused:
             if head.seen is None and idle(self, head):
                 head.begin()
-            _feed(self, head, data, received, settle)
+            feed(self, head, data, received, settle)
 
     @functools.wraps(lost)
     def connection_lost(self: Any, exc: Exception | None) -> None:
-        head: _Head | None = getattr(self, "_a3c_head", None)
+        head: Head | None = getattr(self, "_a3c_head", None)
         if head is not None:
             head.cancel()
         lost(self, exc)
@@ -458,7 +356,7 @@ def _wrap(
     cls.connection_lost = connection_lost
 
 
-def _no_settle(protocol: Any, head: _Head) -> None:
+def _no_settle(protocol: Any, head: Head) -> None:
     pass  # httptools: on_headers_complete ends the head
 
 
@@ -468,7 +366,7 @@ def _wrap_httptools(cls: type) -> None:
 
     @functools.wraps(begin)
     def on_message_begin(self: Any) -> None:
-        head: _Head | None = getattr(self, "_a3c_head", None)
+        head: Head | None = getattr(self, "_a3c_head", None)
         if head is not None:
             head.between = False
             head.begin()
@@ -476,7 +374,7 @@ def _wrap_httptools(cls: type) -> None:
 
     @functools.wraps(complete)
     def on_headers_complete(self: Any) -> None:
-        head: _Head | None = getattr(self, "_a3c_head", None)
+        head: Head | None = getattr(self, "_a3c_head", None)
         if head is not None:
             head.end()
         complete(self)
@@ -484,7 +382,7 @@ def _wrap_httptools(cls: type) -> None:
     @functools.wraps(done)
     def on_message_complete(self: Any) -> None:
         done(self)
-        head: _Head | None = getattr(self, "_a3c_head", None)
+        head: Head | None = getattr(self, "_a3c_head", None)
         if head is not None:
             head.between = True
 
@@ -499,11 +397,11 @@ def _wrap_h11(cls: type) -> None:
 
     # `conn`, uvicorn's h11.Connection, is made in __init__: without one (another uvicorn) every
     # head counts as complete, which bounds nothing but breaks nothing.
-    def idle(protocol: Any, head: _Head) -> bool:
+    def idle(protocol: Any, head: Head) -> bool:
         conn = getattr(protocol, "conn", None)
         return conn is not None and conn.their_state is h11.IDLE
 
-    def settle(protocol: Any, head: _Head) -> None:
+    def settle(protocol: Any, head: Head) -> None:
         if head.seen is not None and not idle(protocol, head):
             head.end()
 
@@ -511,8 +409,8 @@ def _wrap_h11(cls: type) -> None:
         # h11 refuses an incomplete head over its own bound (16 KiB by default) with uvicorn's
         # 400; ours decides instead, and h11's is never passed, as heads are fed up to ours.
         conn = getattr(protocol, "conn", None)
-        if getattr(conn, "_max_incomplete_event_size", _bounds.max_bytes) < _bounds.max_bytes:
-            conn._max_incomplete_event_size = _bounds.max_bytes  # type: ignore[union-attr]
+        if getattr(conn, "_max_incomplete_event_size", bounds.max_bytes) < bounds.max_bytes:
+            conn._max_incomplete_event_size = bounds.max_bytes  # type: ignore[union-attr]
 
     _wrap(cls, idle, settle, on_made)
 
@@ -541,7 +439,7 @@ def bound_request_heads(max_header_bytes: int, header_timeout_s: float) -> None:
     uvicorn picks its protocol class before it imports the app. So this wraps methods of the
     classes themselves (`HEAD_PROTOCOLS`), once per process. A class that lacks a method this
     wraps is left as it is, with a warning."""
-    _bounds.max_bytes, _bounds.timeout_s = max_header_bytes, header_timeout_s
+    bounds.max_bytes, bounds.timeout_s = max_header_bytes, header_timeout_s
     if not enabled():
         return
     for module_name, (class_name, extra, wrap) in HEAD_PROTOCOLS.items():

@@ -1,7 +1,7 @@
-"""The bounds on a request's head (a3c_http/tuning.py `bound_request_heads`), on a real `uvicorn
-worker.app:app` with each HTTP implementation uvicorn can pick (httptools, its default with
-uvicorn[standard], and h11): only the process shows them, since uvicorn reads the head before any
-app sees it.
+"""The bounds on a request's head (a3c_http/server/headbounds.py, hooked in by a3c_http/tuning.py),
+on a real `uvicorn worker.app:app` with each HTTP implementation uvicorn can pick (httptools, its
+default with uvicorn[standard], and h11): only the process shows them, since uvicorn reads the head
+before any app sees it.
 
 A head over A3C_MAX_HEADER_BYTES (the default 64 KiB) gets 431 and is dropped as it comes, not
 gathered in memory; a connection that does not complete its head within A3C_HEADER_TIMEOUT_S
