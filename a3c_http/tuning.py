@@ -8,18 +8,8 @@ warning in the log, once per process) when what it relies on is not there as it 
 
 `A3C_TUNING` (read once per process, at the first call here; `on` by default, `off`, or any
 spelling of a boolean pydantic accepts) turns them all off: the services then run on plain
-FastAPI/uvicorn, httpx and torch. Each function is then a no-op or torch's own path:
-
-- `install_server_hooks`: uvicorn's protocols write as uvicorn does (head and body apart);
-- `install_network_backend`: httpx's own transport, whose reads are bounded by its per-read
-  timeout (not by a3c_http/net/outbound.py's whole-attempt deadline and stop, which its backend
-  adds);
-- `keep_freed_memory`: glibc's malloc as configured by default;
-- `freeze_startup_objects`: the garbage collector sees every object;
-- `rmsprop_step`: `PlainRMSprop` steps with torch's operations (bit for bit torch's RMSprop);
-- `bound_request_heads`: request heads are bounded by uvicorn's own limits only (h11's 16 KiB;
-  httptools none, and no time limit): A3C_MAX_HEADER_BYTES and A3C_HEADER_TIMEOUT_S are not
-  enforced.
+FastAPI/uvicorn, httpx and torch: each function is then a no-op or the library's own path, as its
+docstring says (the request heads are then bounded by uvicorn's own limits only).
 
 Written against uvicorn 0.54, h11 0.16, httpcore 1.0 (httpx 0.28) and torch 2.13; pyproject.toml
 bounds them, and tests/unit/test_tuning.py names what changed here when a newer one differs.
@@ -79,6 +69,22 @@ def _fall_back(what: str, why: str) -> None:
         _LOG.warning("a3c_http/tuning.py: %s is off (%s); the plain path runs", what, why)
 
 
+def _uvicorn_classes(tried: set[str], names: dict[str, str]) -> list[tuple[str, type]]:
+    """The classes of `names` (module -> class) not tried before in this process, importable
+    (httptools is optional), as ("module.Class", class); each is marked tried."""
+    found = []
+    for module_name, class_name in names.items():
+        if module_name in tried:
+            continue
+        tried.add(module_name)
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError):
+            continue
+        found.append((f"{module_name}.{class_name}", cls))
+    return found
+
+
 # --- uvicorn: one send for a response's head and body -----------------------------------------
 
 # The protocol classes uvicorn makes a connection's protocol from (h11 always, httptools when
@@ -101,17 +107,10 @@ def install_server_hooks() -> None:
     `connection_made` no longer takes `(self, transport)` is left as it is, with a warning."""
     if not enabled():
         return
-    for module_name, class_name in UVICORN_PROTOCOLS.items():
-        if module_name in _held_tried:
-            continue
-        _held_tried.add(module_name)
-        try:
-            cls = getattr(importlib.import_module(module_name), class_name)
-        except (ImportError, AttributeError):
-            continue
+    for name, cls in _uvicorn_classes(_held_tried, UVICORN_PROTOCOLS):
         problem = uvicorn_protocol_problem(cls)
         if problem:
-            _fall_back(f"one send per response ({module_name}.{class_name})", problem)
+            _fall_back(f"one send per response ({name})", problem)
             continue
         made = cls.connection_made
 
@@ -120,7 +119,7 @@ def install_server_hooks() -> None:
             made(self, HeldTransport(transport))
 
         cls.connection_made = connection_made
-        installed.add(f"{module_name}.{class_name}.connection_made")
+        installed.add(f"{name}.connection_made")
 
 
 def uvicorn_protocol_problem(cls: type) -> str | None:
@@ -356,10 +355,6 @@ def _wrap(
     cls.connection_lost = connection_lost
 
 
-def _no_settle(protocol: Any, head: Head) -> None:
-    pass  # httptools: on_headers_complete ends the head
-
-
 def _wrap_httptools(cls: type) -> None:
     # The parser calls these as it meets a message's start, its head's end, its end.
     begin, complete, done = cls.on_message_begin, cls.on_headers_complete, cls.on_message_complete
@@ -389,7 +384,8 @@ def _wrap_httptools(cls: type) -> None:
     cls.on_message_begin = on_message_begin
     cls.on_headers_complete = on_headers_complete
     cls.on_message_complete = on_message_complete
-    _wrap(cls, lambda protocol, head: head.between, _no_settle)
+    # on_headers_complete ends the head: nothing to settle after the data
+    _wrap(cls, lambda protocol, head: head.between, lambda protocol, head: None)
 
 
 def _wrap_h11(cls: type) -> None:
@@ -427,37 +423,26 @@ CONNECTION_METHODS = ("connection_made", "data_received", "connection_lost")
 
 
 def bound_request_heads(max_header_bytes: int, header_timeout_s: float) -> None:
-    """Bound the request heads of every connection this process's uvicorn accepts from now on:
-    their size, A3C_MAX_HEADER_BYTES (431 and the connection closed, the rest never buffered),
-    and the time a client may take to send one, A3C_HEADER_TIMEOUT_S from connecting or from the
-    first byte of the next request on a kept-alive connection (the connection closed). The
-    classes are wrapped the first time; later calls only change the bounds.
-
-    uvicorn's default protocol, httptools, gathers a head of any size in memory (a 64 MiB one
-    cost the master 60 MB), and neither protocol closes a connection that never completes a
-    request; the app cannot help, since uvicorn calls it only once the head is complete, and
-    uvicorn picks its protocol class before it imports the app. So this wraps methods of the
-    classes themselves (`HEAD_PROTOCOLS`), once per process. A class that lacks a method this
-    wraps is left as it is, with a warning."""
+    """Bound the request heads of every connection this process's uvicorn accepts from now on
+    (a3c_http/server/headbounds.py: A3C_MAX_HEADER_BYTES and A3C_HEADER_TIMEOUT_S). uvicorn calls
+    the app only once a head is complete and picks its protocol class before it imports the app,
+    so this wraps methods of the classes themselves (`HEAD_PROTOCOLS`), once per process; later
+    calls only change the bounds. A class that lacks a method this wraps is left as it is, with a
+    warning."""
     bounds.max_bytes, bounds.timeout_s = max_header_bytes, header_timeout_s
     if not enabled():
         return
-    for module_name, (class_name, extra, wrap) in HEAD_PROTOCOLS.items():
-        if module_name in _heads_tried:
-            continue
-        _heads_tried.add(module_name)
-        try:
-            cls = getattr(importlib.import_module(module_name), class_name)
-        except (ImportError, AttributeError):  # httptools is optional; h11 comes with uvicorn
-            continue
+    classes = {module: class_name for module, (class_name, _, _) in HEAD_PROTOCOLS.items()}
+    for name, cls in _uvicorn_classes(_heads_tried, classes):
+        _, extra, wrap = HEAD_PROTOCOLS[name.rpartition(".")[0]]
         wanted = (*CONNECTION_METHODS, *extra)
-        missing = [name for name in wanted if not callable(getattr(cls, name, None))]
+        missing = [method for method in wanted if not callable(getattr(cls, method, None))]
         if missing:
             _fall_back(
-                f"the bounds on request heads ({module_name}.{class_name})",
+                f"the bounds on request heads ({name})",
                 f"it has no {', '.join(missing)}: A3C_MAX_HEADER_BYTES and A3C_HEADER_TIMEOUT_S "
                 "are not enforced",
             )
             continue
         wrap(cls)
-        installed.add(f"{module_name}.{class_name} request-head bounds")
+        installed.add(f"{name} request-head bounds")

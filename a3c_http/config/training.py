@@ -7,12 +7,10 @@ environment (`target_return`), saves it with the run and sends it to every worke
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 from typing import Annotated, Any, Literal
 
-import gymnasium as gym
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -26,7 +24,7 @@ from pydantic_core import PydanticCustomError
 
 from a3c_http.config.hints import with_field_hints
 from a3c_http.config.presets import with_preset
-from a3c_http.envs.make import MissingDependency, register_family, unknown_env
+from a3c_http.envs.make import env_spec
 
 # The largest seed torch.manual_seed takes (an unsigned 64-bit integer).
 MAX_SEED = 2**64 - 1
@@ -382,27 +380,3 @@ class TrainConfig(BaseModel):
             updates["seed"] = int.from_bytes(os.urandom(4), "little") >> 1
         return self.model_copy(update=updates) if updates else self
 
-
-def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
-    """The registered spec of `env_id`. An id of the form `module:EnvName-v0` first imports
-    `module` (which registers the environment, as `gymnasium.make` does), but only when the module
-    is listed in A3C_ENV_MODULES: a training request must not import arbitrary code."""
-    module, _, name = env_id.rpartition(":")
-    if module:
-        allowed = [m.strip() for m in os.environ.get("A3C_ENV_MODULES", "").split(",")]
-        if module not in allowed:
-            raise ValueError(
-                f"module {module!r} is not in A3C_ENV_MODULES, the comma-separated list of modules "
-                "allowed to register environments (set it on the master and every worker)"
-            )
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ValueError(f"cannot import {module!r}: {exc}") from None
-    try:
-        register_family(name)
-    except MissingDependency as exc:
-        raise ValueError(str(exc)) from None
-    if name not in gym.registry:
-        raise ValueError(unknown_env(name, module or None))
-    return gym.spec(name)

@@ -24,6 +24,7 @@ project's own small tasks (`a3c_http/...`, a3c_http/envs/tasks.py).
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 import gymnasium as gym
@@ -162,3 +163,28 @@ def unknown_env(name: str, module: str | None = None) -> str:
         "registers it, and module must be listed in A3C_ENV_MODULES on the master and on every "
         "worker (e.g. env_id 'my_envs:MyEnv-v0' with A3C_ENV_MODULES=my_envs)"
     )
+
+
+def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
+    """The registered spec of `env_id`. An id of the form `module:EnvName-v0` first imports
+    `module` (which registers the environment, as `gymnasium.make` does), but only when the module
+    is listed in A3C_ENV_MODULES: a training request must not import arbitrary code."""
+    module, _, name = env_id.rpartition(":")
+    if module:
+        allowed = [m.strip() for m in os.environ.get("A3C_ENV_MODULES", "").split(",")]
+        if module not in allowed:
+            raise ValueError(
+                f"module {module!r} is not in A3C_ENV_MODULES, the comma-separated list of modules "
+                "allowed to register environments (set it on the master and every worker)"
+            )
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ValueError(f"cannot import {module!r}: {exc}") from None
+    try:
+        register_family(name)
+    except MissingDependency as exc:
+        raise ValueError(str(exc)) from None
+    if name not in gym.registry:
+        raise ValueError(unknown_env(name, module or None))
+    return gym.spec(name)

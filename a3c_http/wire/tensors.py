@@ -71,13 +71,11 @@ def decode(data: bytes | bytearray | memoryview, spec: Spec) -> dict[str, torch.
 
 # safetensors' own bound on a header (100 MB); ours are about 100 bytes per tensor.
 _MAX_HEADER = 100_000_000
-# How many other writers' headers a layout keeps read (`Layout.decode`), each at most this long:
-# at most 4 MiB kept, whatever clients send.
+# Other writers' headers a layout keeps read (`Layout.decode`): 64 of 64 KiB at most, 4 MiB.
 _READ_HEADERS = 64
 _READ_HEADER_BYTES = 64 * 1024
-# The dtypes a run may send its parameters' tensors in (TrainConfig.wire_dtype): safetensors'
-# name, torch's, the bytes of a value, and its relative rounding error from float32 (round to
-# nearest even: half a unit in the last place of bfloat16's 8-bit significand, 2**-8).
+# A run's wire dtypes (TrainConfig.wire_dtype): safetensors' name, torch's, a value's bytes and its
+# rounding error relative to float32 (to nearest even: half of bfloat16's last place, 2**-8).
 WIRE_DTYPES: dict[str, tuple[str, torch.dtype, int, float]] = {
     "float32": ("F32", torch.float32, 4, 0.0),
     "bfloat16": ("BF16", torch.bfloat16, 2, 2.0**-8),
@@ -115,7 +113,7 @@ def _invalid(why: str) -> WireError:
     return WireError(f"body is not a valid safetensors file: {why}")
 
 
-# safetensors' `__metadata__`, a map of str to str, read from its JSON (`Layout._own_header`).
+# safetensors' `__metadata__`: str to str, read from its JSON (`Layout._own_header`).
 _METADATA = TypeAdapter(dict[str, str], config=ConfigDict(strict=True))
 
 
@@ -153,8 +151,7 @@ class Layout:
         self.n_params = n_params
         self.dtype = dtype
         code, torch_dtype, width, self.relative_error = WIRE_DTYPES[dtype]
-        # Where each entry's bytes are: in float32 the whole vector in its order; else the F32
-        # buffers first (from byte 0), then the parameters (from byte `_params_at`).
+        # Entries' bytes: float32, the vector in order; else F32 buffers, then the parameters.
         at = self._params_at = 0 if dtype == "float32" else 4 * (offset - n_params)
         self.nbytes = 4 * offset if dtype == "float32" else at + width * n_params
         self._entries: dict[str, dict] = {}
@@ -173,16 +170,14 @@ class Layout:
             }
             self.dtypes[name] = torch_dtype if kind == code else torch.float32
         self._own_places = [(e["dtype"], *e["data_offsets"]) for e in self._entries.values()]
-        # Other writers' headers read before, checked: (header bytes, data bytes) -> where each
-        # entry is and the metadata. A client that sends the same header every push (no
-        # metadata, or the same) is read as cheaply as our own.
+        # Other writers' checked headers: (header, data bytes) -> entries' places and metadata, so
+        # a client that sends the same header every push is read as cheaply as our own.
         self._read_headers: dict[tuple[bytes, int], tuple[list, dict[str, str]]] = {}
         statistics = "" if dtype == "float32" else ", the running statistics as F32"
         self._dtype_note = (
             f" (this run's wire_dtype is {dtype}: the parameters travel as {code}{statistics})"
         )
-        # The header is these entries' JSON, made once, then the metadata if any (`_header`,
-        # `_own_header`).
+        # The header: these entries' JSON, made once, then any metadata (`_header`, `_own_header`).
         self._entries_json = json.dumps(self._entries, separators=(",", ":")).encode()
         self._metadata_key = b',"__metadata__":' if self._entries else b'"__metadata__":'
         self.header = self._header(None)

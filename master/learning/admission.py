@@ -29,7 +29,8 @@ from typing import Any
 import torch
 from torch.func import functional_call
 
-from a3c_http.config.training import TrainConfig, env_spec
+from a3c_http.config.training import TrainConfig
+from a3c_http.envs.make import env_spec
 from a3c_http.models.normalize import statistics_problem
 from a3c_http.optim.flatnet import FlatNetwork
 
