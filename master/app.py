@@ -25,6 +25,7 @@ from master.api import original, run, view, weights
 from master.api.metrics import MasterMetrics
 from master.background import housekeeping
 from master.errors import Invalid
+from master.ingress import experience
 from master.ingress.gradients import GradientRoute, push, take_push
 from master.ingress.receivers import Receivers
 from master.persistence import tensorboard
@@ -84,7 +85,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # The routes of the workers' training loop: hundreds of requests a second. The 409s of their
     # updates are part of the loop too (stale pushes, and after a restart every push computed
     # before it): counted in updates_rejected_by, summed up by the progress line.
-    hot = {"/gradients", "/episode", "/heartbeat", "/global_model_weights", "/local_model_weights"}
+    hot = {"/gradients", "/experience", "/episode", "/heartbeat", "/global_model_weights",
+           "/local_model_weights"}  # fmt: skip
     quiet = settings.access_log == "quiet"
     # Inside the gate and the body limit that install_common adds (the last added runs first).
     app.add_middleware(GradientRoute, push=own_push)
@@ -92,11 +94,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app,
         settings,
         quiet_paths=hot if quiet else None,
-        quiet_conflicts={"/gradients", "/local_model_weights"} if quiet else None,
+        quiet_conflicts={"/gradients", "/experience", "/local_model_weights"} if quiet else None,
         public_paths=view.PUBLIC_PATHS,
         tensor_paths=weights.TENSOR_PATHS,
     )
-    for module in (original, weights, run, view):
+    for module in (original, weights, experience, run, view):
         app.include_router(module.router)
     app.include_router(view.pages)
 

@@ -31,19 +31,23 @@ from typing import TYPE_CHECKING, Any
 import torch
 from pydantic import ValidationError
 
+from a3c_http.algos.experience import expected_tensors
 from a3c_http.algos.exploration import check_actions
 from a3c_http.algos.registry import algorithm_class
 from a3c_http.config.settings import Settings
 from a3c_http.config.training import TrainConfig
 from a3c_http.models.actor_critic import model_for
+from a3c_http.models.normalize import batch_problem
 from a3c_http.optim.optimizers import learning_rate
 from a3c_http.server.service import describe_error
 from a3c_http.store.runstore import RunStore
 from a3c_http.wire import tensors as wire
+from a3c_http.wire.experience import Expected, decode_tensors
 from a3c_http.wire.protocol import ROLLOUT_METADATA
 from master.api.schemas import RolloutReport
 from master.background.evaluator import Evaluator
 from master.errors import Invalid, StateConflict
+from master.learning.learner import LearnerBusy, LearnerHost, Publication, resolve_device
 from master.learning.parameter_server import ParameterServer
 from master.learning.rounds import Outcome
 from master.persistence.resume import (
@@ -54,7 +58,7 @@ from master.persistence.resume import (
     versions_to_skip,
 )
 from master.persistence.saver import Persister
-from master.run.events import lock_file_restored, resume_failed
+from master.run.events import WARNING, lock_file_restored, resume_failed
 from master.run.ledger import RunLedger
 
 if TYPE_CHECKING:
@@ -63,6 +67,7 @@ if TYPE_CHECKING:
 __all__ = [
     "VERSIONS_SKIPPED_AFTER_A_CRASH",
     "ClusterState",
+    "LearnerBusy",
     "StateConflict",
     "saved_config",
     "versions_to_skip",
@@ -108,6 +113,7 @@ class ClusterState:
             resume_failed(str(exc), exc.run_id, str(exc.file))
         if resumed is not None:
             self.persister.restored(resumed.saved_at)
+            self._start_learner(resumed=True)
         # Started and closed by the app's lifespan (master/app.py).
         self.evaluator = Evaluator(self.ledger, self.params, self.record_evaluation)
         self.ledger.events.flush()  # the resume's line before any of its save's
@@ -118,10 +124,46 @@ class ClusterState:
         self.ledger = RunLedger(self.settings.queue_max, self.settings.max_workers)
         self.params = ParameterServer()
         self.persister = Persister(self.store, self.ledger, self.params)
+        self.learner = LearnerHost(
+            self._publish, self._learner_failed, self.settings.persist_interval_s / 2
+        )
+        self._expected: dict[str, Expected] = {}  # what a rollout of the run holds
 
     def close(self) -> None:
-        """Give up the run folder (the caller saved what it wanted to keep)."""
+        """Stop the learner, if one runs, and give up the run folder (the caller saved what it
+        wanted to keep)."""
+        self.learner.stop()
         self.store.close()
+
+    # -- the learner (ppo, impala) -------------------------------------------------------------
+
+    def _start_learner(self, resumed: bool = False) -> None:
+        """Start the run's learner from the parameter server's weights, optimizer state and
+        version, when the run is running and learns from experience. A resumed run whose device
+        this host lacks learns on the CPU (logged)."""
+        config = self.ledger.config
+        if config is None or not config.learns_from_experience:
+            return
+        if self.ledger.run_state != "running":
+            return
+        if resumed:
+            try:
+                resolve_device(config.device)
+            except ValueError as exc:
+                message = f"{exc}: the learner runs on the CPU"
+                self.ledger.events.add(WARNING, "learner_device", message)
+                config = config.model_copy(update={"device": "cpu"})
+        net = self.params.net
+        self._expected = expected_tensors(config, net.model)
+        self.learner.start(config, net.snapshot(), net.optimizer_state(), self.params.version)
+
+    def _publish(self, publication: Publication) -> None:
+        self.params.publish(
+            publication.version, publication.weights, publication.optimizer_state
+        )
+
+    def _learner_failed(self, error: str) -> None:
+        self.finish(f"the learner failed: {error}")
 
     def keep_folder(self) -> None:
         """Put back the folder's lock file if it was removed by hand (the housekeeping thread
@@ -141,6 +183,8 @@ class ClusterState:
             shapes = model_for(config)
         check_actions(config, shapes.discrete)
         self._check_fits(config, wire.Layout.of(shapes, config.wire_dtype).body_bytes)
+        if config.learns_from_experience:
+            resolve_device(config.device)  # DeviceUnavailable before anything changes
         with torch.random.fork_rng():
             torch.manual_seed(config.seed)
             model = model_for(config)
@@ -153,8 +197,10 @@ class ClusterState:
             self.params.start_run(config, model, next_version=earlier_run)
             return self.ledger.run_id, worker_ids
 
+        self.learner.stop()  # an earlier run's, finished
         started = self.persister.switch_run(swap)
         self.resume_error = None  # that run's files are moved aside (or will be, at next save)
+        self._start_learner()
         self.ledger.events.flush()
         return started
 
@@ -183,6 +229,7 @@ class ClusterState:
         if self.params.round is not None:  # a cheap look first: check_round looks again
             self.params.check_round(*self.ledger.round_expectation())
         if self.ledger.take_finished():
+            self.learner.stop()  # its last weights and optimizer state are in the save
             self.persist()
         self.ledger.events.flush()
         return result
@@ -269,6 +316,81 @@ class ClusterState:
             self.ledger.count_duplicate(worker_id)
         return outcome, run_summary
 
+    def apply_experience(
+        self,
+        worker_id: str,
+        version: int,
+        body: bytes,
+        run_id: str | None = None,
+        seq: int | None = None,
+    ) -> tuple[tuple[bytes, int] | int, bool, dict[str, Any]]:
+        """Take one worker's rollout (ppo and impala runs): checked (the worker registered in
+        the running run, every tensor's name, dtype, shape and finiteness, the statistics, the
+        report), its finished episodes counted, and queued for the learner; a retry of one taken
+        (its X-A3C-Seq) is answered without being taken again. `version` is the weights that
+        acted. Returns the newest weights and their version when they are newer than `version`,
+        else the current version alone; whether it was a retry; and the run's summary. Raises
+        StateConflict (409), WireError or Invalid (422) with nothing counted, or LearnerBusy
+        (503) when the learner's queue stayed full."""
+        refusal, config, _ = self.ledger.admit_update(worker_id, run_id)
+        if not config.learns_from_experience:
+            raise StateConflict(
+                "this run's workers push gradients (algo 'a3c'): POST /gradients; nothing taken"
+            )
+        tensors, metadata = self._checked_experience(body, config, version)
+        report = rollout_report(metadata)
+        episodes, stats = (report.episodes, report.stats) if report else ([], None)
+        stats = stats.model_dump() if stats else None
+        duplicate = not self.params.claim(worker_id, seq)
+        taken = False
+        try:
+            if not duplicate:
+                if refusal is not None:
+                    raise refusal
+                self.learner.reserve()
+            try:
+                run_summary = self._after_change(
+                    self.ledger.report_rollout(worker_id, episodes, stats, run_id, seq)
+                )
+                if not duplicate:
+                    self.learner.submit(tensors, version, self.ledger.env_steps())
+                    taken = True
+            finally:
+                if not duplicate and not taken:
+                    self.learner.release()
+        except Invalid:
+            self.params.count_invalid()
+            raise
+        finally:
+            if not duplicate:
+                self.params.settle(worker_id, seq, taken)
+        if duplicate and not run_summary["duplicate"]:
+            self.ledger.count_duplicate(worker_id)
+        if self.params.version > version:
+            return self.params.weights(), duplicate, run_summary
+        return self.params.version, duplicate, run_summary
+
+    def _checked_experience(
+        self, body: bytes, config: TrainConfig, version: int
+    ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """The tensors and metadata of an experience body, checked (WireError or Invalid, and
+        counted as a refused update, when they do not pass)."""
+        why = None
+        if version > self.params.version:
+            why = f"X-Model-Version {version} is newer than the master's weights"
+        try:
+            tensors, metadata = decode_tensors(body, self._expected)
+        except wire.WireError:
+            self.params.count_invalid()
+            raise
+        if why is None and self.params.model is not None:
+            samples = config.t_max * config.num_envs
+            why = batch_problem(self.params.model, tensors, samples)
+        if why is not None:
+            self.params.count_invalid()
+            raise Invalid(f"{why}; nothing taken")
+        return tensors, metadata
+
     def _round_expectation(self) -> set[str]:
         """The running workers a sync round waits for."""
         expected, _ = self.ledger.round_expectation()
@@ -284,7 +406,12 @@ class ClusterState:
     ) -> tuple[int, bool]:
         """A worker's weights: its temporary slot, or (temporary=False) the new global weights.
         Returns the model version and whether this was a retry of weights already taken."""
-        refusal, _, _ = self.ledger.admit_update(worker_id, run_id)
+        refusal, config, _ = self.ledger.admit_update(worker_id, run_id)
+        if config.learns_from_experience and not temporary:
+            raise StateConflict(
+                f"algo {config.algo!r}: the learner beside the master owns the global weights; "
+                "nothing applied"
+            )
         vector, _ = self.params.decode(body)
         version, duplicate = self.params.put_weights(worker_id, vector, temporary, seq, refusal)
         self.ledger.touch_worker(worker_id)
@@ -304,7 +431,15 @@ class ClusterState:
             "last_saved_at": persister.last_saved_at,
             "resume_error": self.resume_error.public() if self.resume_error else None,
             "fronts": self.receivers.status() if self.receivers is not None else None,
+            "learner": self._learner_status(),
         }
+
+    def _learner_status(self) -> dict[str, Any] | None:
+        """The learner's figures in a run that has one (ppo, impala), else None."""
+        config = self.ledger.config
+        if config is None or not config.learns_from_experience:
+            return None
+        return self.learner.status()
 
     def persist(self, force: bool = False, clean: bool = False, wait_s: float = -1) -> bool:
         """Save what changed (master/persistence/saver.py: a failure is recorded, never raised)."""

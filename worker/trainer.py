@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from a3c_http.algos.base import Algorithm, GradientUpdate
+from a3c_http.algos.experience import rollout_tensors
 from a3c_http.algos.exploration import widened
 from a3c_http.algos.registry import algorithm_for
 from a3c_http.config.training import TrainConfig
@@ -185,6 +186,10 @@ class Trainer:
     def _load(self, weights: Weights | None) -> None:
         if weights is None:
             return
+        if weights.vector is None:  # an experience push's reply: the worker's are the newest
+            if weights.stop:
+                raise _Stop
+            return
         self.flat.copy_(weights.vector)
         self.version = weights.version
         if weights.stop:
@@ -251,6 +256,27 @@ class Trainer:
                 loss=update.loss,
                 grad_norm=update.norm,
                 wait_s=wait_s,
+                report=report,
+            )
+        )
+        self.pipeline.computed(time.monotonic() - self._rollout_started)
+        self._take_replies()
+
+    def push_experience(self, rollout: Rollout) -> None:
+        """Hand the rollout to the pipeline as one experience push, then take the replies that
+        are in (waiting while more than the algorithm's pushes in flight are out) and load the
+        newest weights they bring."""
+        self._note_episodes(rollout.episodes)
+        report = {
+            "episodes": [[ep.reward, ep.length] for ep in rollout.episodes],
+            "stats": self._stats(),
+        }
+        self.pipeline.add(
+            self.client.push_experience_async(
+                self.worker_id,
+                rollout.policy_version,
+                rollout_tensors(rollout),
+                self.layout,
                 report=report,
             )
         )

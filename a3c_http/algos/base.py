@@ -16,9 +16,10 @@ What an algorithm sends (`Sends`) decides which of the cluster's two data flows 
   target network (asynchronous DQN, Gorila) push the same way.
 - WEIGHTS: a worker learns on its own and sends its weights (the original design's best
   weights), through `WorkerPort.push_weights`.
-- EXPERIENCE (the learner's algorithms: PPO, IMPALA, Ape-X): a worker only acts and sends its
-  rollouts, with the behaviour policy's log-probabilities and the version that acted (both on every
-  `Rollout`), to a learner beside the master.
+- EXPERIENCE (the learner's algorithms: PPO, IMPALA): a worker only acts and sends its rollouts,
+  with the behaviour policy's log-probabilities and the version that acted (both on every
+  `Rollout`), through `WorkerPort.push_experience`, to a learner beside the master
+  (a3c_http/algos/experience.py).
 
 A worker's algorithm object lives as long as the worker's run (it may keep state: an optimizer,
 a replay); the master's side is stateless (`apply` is a class method), since what persists is the
@@ -88,6 +89,11 @@ class WorkerPort(Protocol):
 
     def report_episodes(self, episodes: list[Episode]) -> bool:
         """Report finished episodes one by one; True when one of them raised the best score."""
+
+    def push_experience(self, rollout: Rollout) -> None:
+        """Send the rollout itself to the learner beside the master (with its finished episodes
+        and the worker's statistics), and load the newest weights the replies that are in
+        bring."""
 
     def push_weights(self, temporary: bool) -> None:
         """Send this worker's weights: as the new global weights, or (temporary) to its slot."""

@@ -1,4 +1,4 @@
-"""Which algorithm a run's config selects: one entry per `sync_mode` value."""
+"""Which algorithm a run's config selects: its `algo`, and for A3C its `sync_mode`."""
 
 from __future__ import annotations
 
@@ -9,15 +9,20 @@ from torch import nn
 from a3c_http.algos.a3c import A3C
 from a3c_http.algos.base import Algorithm
 from a3c_http.algos.best_weights import BestWeights
+from a3c_http.algos.impala import Impala
+from a3c_http.algos.ppo import PPO
 from a3c_http.algos.sync import SyncA2C
 from a3c_http.config.training import TrainConfig
 
-ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (A3C, SyncA2C, BestWeights)}
+# By name: A3C's by `sync_mode` value, the others by `algo` value.
+ALGORITHMS: dict[str, type[Algorithm]] = {
+    cls.name: cls for cls in (A3C, SyncA2C, BestWeights, PPO, Impala)
+}
 
 
 def algorithm_class(config: TrainConfig) -> type[Algorithm]:
     """The algorithm of a run's config."""
-    return ALGORITHMS[config.sync_mode]
+    return ALGORITHMS[config.sync_mode if config.algo == "a3c" else config.algo]
 
 
 def algorithm_for(config: TrainConfig, model: nn.Module, policy: Any) -> Algorithm:

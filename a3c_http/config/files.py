@@ -201,7 +201,7 @@ def _absent_is_none(config: TrainConfig, name: str) -> bool:
     """Whether leaving `name` out of a file gives None: its default is None, and for `preset`,
     env_id has no preset of its own (which an absent preset takes)."""
     if name == "preset":
-        return preset_of(config.env_id) is None
+        return preset_of(config.env_id, config.algo) is None
     return TrainConfig.model_fields[name].default is None
 
 

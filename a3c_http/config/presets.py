@@ -82,40 +82,185 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# Where each algorithm starts before a task's preset: A3C from TrainConfig's defaults (SB3's A2C);
+# PPO from SB3's PPO defaults, its 2048 steps an update as 2 workers x 4 environments x 256 steps;
+# IMPALA from the IMPALA paper's (Espeholt et al. 2018) unrolls of 20 steps, RMSprop, an entropy
+# bonus of 0.01, one step a batch of rollouts.
+ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
+    "a3c": {},
+    "ppo": {
+        "optimizer": "adam",
+        "lr": 3e-4,
+        "num_envs": 4,
+        "t_max": 256,
+        "queue_size": 2,
+        "batch_size": 64,
+        "n_epochs": 10,
+        "gae_lambda": 0.95,
+        "max_policy_lag": 2,
+    },
+    "impala": {
+        "lr": 6e-4,
+        "t_max": 20,
+        "num_envs": 8,
+        "queue_size": 2,
+        "entropy_coef": 0.01,
+        "max_grad_norm": 40.0,
+        "max_policy_lag": 16,
+    },
+}
+
+# PPO: the RL Zoo's hyperparameters (rl-baselines3-zoo hyperparams/ppo.yml) for the tasks A3C
+# has presets for; the Zoo's n_envs x n_steps is queue_size (2: one rollout of each of 2
+# workers) x num_envs x t_max, its n_timesteps max_steps (the horizon of its linear schedules).
+PPO_ATARI: dict[str, Any] = {
+    **ATARI,
+    "optimizer": "adam",
+    "num_envs": 4,
+    "t_max": 128,
+    "n_epochs": 4,
+    "batch_size": 256,
+    "lr": 2.5e-4,
+    "clip_range": 0.1,
+    "clip_range_schedule": "linear",
+    "value_coef": 0.5,
+}
+PPO_PRESETS: dict[str, dict[str, Any]] = {
+    "CartPole-v1": {
+        "num_envs": 4,
+        "t_max": 32,
+        "batch_size": 256,
+        "gae_lambda": 0.8,
+        "gamma": 0.98,
+        "n_epochs": 20,
+        "lr": 1e-3,
+        "lr_schedule": "linear",
+        "clip_range_schedule": "linear",
+        "max_steps": 100_000,
+    },
+    "Acrobot-v1": {
+        "normalize_obs": True,
+        "normalize_reward": True,
+        "num_envs": 8,
+        "t_max": 256,
+        "gae_lambda": 0.94,
+        "n_epochs": 4,
+        "max_steps": 1_000_000,
+    },
+    # The Zoo's Pendulum settings without gSDE (plain Gaussian exploration instead).
+    "Pendulum-v1": {
+        "normalize_obs": True,
+        "normalize_reward": True,
+        "num_envs": 2,
+        "t_max": 1024,
+        "gae_lambda": 0.95,
+        "gamma": 0.9,
+        "lr": 1e-3,
+        "target_return": -200.0,
+        "max_steps": 1_000_000,
+    },
+    "LunarLander-v3": {
+        "num_envs": 8,
+        "t_max": 1024,
+        "gae_lambda": 0.98,
+        "gamma": 0.999,
+        "n_epochs": 4,
+        "entropy_coef": 0.01,
+        "max_steps": 1_000_000,
+    },
+    "a3c_http/CueMemory-v0": {"core": "lstm", "t_max": 16, "num_envs": 16, "batch_size": 256},
+    # MinAtar: the Zoo's Atari settings on the MinAtar paper's small CNN.
+    **{
+        f"MinAtar/{game}-v{version}": {
+            **{k: v for k, v in PPO_ATARI.items() if k not in ATARI or k == "num_envs"},
+            "encoder": "small_cnn",
+            "frame_stack": 4,
+            "wire_dtype": "bfloat16",
+            "entropy_coef": 0.01,
+            "max_steps": 5_000_000,
+        }
+        for game in ("Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders")
+        for version in (0, 1)
+    },
+    "ALE/Pong-v5": {**PPO_ATARI, "target_return": 18.0},
+    "ALE/Breakout-v5": PPO_ATARI,
+}
+
+# IMPALA: the paper's settings scaled to the small tasks, and A3C's MinAtar and Atari networks.
+IMPALA_PRESETS: dict[str, dict[str, Any]] = {
+    "CartPole-v1": {"num_envs": 8, "t_max": 16, "entropy_coef": 0.0, "lr": 1e-3},
+    **{
+        f"MinAtar/{game}-v{version}": {
+            "encoder": "small_cnn",
+            "frame_stack": 4,
+            "num_envs": 16,
+            "wire_dtype": "bfloat16",
+            "value_coef": 0.25,
+            "max_steps": 5_000_000,
+        }
+        for game in ("Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders")
+        for version in (0, 1)
+    },
+    "ALE/Pong-v5": {**ATARI, "t_max": 20, "target_return": 18.0},
+    "ALE/Breakout-v5": {**ATARI, "t_max": 20},
+}
+
+# Each algorithm's presets, by task.
+ALGORITHM_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "a3c": PRESETS,
+    "ppo": PPO_PRESETS,
+    "impala": IMPALA_PRESETS,
+}
+
 # The presets of whole families of environments, for an env_id without one of its own: every
 # Atari game of ale-py takes the Atari settings. name -> (env_id prefix, settings).
 FAMILY_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {"ALE/*": ("ALE/", ATARI)}
 
 
-def preset_of(env_id: Any) -> str | None:
-    """The name of `env_id`'s preset: its own, else its family's, else None."""
+def _algorithm(data: Any) -> str:
+    algo = data.get("algo", "a3c") if isinstance(data, dict) else "a3c"
+    return algo if algo in ALGORITHM_PRESETS else "a3c"  # an unknown algo: its own 422
+
+
+def preset_of(env_id: Any, algo: str = "a3c") -> str | None:
+    """The name of `env_id`'s preset for `algo`: its own, else its family's, else None."""
     if not isinstance(env_id, str):
         return None  # a bad env_id: its own 422
-    if env_id in PRESETS:
+    if env_id in ALGORITHM_PRESETS.get(algo, PRESETS):
         return env_id
     return next((name for name, (prefix, _) in FAMILY_PRESETS.items()
-                 if env_id.startswith(prefix)), None)
+                 if env_id.startswith(prefix) and preset_values(name, algo) is not None), None)
 
 
-def preset_values(name: str) -> dict[str, Any] | None:
-    """The values of the preset called `name`, or None for no such preset."""
-    if name in PRESETS:
-        return PRESETS[name]
+def preset_values(name: str, algo: str = "a3c") -> dict[str, Any] | None:
+    """The values of `algo`'s preset called `name`, or None for no such preset. A family's
+    preset for another algorithm than A3C is that algorithm's preset of the family's game
+    (`ALE/*`: `ALE/Breakout-v5`'s)."""
+    presets = ALGORITHM_PRESETS.get(algo, PRESETS)
+    if name in presets:
+        return presets[name]
     family = FAMILY_PRESETS.get(name)
-    return family[1] if family else None
+    if family is None:
+        return None
+    return family[1] if algo == "a3c" else presets.get(f"{family[0]}Breakout-v5")
 
 
 def with_preset(data: Any) -> Any:
-    """The raw body of a config with its preset's values under the fields it does not give.
-    `"preset": null` asks for none; `"preset": "Acrobot-v1"` for a named one; absent: the preset
-    of `env_id`, if there is one."""
+    """The raw body of a config with its algorithm's defaults (`ALGORITHM_DEFAULTS`) and its
+    preset's values under the fields it does not give. `"preset": null` asks for none;
+    `"preset": "Acrobot-v1"` for a named one (of the body's `algo`); absent: the preset of
+    `env_id`, if there is one."""
     if not isinstance(data, dict):
         return data
-    name = data.get("preset", preset_of(data.get("env_id", "CartPole-v1")))
+    algo = _algorithm(data)
+    defaults = ALGORITHM_DEFAULTS[algo]
+    name = data.get("preset", preset_of(data.get("env_id", "CartPole-v1"), algo))
     if name is None:
-        return data
-    values = preset_values(name) if isinstance(name, str) else None
+        return {**defaults, **data}
+    values = preset_values(name, algo) if isinstance(name, str) else None
     if values is None:
-        known = ", ".join([*PRESETS, *FAMILY_PRESETS])
-        raise ValueError(f"preset: unknown preset {name!r}; known: {known} (null for none)")
-    return {**values, **data, "preset": name}
+        known = ", ".join([*ALGORITHM_PRESETS[algo], *FAMILY_PRESETS])
+        raise ValueError(
+            f"preset: unknown preset {name!r} for algo {algo!r}; known: {known} (null for none)"
+        )
+    return {**defaults, **values, **data, "preset": name}

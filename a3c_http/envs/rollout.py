@@ -56,6 +56,10 @@ class Rollout:
     statistics: dict[str, torch.Tensor] = field(default_factory=dict)
     # The version of the global weights that acted (what a worker last loaded; 0 before any).
     policy_version: int = 0
+    # The observation after the last step ([N, *obs_shape]) and whether it begins an episode
+    # ([N] bool): what a learner that computes the values itself bootstraps from.
+    last_obs: torch.Tensor | None = None
+    last_start: torch.Tensor | None = None
 
     @property
     def num_steps(self) -> int:
@@ -198,10 +202,9 @@ class RolloutCollector:
             self._fresh = self._autoreset  # the observation after an autoreset step is a first
             self._autoreset = ended
             self._obs = next_obs
+        last_obs, last_start = obs_tensor(self._obs), torch.as_tensor(self._fresh)
         with torch.no_grad():
-            _, last_value, _ = model.act(
-                obs_tensor(self._obs), self._state, torch.as_tensor(self._fresh)
-            )
+            _, last_value, _ = model.act(last_obs, self._state, last_start)
         obs, valid = torch.stack(obs_buf), torch.stack(valid_buf)
         statistics: dict[str, torch.Tensor] = {}
         if hasattr(model, "obs_rms"):
@@ -224,6 +227,8 @@ class RolloutCollector:
             starts=torch.stack(start_buf),
             state=state0,
             policy_version=policy_version,
+            last_obs=last_obs,
+            last_start=last_start,
         )
 
     def close(self) -> None:

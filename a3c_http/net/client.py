@@ -34,6 +34,7 @@ from a3c_http.net.transport import (
 )
 from a3c_http.server.logs import Events
 from a3c_http.wire import tensors as wire
+from a3c_http.wire.experience import encode_tensors
 from a3c_http.wire.protocol import (
     BEST_SCORE_HEADER,
     CONTENT_TYPE,
@@ -68,9 +69,10 @@ __all__ = [
 @dataclass(frozen=True)
 class Weights:
     """Global weights: `vector` in `layout`'s order (`tensors`: its entries by name, as views).
-    A gradient push's reply also carries the run's summary, as `POST /episode` answers them."""
+    A gradient push's reply also carries the run's summary, as `POST /episode` answers them; an
+    experience push's reply has no vector when the worker's weights are the newest."""
 
-    vector: torch.Tensor
+    vector: torch.Tensor | None
     layout: wire.Layout
     version: int
     stop: bool = False
@@ -349,6 +351,50 @@ class MasterClient:
             "headers": headers,
             "timeout": self.transport.timeout_s + wait_s,
         }
+
+    def push_experience(
+        self,
+        worker_id: str,
+        version: int,
+        tensors: Mapping[str, torch.Tensor],
+        layout: wire.Layout,
+        report: Mapping[str, Any] | None = None,
+    ) -> Weights:
+        """Send a rollout (`tensors`: a3c_http/algos/experience.py `rollout_tensors`) acted by
+        the weights of `version`, with its `report` in the body's metadata, to the learner
+        beside the master (`POST /experience`). Returns the newest weights when the master's
+        are newer than `version`, else `Weights` without a vector (the master's version and the
+        run's summary alone). Safe to call from several threads at once."""
+        metadata = {ROLLOUT_METADATA: json.dumps(report)} if report is not None else None
+        headers = {
+            "Content-Type": CONTENT_TYPE,
+            WORKER_ID_HEADER: worker_id,
+            VERSION_HEADER: str(version),
+            **self._seq_header(),
+            **({RUN_ID_HEADER: self.run_id} if self.run_id else {}),
+        }
+        request = {
+            "content": encode_tensors(tensors, metadata),
+            "headers": headers,
+            "timeout": self.transport.timeout_s,
+        }
+        response = self.transport.request("POST", "/experience", direct=request)
+        if response.status_code == 204:
+            try:
+                version = int(response.headers[_VERSION])
+            except (KeyError, ValueError):
+                raise ProtocolError(f"the reply has no integer {VERSION_HEADER} header") from None
+            summary = _run_summary(response.headers)
+            stop = response.headers.get(_STOP) == "1"
+            return Weights(None, layout, version, stop=stop, run_summary=summary)
+        return self._weights_reply(response, layout)
+
+    def push_experience_async(self, *args: Any, **kwargs: Any) -> Future:
+        """`push_experience` (the same arguments) from a sender thread: returns at once, with a
+        future of its result."""
+        if self._senders is None:
+            self._senders = ThreadPoolExecutor(self.push_threads, thread_name_prefix="a3c-push")
+        return self._senders.submit(self.push_experience, *args, **kwargs)
 
     def push_weights(
         self,

@@ -199,7 +199,7 @@ def _finite(tensor: torch.Tensor) -> bool:
     # element-wise check; only a sum that overflows from finite values needs that check.
     if math.isfinite(float(tensor.sum())):
         return True
-    return bool(np.isfinite(tensor.detach().reshape(-1).numpy()).all())
+    return bool(np.isfinite(tensor.detach().reshape(-1).cpu().numpy()).all())
 
 
 def _bounded(optimizer: torch.optim.Optimizer) -> bool:

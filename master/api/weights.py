@@ -23,7 +23,7 @@ from master.ingress.gradients import push
 
 router = protected_router(tags=["weights"])
 # The routes that take a safetensors body (the rest take JSON, or nothing).
-TENSOR_PATHS = frozenset({"/local_model_weights", "/gradients"})
+TENSOR_PATHS = frozenset({"/local_model_weights", "/gradients", "/experience"})
 RunId = Annotated[str | None, Header(alias=RUN_ID_HEADER, max_length=64)]
 
 _TENSOR_BODY = {

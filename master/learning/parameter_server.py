@@ -66,6 +66,7 @@ class ParameterServer(SyncRounds):
         self.temporary_revision = 0  # rises with every change of a temporary slot
         self._encoded: tuple[int, bytes] | None = None  # (version, its weights body)
         self._seq_windows: dict[str, SeqWindow] = {}  # worker -> X-A3C-Seq of updates applied
+        self._claimed: set[tuple[str, int]] = set()  # experience pushes being taken (`claim`)
         self.outliers = OutlierFilter()
         self.staleness_total = 0  # versions between the weights of applied gradients and theirs
         self._round_numbers = itertools.count(1)  # never reused, so a late timeout closes no other
@@ -159,6 +160,27 @@ class ParameterServer(SyncRounds):
     def _remember_seq(self, worker_id: str, seq: int | None) -> None:
         if seq is not None:
             self._seq_windows.setdefault(worker_id, SeqWindow()).add(seq)
+
+    def claim(self, worker_id: str, seq: int | None) -> bool:
+        """Whether an experience push is new: not a retry of one taken (its X-A3C-Seq) nor of
+        one being taken. A new one stays claimed until `settle`."""
+        with self.lock:
+            if seq is None:
+                return True
+            if self._is_retry(worker_id, seq) or (worker_id, seq) in self._claimed:
+                return False
+            self._claimed.add((worker_id, seq))
+            return True
+
+    def settle(self, worker_id: str, seq: int | None, taken: bool) -> None:
+        """The end of a `claim`: the push was taken (a retry of it is answered, not taken
+        again), or refused (a retry is judged afresh)."""
+        if seq is None:
+            return
+        with self.lock:
+            self._claimed.discard((worker_id, seq))
+            if taken:
+                self._remember_seq(worker_id, seq)
 
     def checked_update(
         self,
@@ -286,6 +308,22 @@ class ParameterServer(SyncRounds):
                 self.updates_applied += 1
                 self._remember_seq(worker_id, seq)
             return self.version, duplicate
+
+    def publish(
+        self, version: int, weights: torch.Tensor, optimizer_state: dict[str, Any] | None
+    ) -> None:
+        """The learner's weights of `version` (master/learning/learner.py: ppo and impala runs,
+        whose learner owns the network), and its optimizer's state when it sent it: what the
+        replies serve and the run folder saves from now on."""
+        with self.lock:
+            net = self._require_net()
+            net.load(weights)
+            if optimizer_state is not None:
+                net.optimizer.load_state_dict(optimizer_state)
+            if version > self.version:
+                self.updates_applied += 1
+                self.version = version
+            self._encoded = None
 
     def counters(self) -> dict[str, Any]:
         with self.lock:

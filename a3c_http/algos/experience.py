@@ -1,0 +1,217 @@
+"""What the algorithms that learn from experience (PPO, IMPALA) share: workers that only act and
+push their rollouts, and a learner beside the master that updates the network from them.
+
+The worker's side (`ExperienceAlgorithm`) runs no backward pass: each rollout, with the behaviour
+policy's log-probabilities and the version of the weights that acted, goes to the master as one
+safetensors body (`rollout_tensors`, `POST /experience`), whose reply brings the newest weights
+when they changed. The master checks the body against `expected_tensors` and queues it for the
+learner process (master/learning/learner.py), which takes `queue_size` rollouts at a time as one
+`Batch` and hands them to the run's `Learner` (a3c_http/algos/ppo.py, a3c_http/algos/impala.py).
+
+A learner owns the network and its optimizer on its device (`device`): one `FlatNetwork`
+(a3c_http/optim/flatnet.py) as the master's parameter server has, so what it publishes (the
+weights vector, the optimizer's state) is what the master serves, saves and resumes from. It
+computes the values itself, so a worker sends the observation after its last step
+(`last_obs`) to bootstrap from instead of values of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import torch
+
+from a3c_http.algos.base import Algorithm, Sends, WorkerPort
+from a3c_http.config.training import TrainConfig
+from a3c_http.envs.make import make_env
+from a3c_http.envs.rollout import Rollout, obs_tensor
+from a3c_http.models.actor_critic import ActorCritic
+from a3c_http.models.normalize import merge_moments
+from a3c_http.optim.flatnet import FlatNetwork, NonFiniteStep
+from a3c_http.optim.optimizers import learning_rate
+from a3c_http.wire.experience import Expected
+
+# The tensors of a rollout on the wire, `[T, N]` each but the observations' trailing dimensions.
+STEP_TENSORS = ("obs", "actions", "log_probs", "rewards", "terminated", "truncated", "valid",
+                "starts")  # fmt: skip
+_FLOATS = (torch.float32,)
+
+
+class ExperienceAlgorithm(Algorithm):
+    """A worker that only acts: every rollout is pushed as it is, while the next is collected."""
+
+    sends = Sends.EXPERIENCE
+    learner: ClassVar[type[Learner]]
+
+    def pushes_in_flight(self) -> int:
+        return 1
+
+    def on_rollout(self, port: WorkerPort, rollout: Rollout) -> None:
+        port.push_experience(rollout)
+
+
+def rollout_tensors(rollout: Rollout) -> dict[str, torch.Tensor]:
+    """A rollout as the tensors of its `POST /experience` body."""
+    tensors = {name: getattr(rollout, name) for name in STEP_TENSORS}
+    tensors["last_obs"] = rollout.last_obs
+    tensors["last_start"] = rollout.last_start
+    for i, part in enumerate(rollout.state):
+        tensors[f"state.{i}"] = part
+    return tensors | rollout.statistics
+
+
+def expected_tensors(config: TrainConfig, model: ActorCritic) -> dict[str, Expected]:
+    """What a rollout of `config`'s workers must hold: each tensor's shape and dtype, from one
+    throwaway environment (its observations' shape and dtype, its actions') and the model (its
+    recurrent state, its statistics)."""
+    env = make_env(config.env_id, config.env_kwargs, config.preprocess, config.frame_stack)
+    try:
+        obs = obs_tensor(env.observation_space.sample()[None])
+        action_space = env.action_space
+    finally:
+        env.close()
+    steps, n = config.t_max, config.num_envs
+    obs_shape = tuple(obs.shape[1:])
+    if isinstance(action_space, gym.spaces.Discrete):
+        actions = Expected((steps, n), (torch.int64,))
+    else:
+        actions = Expected((steps, n, *action_space.shape), _FLOATS)
+    flags = Expected((steps, n), (torch.bool,))
+    expected = {
+        "obs": Expected((steps, n, *obs_shape), (obs.dtype,)),
+        "actions": actions,
+        "log_probs": Expected((steps, n), _FLOATS),
+        "rewards": Expected((steps, n), _FLOATS),
+        "terminated": flags,
+        "truncated": flags,
+        "valid": flags,
+        "starts": flags,
+        "last_obs": Expected((n, *obs_shape), (obs.dtype,)),
+        "last_start": Expected((n,), (torch.bool,)),
+    }
+    for i, part in enumerate(model.initial_state(n)):
+        expected[f"state.{i}"] = Expected(tuple(part.shape), _FLOATS)
+    for name, buffer in model.named_buffers():
+        expected[name] = Expected(tuple(buffer.shape), _FLOATS)
+    return expected
+
+
+@dataclass
+class Batch:
+    """`queue_size` rollouts side by side (`[T, N_total]`), on the learner's device."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    log_probs: torch.Tensor
+    rewards: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    valid: torch.Tensor
+    starts: torch.Tensor
+    last_obs: torch.Tensor
+    last_start: torch.Tensor
+    state: tuple[torch.Tensor, ...]
+
+    @classmethod
+    def of(cls, rollouts: list[dict[str, torch.Tensor]], device: torch.device) -> Batch:
+        def joined(name: str, dim: int = 1) -> torch.Tensor:
+            return torch.cat([r[name] for r in rollouts], dim=dim).to(device)
+
+        parts = sum(1 for name in rollouts[0] if name.startswith("state."))
+        return cls(
+            **{name: joined(name) for name in STEP_TENSORS},
+            last_obs=joined("last_obs", 0),
+            last_start=joined("last_start", 0),
+            state=tuple(joined(f"state.{i}", 0) for i in range(parts)),
+        )
+
+    def unroll(self, model: ActorCritic) -> tuple[Any, torch.Tensor]:
+        """The policy's distributions over the batch's steps `[T, N]` and its values over them
+        and the observation after them (`[T + 1, N]`), in time order from the batch's state."""
+        obs = torch.cat([self.obs, self.last_obs.unsqueeze(0)])
+        starts = torch.cat([self.starts, self.last_start.unsqueeze(0)])
+        dist, values = model.unroll(obs, self.state, starts)
+        return dist, values
+
+
+class Learner:
+    """The learner's side of an experience algorithm: the network and its optimizer on `device`,
+    and `learn`, one update from a batch of rollouts. Subclasses implement `update`."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        model: ActorCritic,
+        device: torch.device,
+        optimizer_state: dict[str, Any] | None = None,
+    ) -> None:
+        """`model` holds the weights to start from (the master's); it is moved to `device`."""
+        self.config = config
+        self.device = device
+        self.net = FlatNetwork(model.to(device), config, optimizer_state)
+        self.model = self.net.model
+        self.updates = 0
+        self.nonfinite_steps = 0  # optimizer steps undone (NonFiniteStep)
+        self._statistics = self.net.layout.numel > self.net.layout.n_params
+
+    def learn(self, rollouts: list[dict[str, torch.Tensor]], env_steps: int) -> dict[str, float]:
+        """One update from `rollouts` (as `rollout_tensors` made them), `env_steps` into the run
+        (the schedules' progress). Returns the training metrics under SB3's names."""
+        if self._statistics:  # every rollout's observations count, as SB3's VecNormalize
+            for rollout in rollouts:
+                merge_moments(self.model, {k: v.to(self.device) for k, v in rollout.items()})
+        lr = learning_rate(self.config, env_steps)
+        for group in self.net.optimizer.param_groups:
+            group["lr"] = lr
+        metrics = self.update(Batch.of(rollouts, self.device), env_steps)
+        self.updates += 1
+        return {**metrics, "train/learning_rate": lr, "train/n_updates": float(self.updates)}
+
+    def update(self, batch: Batch, env_steps: int) -> dict[str, float]:
+        raise NotImplementedError
+
+    def step(self, loss: torch.Tensor) -> float:
+        """Backpropagate `loss`, clip the gradients to max_grad_norm and take one optimizer step
+        on the flat network (undone, and counted, if it would leave a value non-finite).
+        Returns the gradients' norm before clipping."""
+        self.model.zero_grad(set_to_none=True)
+        loss.backward()
+        params = [p for _, p in self.model.named_parameters()]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+        vector = torch.zeros(self.net.layout.numel, device=self.device)
+        offset = 0
+        for p in params:  # the layout's parameter region is named_parameters in order
+            n = p.numel()
+            if p.grad is not None:
+                vector[offset : offset + n] = p.grad.reshape(-1)
+            offset += n
+        try:
+            self.net.step([vector], 1.0, min(float(norm), self.config.max_grad_norm))
+        except NonFiniteStep:
+            self.nonfinite_steps += 1
+        return float(norm)
+
+    def weights(self) -> torch.Tensor:
+        """The weights and statistics to publish: a float32 vector on the CPU."""
+        return self.net.flat.detach().to("cpu", copy=True)
+
+    def optimizer_state(self) -> dict[str, Any]:
+        """The optimizer's state on the CPU, as the master saves it."""
+        state = self.net.optimizer_state()
+        return {
+            "state": {
+                k: {n: (v.cpu() if torch.is_tensor(v) else v) for n, v in s.items()}
+                for k, s in state["state"].items()
+            },
+            "param_groups": state["param_groups"],
+        }
+
+
+def explained_variance(predicted: torch.Tensor, target: torch.Tensor) -> float:
+    """1 - Var(target - predicted) / Var(target), as SB3 reports it (nan for a constant target)."""
+    var = float(target.var()) if target.numel() > 1 else 0.0
+    if var == 0:
+        return float("nan")
+    return 1.0 - float((target - predicted).var()) / var

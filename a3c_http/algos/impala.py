@@ -1,0 +1,94 @@
+"""IMPALA (`algo: "impala"`, Espeholt et al. 2018): workers only act and push their rollouts; the
+learner beside the master takes one optimizer step on each `queue_size` rollouts, with V-trace
+targets that correct for the lag between the policy that acted (the behaviour policy, whose
+log-probabilities each rollout carries) and the learner's: rollouts several versions old still
+count, weighted by their truncated importance ratios.
+
+Episode ends are encoded as in a3c_http/algos/a3c.py (gymnasium's NEXT_STEP autoreset): the step
+after an episode end is not a transition (`valid` False) and the chain of corrections stops at
+every end; a truncated episode bootstraps from the value of its last observation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from a3c_http.algos.experience import Batch, ExperienceAlgorithm, Learner, explained_variance
+
+
+def vtrace(
+    log_rhos: torch.Tensor,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    last_value: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    valid: torch.Tensor,
+    gamma: float,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """V-trace targets `vs` and the policy gradient's advantages, `[T, N]` each (zero where
+    `valid` is False), from the log importance ratios log(pi/mu) of the actions taken, the
+    learner's values `[T, N]` and the value after the last step `[N]` (Espeholt et al. 2018,
+    section 4.1). With ratios of 1 (on-policy) and c_bar >= 1, `vs` are the n-step returns."""
+    valid_f = valid.float()
+    rhos = torch.exp(log_rhos) * valid_f
+    clipped_rhos = rhos.clamp(max=rho_bar)
+    cs = rhos.clamp(max=c_bar)
+    term = terminated.float()
+    done = torch.maximum(term, truncated.float())
+    next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
+    deltas = clipped_rhos * (rewards + gamma * next_values * (1 - term) - values)
+    corrections = torch.zeros_like(values)
+    running = torch.zeros_like(last_value)
+    for t in reversed(range(values.shape[0])):
+        running = (deltas[t] + gamma * cs[t] * (1 - done[t]) * running) * valid_f[t]
+        corrections[t] = running
+    vs = values + corrections
+    # The target of the next state: vs where the episode goes on; where it was truncated, the
+    # autoreset step's vs is the value of its last observation (its correction is 0).
+    next_vs = torch.cat([vs[1:], last_value.unsqueeze(0)])
+    advantages = clipped_rhos * (rewards + gamma * next_vs * (1 - term) - values) * valid_f
+    return vs * valid_f, advantages
+
+
+class ImpalaLearner(Learner):
+    def update(self, batch: Batch, env_steps: int) -> dict[str, float]:
+        cfg = self.config
+        dist, values_all = batch.unroll(self.model)
+        values, last_value = values_all[:-1], values_all[-1]
+        steps = values.shape[0]
+        log_prob = dist.log_prob(torch.cat([batch.actions, batch.actions[-1:]]))[:steps]
+        entropy = dist.entropy()[:steps]
+        with torch.no_grad():
+            log_rhos = log_prob - batch.log_probs
+            vs, advantages = vtrace(
+                log_rhos, batch.rewards, values, last_value, batch.terminated, batch.truncated,
+                batch.valid, cfg.gamma, cfg.vtrace_rho_bar, cfg.vtrace_c_bar,
+            )  # fmt: skip
+        mask = batch.valid.float()
+        count = mask.sum().clamp(min=1)
+        policy_loss = -(log_prob * advantages * mask).sum() / count
+        value_loss = ((vs - values).pow(2) * mask).sum() / count
+        entropy_mean = (entropy * mask).sum() / count
+        loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy_mean
+        norm = self.step(loss)
+        valid = batch.valid
+        with torch.no_grad():
+            ratio = torch.exp(log_rhos)[valid]
+        return {
+            "train/policy_gradient_loss": float(policy_loss),
+            "train/value_loss": float(value_loss),
+            "train/entropy_loss": -float(entropy_mean),
+            "train/loss": float(loss),
+            "train/grad_norm": norm,
+            "train/explained_variance": explained_variance(values.detach()[valid], vs[valid]),
+            "train/importance_ratio": float(ratio.mean()),
+            "train/clip_fraction": float((ratio > cfg.vtrace_rho_bar).float().mean()),
+        }
+
+
+class Impala(ExperienceAlgorithm):
+    name = "impala"
+    learner = ImpalaLearner

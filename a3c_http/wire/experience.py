@@ -1,0 +1,79 @@
+"""Named tensors of any dtype on the wire: the body of `POST /experience` (a worker's rollout for
+the learner beside the master, docs/http-api.md).
+
+A body is a plain safetensors file, as gradients and weights are, whose `__metadata__` may carry
+the rollout's report. Unlike a model's tensors (a3c_http/wire/tensors.py `Layout`), a rollout's
+have their own dtypes (uint8 frames, int64 actions, bool flags) and shapes that depend on the run,
+so the reader takes what to expect per name (`Expected`) and checks the body against it before a
+tensor is used: safetensors' own parser validates the file (no code runs), then every name, dtype
+and shape, and every floating value's finiteness. `WireError` names the first problem.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from pydantic_core import from_json
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from a3c_http.wire.tensors import WireError, _is_metadata
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What one named tensor must be: its shape and one of `dtypes`."""
+
+    shape: tuple[int, ...]
+    dtypes: tuple[torch.dtype, ...]
+
+
+def encode_tensors(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None) -> bytes:
+    """One safetensors file of `tensors` as they are (dtype and shape), with `metadata`."""
+    return st_save(
+        {name: t.detach().contiguous().cpu() for name, t in tensors.items()},
+        metadata=dict(metadata) if metadata else None,
+    )
+
+
+def decode_tensors(
+    body: bytes, expected: Mapping[str, Expected]
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors of a safetensors `body` and its metadata, checked against `expected`: the same
+    names, each of its shape and one of its dtypes, every floating value finite. Raises
+    `WireError` naming the first problem."""
+    if not body:
+        raise WireError("empty body: expected a safetensors file")
+    try:
+        tensors = st_load(bytes(body))
+    except (SafetensorError, ValueError, RuntimeError, OverflowError) as exc:
+        raise WireError(f"body is not a valid safetensors file: {exc}") from None
+    size = int.from_bytes(body[:8], "little")
+    try:
+        metadata = from_json(bytes(body[8 : 8 + size])).get("__metadata__") or {}
+    except ValueError:  # safetensors read it: cannot happen, but never a 500
+        metadata = None
+    if not _is_metadata(metadata):
+        raise WireError("body is not a valid safetensors file: __metadata__ must map str to str")
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        parts = [f"missing tensors {missing}"] if missing else []
+        parts += [f"unexpected tensors {unexpected}"] if unexpected else []
+        raise WireError("tensor names do not match the rollout: " + "; ".join(parts))
+    for name, want in expected.items():
+        tensor = tensors[name]
+        if tensor.dtype not in want.dtypes:
+            kinds = " or ".join(str(d).removeprefix("torch.") for d in want.dtypes)
+            got = str(tensor.dtype).removeprefix("torch.")
+            raise WireError(f"tensor {name!r} has dtype {got}, expected {kinds}")
+        if tuple(tensor.shape) != want.shape:
+            raise WireError(
+                f"tensor {name!r} has shape {list(tensor.shape)}, expected {list(want.shape)}"
+            )
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise WireError(f"tensor {name!r} holds NaN or infinite values")
+    return tensors, metadata

@@ -1,0 +1,339 @@
+"""The learner beside the master (`algo` ppo and impala): a process of its own that takes the
+workers' rollouts from a bounded queue, runs the algorithm's update on the CPU or a GPU, and
+publishes each new version of the weights, so the HTTP side never waits on a step.
+
+`LearnerHost` is the master's end. `POST /experience` (master/ingress/experience.py) reserves a
+place (`reserve`: at most twice `queue_size` rollouts wait, beyond that the push's reply is held
+until there is room, or refused with 503 after `hold_s`, the seed's bounded queue), then hands the
+checked rollout over (`submit`). A thread reads what the learner sends back: each update's
+weights, metrics and counts go to the parameter server (`publish`), which serves them in the next
+replies and saves them; the optimizer's state comes with an update at most every
+`optimizer_every_s` seconds (what the run folder keeps of it is that old at most), and with the
+last one when the learner stops.
+
+The learner process (`_learner_main`) keeps the rollouts it took in arrival order; one more than
+`max_policy_lag` versions older than its weights is dropped and counted. When `queue_size` are
+there it updates (a3c_http/algos/experience.py `Learner.learn`). It ends when told to, when the
+master's process is gone, or on an error, which it reports (the master then ends the run with it).
+The queue is not saved: a kill loses the rollouts in it, never the weights, the optimizer's state
+or the counters the last save holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from a3c_http.algos.registry import algorithm_class
+from a3c_http.config.training import TrainConfig
+from a3c_http.models.actor_critic import model_for
+from a3c_http.wire.tensors import Layout
+
+log = logging.getLogger("a3c.master")
+
+# How long a stopping learner may take to send its last weights before it is killed.
+STOP_WAIT_S = 10.0
+
+
+class DeviceUnavailable(ValueError):
+    """The config's `device` is not on this host."""
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device `device` names on this host; DeviceUnavailable when it has none such."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceUnavailable(f"device {name!r}: torch sees no CUDA GPU on the master host")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            count = torch.cuda.device_count()
+            raise DeviceUnavailable(f"device {name!r}: the master host has {count} CUDA GPUs")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise DeviceUnavailable(f"device {name!r}: torch sees no MPS device on the master host")
+    return device
+
+
+@dataclass
+class Publication:
+    """What the learner sends after an update: the weights of `version`, the optimizer's state
+    (or None: not this time), the update's metrics, and how many rollouts it used and dropped
+    since its last message."""
+
+    version: int
+    weights: torch.Tensor | None
+    optimizer_state: dict[str, Any] | None
+    metrics: dict[str, float] = field(default_factory=dict)
+    used: int = 0
+    dropped: int = 0
+    nonfinite_steps: int = 0
+
+
+class LearnerBusy(Exception):
+    """No room in the learner's queue within the hold time."""
+
+
+class LearnerHost:
+    def __init__(
+        self,
+        publish: Callable[[Publication], None],
+        failed: Callable[[str], None],
+        optimizer_every_s: float,
+        hold_s: float = 10.0,
+    ) -> None:
+        """`publish` takes each publication (the parameter server's); `failed` the learner's
+        error when it ends on one."""
+        self._publish = publish
+        self._failed = failed
+        self.optimizer_every_s = optimizer_every_s
+        self.hold_s = hold_s
+        self._cond = threading.Condition()
+        self._process: Any = None
+        self._inbox: Any = None
+        self._reader: threading.Thread | None = None
+        self._capacity = 0
+        self._waiting = 0  # rollouts reserved or in the learner's queue, not yet used or dropped
+        self.device: str | None = None
+        self.updates = 0
+        self.used = 0
+        self.dropped_stale = 0
+        self.nonfinite_steps = 0
+        self.metrics: dict[str, float] = {}
+        self.error: str | None = None
+        self._stopping = False
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None
+
+    def start(
+        self,
+        config: TrainConfig,
+        weights: torch.Tensor,
+        optimizer_state: dict[str, Any] | None,
+        version: int,
+    ) -> None:
+        """Start the learner of a run from these weights, optimizer state and version (a new
+        run's, or a resumed one's). The device is checked before (DeviceUnavailable)."""
+        self.stop()
+        device = resolve_device(config.device)
+        context = multiprocessing.get_context("spawn")
+        inbox, outbox = context.Queue(), context.Queue()
+        process = context.Process(
+            target=_learner_main,
+            args=(config.model_dump_json(), weights, optimizer_state, version, str(device),
+                  self.optimizer_every_s, inbox, outbox),
+            name="a3c-learner",
+            daemon=True,
+        )  # fmt: skip
+        process.start()
+        with self._cond:
+            self._process, self._inbox = process, inbox
+            self._capacity = 2 * config.queue_size
+            self._waiting = 0
+            self.device, self.error, self._stopping = str(device), None, False
+            self.updates = self.used = self.dropped_stale = self.nonfinite_steps = 0
+            self.metrics = {}
+        self._reader = threading.Thread(
+            target=self._read, args=(process, outbox), name="a3c-learner-reader", daemon=True
+        )
+        self._reader.start()
+        log.info("learner started on %s (pid %s)", device, process.pid)
+
+    def reserve(self) -> None:
+        """A place in the queue for one rollout, waiting up to `hold_s` for one (LearnerBusy)."""
+        deadline = time.monotonic() + self.hold_s
+        with self._cond:
+            while self._process is not None and self._waiting >= self._capacity:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise LearnerBusy(
+                        f"the learner's queue is full ({self._capacity} rollouts wait for it): "
+                        "retry shortly"
+                    )
+                self._cond.wait(left)
+            if self._process is None:
+                raise LearnerBusy(self.error or "the learner is not running")
+            self._waiting += 1
+
+    def release(self) -> None:
+        """Give back a place `reserve` took for a rollout that was not submitted."""
+        with self._cond:
+            self._waiting = max(0, self._waiting - 1)
+            self._cond.notify_all()
+
+    def submit(self, tensors: dict[str, torch.Tensor], policy_version: int, env_steps: int) -> None:
+        """Queue a checked rollout (its place reserved) for the learner; dropped when the learner
+        stopped meanwhile (its run ended)."""
+        with self._cond:
+            inbox = self._inbox if not self._stopping else None
+        if inbox is not None:
+            inbox.put(("rollout", tensors, policy_version, env_steps))
+
+    def stop(self, wait_s: float = STOP_WAIT_S) -> None:
+        """Stop the learner, taking its last weights and optimizer state first if it sends them
+        within `wait_s`."""
+        with self._cond:
+            process, inbox, reader = self._process, self._inbox, self._reader
+            if process is None:
+                return
+            self._stopping = True
+        try:
+            inbox.put(("stop",))
+        except (OSError, ValueError):
+            pass
+        process.join(wait_s)
+        if process.is_alive():
+            process.kill()
+            process.join(5)
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(wait_s)
+        with self._cond:
+            self._process = self._inbox = self._reader = None
+            self._cond.notify_all()
+
+    def status(self) -> dict[str, Any]:
+        with self._cond:
+            return {
+                "running": self._process is not None,
+                "device": self.device,
+                "queued": self._waiting,
+                "capacity": self._capacity,
+                "updates": self.updates,
+                "rollouts_used": self.used,
+                "dropped_stale": self.dropped_stale,
+                "nonfinite_steps": self.nonfinite_steps,
+                "metrics": dict(self.metrics),
+                "error": self.error,
+            }
+
+    def _read(self, process: Any, outbox: Any) -> None:
+        """The learner's messages, until it ends."""
+        while True:
+            try:
+                message = outbox.get(timeout=0.5)
+            except queue.Empty:
+                if process.is_alive():
+                    continue
+                message = ("error", f"the learner process ended (exit code {process.exitcode})")
+            except (EOFError, OSError):
+                message = ("error", "the learner's channel closed")
+            kind = message[0]
+            if kind == "publication":
+                self._take(message[1])
+            elif kind == "stopped":
+                return
+            elif kind == "error":
+                with self._cond:
+                    stopping = self._stopping
+                    if not stopping:
+                        self.error = message[1]
+                        self._process = None  # reserve() refuses from now on
+                    self._cond.notify_all()
+                if not stopping:
+                    log.error("learner failed: %s", message[1])
+                    self._failed(message[1])
+                return
+
+    def _take(self, publication: Publication) -> None:
+        if publication.weights is not None:
+            self._publish(publication)
+        with self._cond:
+            if publication.weights is not None:
+                self.updates += 1
+                self.metrics = publication.metrics
+            self.used += publication.used
+            self.dropped_stale += publication.dropped
+            self.nonfinite_steps += publication.nonfinite_steps
+            self._waiting = max(0, self._waiting - publication.used - publication.dropped)
+            self._cond.notify_all()
+
+
+def _learner_main(
+    config_json: str,
+    weights: torch.Tensor,
+    optimizer_state: dict[str, Any] | None,
+    version: int,
+    device_name: str,
+    optimizer_every_s: float,
+    inbox: Any,
+    outbox: Any,
+) -> None:
+    """The learner process (see the module's docstring)."""
+    try:
+        _learn(config_json, weights, optimizer_state, version, device_name, optimizer_every_s,
+               inbox, outbox)  # fmt: skip
+    except Exception as exc:  # reported to the master, which ends the run with it
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        log.error("learner failed:\n%s", traceback.format_exc())
+        outbox.put(("error", detail))
+
+
+def _learn(
+    config_json: str,
+    weights: torch.Tensor,
+    optimizer_state: dict[str, Any] | None,
+    version: int,
+    device_name: str,
+    optimizer_every_s: float,
+    inbox: Any,
+    outbox: Any,
+) -> None:
+    config = TrainConfig.model_validate_json(config_json)
+    device = torch.device(device_name)
+    if device.type == "cpu":  # leave cores to the workers on this host
+        torch.set_num_threads(max(1, min(4, (os.cpu_count() or 2) // 2)))
+    model = model_for(config)
+    model.load_state_dict(Layout.of(model).views(weights))
+    learner = algorithm_class(config).learner(config, model, device, optimizer_state)
+    parent = multiprocessing.parent_process()
+    pending: list[tuple[dict[str, torch.Tensor], int, int]] = []  # tensors, version, env steps
+    last_optimizer = time.monotonic()
+    dropped = 0
+    while True:
+        try:
+            message = inbox.get(timeout=1.0)
+        except queue.Empty:
+            if parent is not None and not parent.is_alive():
+                return  # the master is gone (kill -9): nothing to publish to
+            continue
+        if message[0] == "stop":
+            outbox.put(("publication", Publication(
+                version, learner.weights(), learner.optimizer_state(), dict(), 0, dropped,
+            )))  # fmt: skip
+            outbox.put(("stopped",))
+            return
+        pending.append(message[1:])
+        fresh = [p for p in pending if version - p[1] <= config.max_policy_lag]
+        dropped += len(pending) - len(fresh)
+        pending = fresh
+        if len(pending) < config.queue_size:
+            if dropped:
+                outbox.put(("publication", Publication(version, None, None, {}, 0, dropped)))
+                dropped = 0
+            continue
+        batch, pending = pending[: config.queue_size], pending[config.queue_size :]
+        undone = learner.nonfinite_steps
+        metrics = learner.learn([p[0] for p in batch], max(p[2] for p in batch))
+        version += 1
+        now = time.monotonic()
+        send_optimizer = now - last_optimizer >= optimizer_every_s
+        if send_optimizer:
+            last_optimizer = now
+        outbox.put(("publication", Publication(
+            version, learner.weights(), learner.optimizer_state() if send_optimizer else None,
+            metrics, len(batch), dropped, learner.nonfinite_steps - undone,
+        )))  # fmt: skip
+        dropped = 0
+
