@@ -292,6 +292,11 @@ class ClusterState:
         Invalid (an implausible report, gradients beyond their bound) or a WireError nothing at
         all is counted, and the worker is not taken to be alive."""
         refusal, config, limits = self.ledger.admit_update(worker_id, run_id)
+        if config.learns_from_experience:
+            raise StateConflict(
+                f"algo {config.algo!r}: the workers push experience (POST /experience), the "
+                "learner beside the master owns the weights; nothing applied"
+            )
         vector, metadata = self.params.decode(body, gradients=True)
         report = rollout_report(metadata)
         update = self.params.checked_update(

@@ -108,6 +108,17 @@ class StatusCollector(Collector):
                 "Unix time of the last successful save of the run folder.",
                 value=s["last_saved_at"],
             )
+        learner = s.get("learner")
+        if learner is not None:  # ppo and impala runs (master/learning/learner.py)
+            yield _counter("a3c_learner_updates", "Updates of the learner.", learner["updates"])
+            yield _counter(
+                "a3c_learner_dropped_stale",
+                "Rollouts the learner dropped, more than max_policy_lag versions old.",
+                learner["dropped_stale"],
+            )
+            yield GaugeMetricFamily(
+                "a3c_learner_queued", "Rollouts waiting for the learner.", value=learner["queued"]
+            )
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:

@@ -27,6 +27,7 @@ from master.api.schemas import OTHER_RUN, EpisodeIn, HeartbeatIn, JoinIn, Seq, T
 from master.background.launcher import start_workers as launch
 from master.persistence.saver import FolderUnwritable
 from master.run.ledger import JOIN_RETRY_S
+from master.learning.learner import DeviceUnavailable
 from master.state import ModelTooLarge
 
 router = protected_router(tags=["run"])
@@ -108,7 +109,7 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
     config = body.config()
     try:
         run_id, worker_ids = state.start_run(config, urls)
-    except (ModelTooLarge, ExplorationError) as exc:
+    except (ModelTooLarge, ExplorationError, DeviceUnavailable) as exc:
         raise HTTPException(422, str(exc)) from None
     except MissingDependency as exc:
         raise HTTPException(422, f"env_id: {exc}") from None

@@ -8,6 +8,9 @@ stepped by the run's env steps:
 - `time/fps`: env steps per second since the last tick;
 - `train/policy_loss`, `train/value_loss`, `train/entropy`: the mean over the workers of the
   latest values they reported;
+- with a learner (ppo, impala): its latest update's `train/*` as SB3's PPO names them
+  (`train/clip_fraction`, `train/approx_kl`, `train/policy_gradient_loss`, `train/value_loss`,
+  `train/entropy_loss`, `train/explained_variance`, `train/learning_rate`, `train/clip_range`, ...);
 - `eval/mean_reward`: each new evaluation of the global weights.
 """
 
@@ -68,6 +71,9 @@ class TensorBoard:
             values = [w["metrics"][name] for w in status["workers"] if name in w["metrics"]]
             if values:
                 write(name, statistics.fmean(values), step)
+        for name, value in ((status.get("learner") or {}).get("metrics") or {}).items():
+            if value == value:  # not NaN (explained_variance of a constant target)
+                write(name, value, step)
         evaluations = status.get("evaluations", 0)
         if evaluations > self._evaluations and status["eval_mean_return"] is not None:
             write("eval/mean_reward", status["eval_mean_return"], status["eval_global_steps"])

@@ -82,6 +82,39 @@ ZOO = {
     },
 }
 
+# RL Zoo 2.9.2, hyperparams/ppo.yml: SB3's PPO, the reference of `--algo ppo` (and the tasks'
+# budgets and targets that differ for PPO: issue 33's bar).
+ZOO_PPO = {
+    "CartPole-v1": {
+        "n_timesteps": 100_000, "n_envs": 8, "n_steps": 32, "batch_size": 256,
+        "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20, "ent_coef": 0.0,
+        "learning_rate": "lin_0.001", "clip_range": "lin_0.2",
+    },
+    "Acrobot-v1": {
+        "n_timesteps": 1_000_000, "normalize": True, "n_envs": 16, "n_steps": 256,
+        "gae_lambda": 0.94, "gamma": 0.99, "n_epochs": 4, "ent_coef": 0.0,
+    },
+    "Pendulum-v1": {
+        "n_timesteps": 100_000, "normalize": True, "n_envs": 4, "n_steps": 1024,
+        "gae_lambda": 0.95, "gamma": 0.9, "n_epochs": 10, "ent_coef": 0.0,
+        "learning_rate": 1e-3, "clip_range": 0.2, "use_sde": True, "sde_sample_freq": 4,
+    },
+    "LunarLander-v3": {
+        "n_timesteps": 1_000_000, "n_envs": 16, "n_steps": 1024, "batch_size": 64,
+        "gae_lambda": 0.98, "gamma": 0.999, "n_epochs": 4, "ent_coef": 0.01,
+    },
+    "MinAtar/Breakout-v1": {
+        "n_timesteps": 2_000_000, "n_envs": 8, "frame_stack": 4, "n_steps": 128,
+        "n_epochs": 4, "batch_size": 256, "learning_rate": "lin_2.5e-4",
+        "clip_range": "lin_0.1", "vf_coef": 0.5, "ent_coef": 0.01,
+        "policy_kwargs": {"features_extractor_class": "MinAtarCNN", "normalize_images": False},
+    },
+}
+PPO_TASKS = {
+    "Pendulum-v1": Task(-200.0, 1_000_000, 900.0),
+    "LunarLander-v3": Task(200.0, 1_000_000, 1500.0),
+}
+
 # SB3-contrib's RecurrentPPO ("MlpLstmPolicy"): its defaults but for these (on any other task too,
 # to try it: run_recurrent_ppo).
 LSTM_HP = {"n_envs": 8, "n_steps": 32}
@@ -205,6 +238,35 @@ def run_sb3(env_id: str, seed: int, task: Task, cap_s: float, budget: int | None
     return _learn(model, budget_steps, _watch(task.target, cap_s, task.stop_at_target))
 
 
+def run_sb3_ppo(env_id: str, seed: int, task: Task, cap_s: float, budget: int | None) -> dict:
+    """SB3's PPO with ZOO_PPO's settings for `env_id`, for `budget` env steps (default: the
+    Zoo's)."""
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecFrameStack, VecNormalize
+
+    require_env(env_id)
+    torch.set_num_threads(1)
+    hp = dict(ZOO_PPO[env_id])
+    budget_steps = budget or hp.pop("n_timesteps")
+    hp.pop("n_timesteps", None)
+    envs = make_vec_env(env_id, n_envs=hp.pop("n_envs"), seed=seed)
+    if hp.pop("normalize", False):
+        envs = VecNormalize(envs, gamma=hp.get("gamma", 0.99))
+    if frames := hp.pop("frame_stack", 0):
+        envs = VecFrameStack(envs, frames, channels_order="last")
+    for name in ("learning_rate", "clip_range"):
+        value = hp.get(name)
+        if isinstance(value, str):  # "lin_X": X falling linearly to 0 over n_timesteps
+            start = float(value.removeprefix("lin_"))
+            hp[name] = lambda remaining, start=start: remaining * start
+    if "policy_kwargs" in hp:
+        hp["policy_kwargs"] = _classes(hp["policy_kwargs"])
+    model = PPO("MlpPolicy", envs, seed=seed, verbose=0, device="cpu", **hp)
+    return _learn(model, budget_steps, _watch(task.target, cap_s, task.stop_at_target))
+
+
 def run_recurrent_ppo(env_id: str, seed: int, task: Task, cap_s: float, budget: int) -> dict:
     """SB3-contrib's RecurrentPPO with an LSTM policy: its defaults but for RECURRENT's."""
     import torch
@@ -228,8 +290,12 @@ def run_inprocess(env_id: str, seed: int, overrides: dict, budget: int) -> dict:
             "mean_return_100": r.mean_return_100}
 
 
+def task_of(env_id: str, algo: str) -> Task:
+    return PPO_TASKS.get(env_id, TASKS[env_id]) if algo == "ppo" else TASKS[env_id]
+
+
 def run_one(learner: str, env_id: str, seed: int, args: argparse.Namespace) -> dict:
-    task = TASKS[env_id]
+    task = task_of(env_id, args.algo)
     budget = args.budget or task.budget
     cap_s = args.cap or task.cap_s
     # At budget: a target no run reaches, so that ours train to max_steps as SB3 does.
@@ -237,12 +303,16 @@ def run_one(learner: str, env_id: str, seed: int, args: argparse.Namespace) -> d
     overrides = {**unreachable, **json.loads(args.config)}
     if learner == "sb3" and env_id in RECURRENT:
         r = run_recurrent_ppo(env_id, seed, task, cap_s, budget)
+    elif learner == "sb3" and args.algo != "a3c":
+        r = run_sb3_ppo(env_id, seed, task, cap_s, None if task.stop_at_target else budget)
     elif learner == "sb3":
         r = run_sb3(env_id, seed, task, cap_s, None if task.stop_at_target else budget)
     elif learner == "a2c":
         r = run_inprocess(env_id, seed, overrides, budget)
-    else:
-        config = {"env_id": env_id, "max_steps": budget, **overrides}
+    else:  # the cluster with --algo, or its own A3C ("a3c")
+        algo = "a3c" if learner == "a3c" else args.algo
+        max_steps = {} if algo != "a3c" and task.stop_at_target else {"max_steps": budget}
+        config = {"env_id": env_id, "algo": algo, **max_steps, **overrides}
         r = fresh_run(seed, args.workers, config, cap_s)
         r = {k: r[k] for k in ("solved", "env_steps", "seconds", "mean_return_100")}
     if not task.stop_at_target:  # reached: the mean return at the budget is at the target
@@ -250,11 +320,17 @@ def run_one(learner: str, env_id: str, seed: int, args: argparse.Namespace) -> d
     return r
 
 
+def reference(learners: list[str]) -> str:
+    """What the other learners are compared with: SB3 when it runs, else the cluster's A3C."""
+    return "sb3" if "sb3" in learners else "a3c" if "a3c" in learners else learners[-1]
+
+
 def summary(rows: list[dict], learners: list[str], task: Task | None = None) -> list[str]:
+    ref_name = reference(learners)
     if task is not None and not task.stop_at_target:
         return summary_at_budget(rows, learners)
     lines = [f"{'learner':<8} {'solved':>6} {'env steps (median)':>19} {'wall s (median)':>16} "
-             f"{'steps vs sb3':>13} {'time vs sb3':>12}"]
+             f"{'steps vs ' + ref_name:>13} {'time vs ' + ref_name:>12}"]
     med: dict[str, tuple[float, float]] = {}
     for learner in learners:
         mine = [r for r in rows if r["learner"] == learner]
@@ -265,20 +341,22 @@ def summary(rows: list[dict], learners: list[str], task: Task | None = None) -> 
         steps, secs = med[learner]
         n_solved = sum(r["solved"] for r in rows if r["learner"] == learner)
         n = sum(r["learner"] == learner for r in rows)
-        ref = med.get("sb3")
+        ref = med.get(ref_name)
         # A ratio to a reference that did not solve every seed would compare with its budget.
-        ref_solved = all(r["solved"] for r in rows if r["learner"] == "sb3")
+        ref_solved = all(r["solved"] for r in rows if r["learner"] == ref_name)
         ratio = (f"{steps / ref[0]:>13.2f} {secs / ref[1]:>12.2f}"
-                 if ref and ref_solved and learner != "sb3" else f"{'':>13} {'':>12}")
+                 if ref and ref_solved and learner != ref_name else f"{'':>13} {'':>12}")
         lines.append(f"{learner:<8} {n_solved:>3}/{n:<2} {steps:>19,.0f} {secs:>16.1f} {ratio}")
     return lines
 
 
 def summary_at_budget(rows: list[dict], learners: list[str]) -> list[str]:
     """Each learner's median mean return at the budget and median wall time, with the ratios of
-    the others' to SB3's (the bar: a return ratio of at least 1 at a time ratio of at most 1)."""
+    the others' to the reference's (`reference`; the bar: a return ratio of at least 1 at a time
+    ratio of at most 1)."""
+    ref_name = reference(learners)
     lines = [f"{'learner':<8} {'reached':>7} {'mean return (median)':>21} {'wall s (median)':>16} "
-             f"{'return vs sb3':>14} {'time vs sb3':>12}"]
+             f"{'return vs ' + ref_name:>14} {'time vs ' + ref_name:>12}"]
     med: dict[str, tuple[float, float]] = {}
     for learner in learners:
         means = [r["mean_return_100"] for r in rows
@@ -286,14 +364,14 @@ def summary_at_budget(rows: list[dict], learners: list[str]) -> list[str]:
         secs = [r["seconds"] for r in rows if r["learner"] == learner]
         med[learner] = (statistics.median(means) if means else float("nan"),
                         statistics.median(secs) if secs else float("nan"))
-    ref = med.get("sb3")
+    ref = med.get(ref_name)
     for learner in learners:
         mean, secs = med[learner]
         n_reached = sum(r["solved"] for r in rows if r["learner"] == learner)
         n = sum(r["learner"] == learner for r in rows)
         # A ratio of returns means "as good" only over a positive reference.
         ratio = (f"{mean / ref[0]:>14.2f} {secs / ref[1]:>12.2f}"
-                 if ref and ref[0] > 0 and learner != "sb3" else f"{'':>14} {'':>12}")
+                 if ref and ref[0] > 0 and learner != ref_name else f"{'':>14} {'':>12}")
         lines.append(f"{learner:<8} {n_reached:>4}/{n:<2} {mean:>21.2f} {secs:>16.1f} {ratio}")
     return lines
 
@@ -303,7 +381,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--learners", default="cluster,sb3", help="of cluster, sb3, a2c")
+    parser.add_argument(
+        "--algo", default="a3c", choices=("a3c", "ppo", "impala"),
+        help="the cluster's algo; sb3 is then SB3's PPO for ppo and impala (default a3c)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--learners", default="cluster,sb3",
+        help="of cluster, sb3, a2c (in one process), a3c (the cluster's A3C)",
+    )  # fmt: skip
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--config", default="{}", help="overrides for cluster and a2c, JSON")
     parser.add_argument("--budget", type=int, default=None, help="env steps (default per task)")
@@ -319,9 +404,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             require_env(env_id)
         except RuntimeError as exc:
             parser.error(str(exc))
-        task = TASKS[env_id]
+        task = task_of(env_id, args.algo)
         rows = report.setdefault(env_id, [])
-        ref = "SB3-contrib's RecurrentPPO" if env_id in RECURRENT else "SB3's A2C"
+        ref = "SB3-contrib's RecurrentPPO" if env_id in RECURRENT else (
+            "SB3's A2C" if args.algo == "a3c" else "SB3's PPO"
+        )
         how = "stop there" if task.stop_at_target else f"at {args.budget or task.budget:,} steps"
         print(f"== {env_id} (target {task.target:g}, {how}; sb3: {ref})", flush=True)
         for seed in range(args.seeds):

@@ -1,0 +1,168 @@
+"""`POST /experience` (ppo and impala runs) through the master's HTTP layer: a rollout is checked,
+counted and queued for the real learner process, a retry is taken once, what does not fit is
+refused with nothing counted, and the reply brings newer weights (docs/http-api.md)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from safetensors.torch import load as st_load
+
+from a3c_http.algos.experience import expected_tensors
+from a3c_http.config.training import TrainConfig
+from a3c_http.models.actor_critic import model_for
+from a3c_http.testing.localcluster import wait_for
+from a3c_http.wire.experience import encode_tensors
+from tests.support.master_api import OCTET, gradients_like, push_gradients, start_run, status
+from tests.support.master_api import _clean_env as _clean_env
+from tests.support.master_api import client as client
+from tests.support.master_api import launched as launched
+
+PPO = {"algo": "ppo", "num_envs": 2, "t_max": 8}
+
+
+def rollout(**overrides: Any) -> dict[str, torch.Tensor]:
+    """A rollout of a PPO CartPole run of PPO's shapes: every step valid, log-probabilities of a
+    uniform policy."""
+    cfg = TrainConfig(**{**PPO, **overrides})
+    tensors = {
+        name: torch.zeros(e.shape, dtype=e.dtypes[0])
+        for name, e in expected_tensors(cfg, model_for(cfg)).items()
+    }
+    tensors["valid"][:] = True
+    tensors["log_probs"][:] = -0.69
+    tensors["rewards"][:] = 1.0
+    return tensors
+
+
+def push(
+    c: TestClient,
+    tensors: dict[str, torch.Tensor],
+    version: int,
+    worker_id: str = "w1",
+    seq: int | None = None,
+    episodes: list | None = None,
+):
+    report = {"episodes": episodes or [], "stats": None}
+    headers = {**OCTET, "X-Worker-Id": worker_id, "X-Model-Version": str(version)}
+    if seq is not None:
+        headers["X-A3C-Seq"] = str(seq)
+    body = encode_tensors(tensors, {"a3c": json.dumps(report)})
+    return c.post("/experience", content=body, headers=headers)
+
+
+def learner(c: TestClient) -> dict[str, Any]:
+    return status(c)["learner"]
+
+
+def test_rollouts_reach_the_learner_and_the_reply_brings_newer_weights(
+    client: TestClient, launched: list
+) -> None:
+    start_run(client, **PPO, queue_size=1)
+    version = status(client)["model_version"]
+    first = push(client, rollout(), version, episodes=[[12.0, 12]])
+    assert first.status_code == 204, first.text
+    assert int(first.headers["X-Model-Version"]) == version
+    assert first.headers["X-A3C-Global-Episode"] == "1"
+    wait_for(lambda: learner(client)["updates"] >= 1, 60, "the learner's first update")
+    seen = status(client)
+    assert seen["model_version"] == version + 1
+    assert seen["learner"]["device"] == "cpu"
+    assert {"train/clip_fraction", "train/approx_kl"} <= set(seen["learner"]["metrics"])
+    newer = push(client, rollout(), version)
+    assert newer.status_code == 200, newer.text
+    assert int(newer.headers["X-Model-Version"]) >= version + 1
+    assert set(st_load(newer.content)) == set(model_for(TrainConfig(**PPO)).state_dict())
+
+
+def test_a_retry_is_taken_once(client: TestClient, launched: list) -> None:
+    start_run(client, **PPO, queue_size=2)  # one rollout waits for a second one
+    version = status(client)["model_version"]
+    assert push(client, rollout(), version, seq=7, episodes=[[10.0, 10]]).status_code == 204
+    again = push(client, rollout(), version, seq=7, episodes=[[10.0, 10]])
+    assert again.status_code == 204
+    assert again.headers["X-A3C-Duplicate"] == "1"
+    s = status(client)
+    assert s["global_episode"] == 1
+    assert s["learner"]["queued"] == 1
+
+
+def _missing(t: dict) -> None:
+    t.pop("obs")
+
+
+def _wrong_shape(t: dict) -> None:
+    t["rewards"] = t["rewards"][:, :1]
+
+
+def _non_finite(t: dict) -> None:
+    t["log_probs"][0, 0] = float("inf")
+
+
+@pytest.mark.parametrize(
+    ("spoil", "worker_id", "version_delta", "code", "words"),
+    [
+        (_missing, "w1", 0, 422, "missing tensors ['obs']"),
+        (_wrong_shape, "w1", 0, 422, "'rewards' has shape [8, 1], expected [8, 2]"),
+        (_non_finite, "w1", 0, 422, "'log_probs' holds NaN or infinite values"),
+        (None, "w1", 5, 422, "newer than the master's weights"),
+        (None, "nobody", 0, 409, "nobody"),
+    ],
+    ids=["missing", "shape", "non-finite", "future-version", "unregistered"],
+)
+def test_what_does_not_fit_is_refused_and_nothing_counted(
+    client: TestClient, launched: list, spoil, worker_id: str, version_delta: int, code: int,
+    words: str,
+) -> None:  # fmt: skip
+    start_run(client, **PPO, queue_size=2)
+    before = status(client)
+    tensors = rollout()
+    if spoil is not None:
+        spoil(tensors)
+    r = push(client, tensors, before["model_version"] + version_delta, worker_id, seq=1,
+             episodes=[[10.0, 10]])  # fmt: skip
+    assert r.status_code == code, r.text
+    assert words in r.json()["detail"]
+    after = status(client)
+    assert after["global_episode"] == before["global_episode"] == 0
+    assert after["learner"]["queued"] == 0
+    # A retry of a refused push is judged afresh: once it fits, it is taken.
+    if worker_id == "w1" and version_delta == 0:
+        fixed = push(client, rollout(), before["model_version"], seq=1, episodes=[[10.0, 10]])
+        assert fixed.status_code == 204 and "X-A3C-Duplicate" not in fixed.headers
+
+
+def test_a_learner_run_takes_neither_gradients_nor_global_weights(
+    client: TestClient, launched: list
+) -> None:
+    """The learner owns the weights: a gradient push or a worker's global weights would be lost
+    at its next publication, so they are refused (409) and the weights stay."""
+    start_run(client, **PPO)
+    r = client.get("/global_model_weights")
+    tensors, version = st_load(r.content), int(r.headers["X-Model-Version"])
+    body = encode_tensors(gradients_like(tensors), None)
+    refused = push_gradients(client, body, version)
+    assert refused.status_code == 409 and "POST /experience" in refused.json()["detail"]
+    put = client.post(
+        "/local_model_weights", params={"worker_id": "w1", "temporary": "false"},
+        content=encode_tensors(tensors, None), headers=OCTET,
+    )  # fmt: skip
+    assert put.status_code == 409 and "owns the global weights" in put.json()["detail"]
+    assert client.get("/global_model_weights").content == r.content
+
+
+def test_an_a3c_run_refuses_experience(client: TestClient, launched: list) -> None:
+    start_run(client)
+    r = push(client, rollout(), status(client)["model_version"])
+    assert r.status_code == 409 and "POST /gradients" in r.json()["detail"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a CUDA GPU")
+def test_a_device_the_master_host_lacks_is_refused(client: TestClient, launched: list) -> None:
+    r = client.post("/train", json={"workers": ["127.0.0.1:9001"], **PPO, "device": "cuda"})
+    assert r.status_code == 422 and "no CUDA GPU" in r.json()["detail"]
+    assert status(client)["state"] == "idle"

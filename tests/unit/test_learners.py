@@ -1,0 +1,188 @@
+"""The learners' maths and their rollouts on the wire, with tensors alone: V-trace, PPO's loss,
+the experience body's checks, the algorithms' defaults and presets."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from a3c_http.algos.a3c import compute_advantages
+from a3c_http.algos.experience import Batch, expected_tensors, rollout_tensors
+from a3c_http.algos.impala import vtrace
+from a3c_http.algos.ppo import PPOLearner, clip_range, ppo_loss
+from a3c_http.config.training import TrainConfig
+from a3c_http.envs.rollout import RolloutCollector
+from a3c_http.models.actor_critic import model_for
+from a3c_http.wire.experience import decode_tensors, encode_tensors
+from a3c_http.wire.tensors import WireError
+
+
+def _episode_ends(steps: int = 6, n: int = 3) -> dict[str, torch.Tensor]:
+    """A rollout with a termination, a truncation and the autoreset steps after them."""
+    torch.manual_seed(0)
+    terminated = torch.zeros(steps, n, dtype=torch.bool)
+    truncated = torch.zeros(steps, n, dtype=torch.bool)
+    valid = torch.ones(steps, n, dtype=torch.bool)
+    terminated[2, 0] = True
+    valid[3, 0] = False
+    truncated[1, 1] = True
+    valid[2, 1] = False
+    return {
+        "rewards": torch.randn(steps, n),
+        "values": torch.randn(steps, n),
+        "last_value": torch.randn(n),
+        "terminated": terminated,
+        "truncated": truncated,
+        "valid": valid,
+    }
+
+
+def test_on_policy_vtrace_targets_are_the_n_step_returns() -> None:
+    """With the behaviour policy the learner's (ratios of 1) and c_bar >= 1, V-trace's targets are
+    the n-step returns, A3C's targets at lambda 1, across terminations and truncations."""
+    r = _episode_ends()
+    _, returns = compute_advantages(
+        r["rewards"], r["values"], r["last_value"], r["terminated"], r["truncated"], r["valid"],
+        0.9, 1.0,
+    )  # fmt: skip
+    vs, advantages = vtrace(
+        torch.zeros_like(r["rewards"]), r["rewards"], r["values"], r["last_value"],
+        r["terminated"], r["truncated"], r["valid"], 0.9,
+    )  # fmt: skip
+    torch.testing.assert_close(vs, returns)
+    assert bool((advantages[~r["valid"]] == 0).all())
+
+
+def test_vtrace_without_importance_keeps_the_values_and_truncates_the_ratios() -> None:
+    """Actions the learner's policy would never take (log ratio -inf) correct nothing: the
+    targets are the values. Ratios above rho_bar count as rho_bar."""
+    r = _episode_ends()
+    never = torch.full_like(r["rewards"], -math.inf)
+    vs, advantages = vtrace(
+        never, r["rewards"], r["values"], r["last_value"], r["terminated"], r["truncated"],
+        r["valid"], 0.9,
+    )  # fmt: skip
+    torch.testing.assert_close(vs, r["values"] * r["valid"])
+    assert bool((advantages == 0).all())
+    big = torch.full_like(r["rewards"], 5.0)
+    vs_big, adv_big = vtrace(
+        big, r["rewards"], r["values"], r["last_value"], r["terminated"], r["truncated"],
+        r["valid"], 0.9, rho_bar=1.0, c_bar=1.0,
+    )  # fmt: skip
+    vs_one, adv_one = vtrace(
+        torch.zeros_like(big), r["rewards"], r["values"], r["last_value"], r["terminated"],
+        r["truncated"], r["valid"], 0.9,
+    )  # fmt: skip
+    torch.testing.assert_close(vs_big, vs_one)
+    torch.testing.assert_close(adv_big, adv_one)
+
+
+def test_ppo_clips_the_ratio_where_it_would_gain_by_moving_further() -> None:
+    """A positive advantage and a ratio already above 1 + clip: no gradient, counted in
+    clip_fraction; the same ratio with a negative advantage still pulls back."""
+    cfg = TrainConfig(algo="ppo", normalize_advantage=False, entropy_coef=0.0, value_coef=0.0)
+    old = torch.zeros(2)
+    log_prob = torch.full((2,), math.log(1.5), requires_grad=True)
+    advantages = torch.tensor([1.0, -1.0])
+    zeros = torch.zeros(2)
+    loss, metrics = ppo_loss(log_prob, old, advantages, zeros, zeros, zeros, zeros, cfg, 0.2)
+    loss.backward()
+    assert log_prob.grad[0] == 0
+    assert log_prob.grad[1] > 0  # minimising pushes the log-probability of the bad action down
+    assert metrics["train/clip_fraction"] == 1.0
+    assert metrics["train/approx_kl"] == pytest.approx(0.5 - math.log(1.5), rel=1e-5)
+
+
+def test_ppo_clips_the_values_only_when_asked() -> None:
+    log_prob = torch.zeros(2)
+    values = torch.tensor([5.0, 5.0])
+    old, returns = torch.zeros(2), torch.full((2,), 5.0)
+    plain = TrainConfig(algo="ppo", normalize_advantage=False)
+    _, m = ppo_loss(log_prob, log_prob, torch.ones(2), values, old, returns, log_prob, plain, 0.2)
+    assert m["train/value_loss"] == 0.0
+    clipped = TrainConfig(algo="ppo", normalize_advantage=False, clip_range_vf=1.0)
+    _, m = ppo_loss(log_prob, log_prob, torch.ones(2), values, old, returns, log_prob, clipped, 0.2)
+    assert m["train/value_loss"] == pytest.approx(16.0)
+
+
+def test_the_clip_range_falls_linearly_when_asked() -> None:
+    cfg = TrainConfig(algo="ppo", preset=None, clip_range=0.2, max_steps=1000)
+    assert clip_range(cfg, 500) == pytest.approx(0.2)
+    linear = cfg.model_copy(update={"clip_range_schedule": "linear"})
+    assert clip_range(linear, 500) == pytest.approx(0.1)
+    assert clip_range(linear, 2000) == 0.0
+
+
+def _rollout(cfg: TrainConfig) -> tuple[dict[str, torch.Tensor], torch.nn.Module]:
+    model = model_for(cfg)
+    collector = RolloutCollector.for_config(cfg, seed=3)
+    try:
+        return rollout_tensors(collector.collect(model, cfg.t_max)), model
+    finally:
+        collector.close()
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"normalize_obs": True, "normalize_reward": True}, {"core": "lstm", "t_max": 4}],
+    ids=["plain", "normalized", "lstm"],
+)
+def test_a_collected_rollout_is_what_the_master_expects(overrides: dict) -> None:
+    """A worker's rollout passes the master's checks after a trip over the wire, and a learner
+    takes it: one PPO update moves the weights."""
+    cfg = TrainConfig(**{"algo": "ppo", "num_envs": 2, "t_max": 8, "n_epochs": 1, "batch_size": 8, **overrides})
+    tensors, model = _rollout(cfg)
+    body = encode_tensors(tensors, {"a3c": "{}"})
+    decoded, metadata = decode_tensors(body, expected_tensors(cfg, model))
+    assert metadata == {"a3c": "{}"}
+    learner = PPOLearner(cfg, model_for(cfg), torch.device("cpu"))
+    before = learner.weights()
+    metrics = learner.learn([decoded], env_steps=16)
+    assert not torch.equal(before, learner.weights())
+    assert {"train/clip_fraction", "train/approx_kl", "train/explained_variance"} <= set(metrics)
+    assert Batch.of([decoded, decoded], torch.device("cpu")).obs.shape[1] == 2 * cfg.num_envs
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda t: t.pop("log_probs"), "missing tensors ['log_probs']"),
+        (lambda t: t.update(extra=torch.zeros(1)), "unexpected tensors ['extra']"),
+        (lambda t: t.update(actions=t["actions"].float()), "'actions' has dtype float32"),
+        (lambda t: t.update(rewards=t["rewards"][:-1]), "'rewards' has shape"),
+        (lambda t: t["rewards"].__setitem__((0, 0), math.nan), "'rewards' holds NaN"),
+    ],
+    ids=["missing", "unexpected", "dtype", "shape", "nan"],
+)
+def test_a_rollout_that_does_not_fit_is_named(change, message: str) -> None:
+    cfg = TrainConfig(algo="ppo", num_envs=2, t_max=4)
+    tensors, model = _rollout(cfg)
+    change(tensors)
+    with pytest.raises(WireError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        decode_tensors(encode_tensors(tensors, None), expected_tensors(cfg, model))
+
+
+def test_a_body_that_is_not_safetensors_is_refused() -> None:
+    cfg = TrainConfig(algo="ppo", num_envs=2, t_max=4)
+    expected = expected_tensors(cfg, model_for(cfg))
+    for body in (b"", b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}", b"\xff" * 8):
+        with pytest.raises(WireError):
+            decode_tensors(body, expected)
+
+
+def test_each_algorithm_starts_from_its_defaults_and_its_own_presets() -> None:
+    """PPO takes SB3's PPO defaults and the RL Zoo's PPO preset of the task; a field the body
+    gives wins; A3C's presets stay A3C's."""
+    ppo = TrainConfig(algo="ppo", env_id="LunarLander-v3")
+    assert (ppo.optimizer, ppo.n_epochs, ppo.gamma, ppo.t_max) == ("adam", 4, 0.999, 1024)
+    assert TrainConfig(algo="ppo", env_id="LunarLander-v3", gamma=0.99).gamma == 0.99
+    assert TrainConfig(algo="ppo", env_id="ALE/Pong-v5").encoder == "nature_cnn"
+    assert TrainConfig(algo="ppo", preset=None).t_max == 256  # SB3's 2048 steps an update
+    assert TrainConfig(env_id="LunarLander-v3").optimizer == "rmsprop"
+    with pytest.raises(ValidationError, match="sync_mode 'sync' is A3C's"):
+        TrainConfig(algo="impala", sync_mode="sync")
+    with pytest.raises(ValidationError, match="device"):
+        TrainConfig(algo="ppo", device="tpu")
