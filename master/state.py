@@ -336,7 +336,8 @@ class ClusterState:
         acted. Returns the newest weights and their version when they are newer than `version`,
         else the current version alone; whether it was a retry; and the run's summary. Raises
         StateConflict (409), WireError or Invalid (422) with nothing counted, or LearnerBusy
-        (503) when the learner's queue stayed full."""
+        (503) when the learner's queue stayed full for EXPERIENCE_HOLD_S (the worker counts as
+        alive while it waits)."""
         refusal, config, _ = self.ledger.admit_update(worker_id, run_id)
         if not config.learns_from_experience:
             raise StateConflict(
@@ -348,18 +349,22 @@ class ClusterState:
         stats = stats.model_dump() if stats else None
         duplicate = not self.params.claim(worker_id, seq)
         taken = False
+
+        def alive() -> None:  # while the push waits for the learner
+            self.ledger.touch_worker(worker_id)
+
         try:
             if not duplicate:
                 if refusal is not None:
                     raise refusal
-                self.learner.reserve()
+                self.learner.reserve(alive)
             try:
                 run_summary = self._after_change(
                     self.ledger.report_rollout(worker_id, episodes, stats, run_id, seq)
                 )
                 if not duplicate:
-                    self.learner.submit(tensors, version, self.ledger.env_steps())
                     taken = True
+                    self.learner.submit(tensors, version, self.ledger.env_steps(), alive)
             finally:
                 if not duplicate and not taken:
                     self.learner.release()

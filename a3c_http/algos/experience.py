@@ -40,13 +40,16 @@ _FLOATS = (torch.float32,)
 
 
 class ExperienceAlgorithm(Algorithm):
-    """A worker that only acts: every rollout is pushed as it is, while the next is collected."""
+    """A worker that only acts: every rollout is pushed as it is, with up to `max_in_flight`
+    (at most 1) pushes in flight while the next rollout is collected. With 0 it waits for each
+    reply; with a learner that `waits_for_update` it then acts with weights at most one
+    version old."""
 
     sends = Sends.EXPERIENCE
     learner: ClassVar[type[Learner]]
 
     def pushes_in_flight(self) -> int:
-        return 1
+        return min(self.config.max_in_flight, 1)
 
     def on_rollout(self, port: WorkerPort, rollout: Rollout) -> None:
         port.push_experience(rollout)
@@ -138,7 +141,14 @@ class Batch:
 
 class Learner:
     """The learner's side of an experience algorithm: the network and its optimizer on `device`,
-    and `learn`, one update from a batch of rollouts. Subclasses implement `update`."""
+    and `learn`, one update from a batch of rollouts. Subclasses implement `update`.
+
+    `waits_for_update`: the master holds the reply of the push that completes a batch until the
+    update it completed is published, and the workers wait for each reply, so they act with
+    weights at most one version old (the seed's DPPO: the workers are held while the master
+    updates). False: pushes are answered at once and the algorithm corrects for the lag."""
+
+    waits_for_update: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -155,6 +165,13 @@ class Learner:
         self.updates = 0
         self.nonfinite_steps = 0  # optimizer steps undone (NonFiniteStep)
         self._statistics = self.net.layout.numel > self.net.layout.n_params
+
+    @classmethod
+    def queue_capacity(cls, config: TrainConfig) -> int:
+        """How many rollouts may wait for the learner (taken or on their way) before the
+        master holds the workers' next pushes: two updates' worth, so that the next batch is
+        there when an update ends."""
+        return 2 * config.queue_size
 
     def learn(self, rollouts: list[dict[str, torch.Tensor]], env_steps: int) -> dict[str, float]:
         """One update from `rollouts` (as `rollout_tensors` made them), `env_steps` into the run

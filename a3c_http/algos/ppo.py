@@ -5,10 +5,11 @@ learner's own values, `n_epochs` passes of shuffled minibatches of `batch_size` 
 advantages normalised per minibatch, an entropy bonus, optional value clipping
 (`clip_range_vf`), and the clip range constant or falling linearly with the learning rate.
 
-Workers keep acting while the learner updates (the seed's point: PPO's trust region bounds how far
-one update moves the policy, so what they collected stays usable); the ratio is taken against the
-behaviour policy's log-probabilities, and rollouts more than `max_policy_lag` versions old are
-dropped before they reach here (master/learning/learner.py).
+As in the seed, the worker whose rollout completes a batch waits for the update (its reply brings
+the new weights), while the others keep acting and their rollouts wait for the next batch (PPO's
+trust region bounds how far one update moves the policy, so what they collected stays usable);
+the ratio is taken against the behaviour policy's log-probabilities, and rollouts more than
+`max_policy_lag` versions old are dropped before they reach here (master/learning/learner.py).
 
 A recurrent policy's minibatches are whole environments' sequences, unrolled from the state their
 rollout began with.
@@ -68,6 +69,15 @@ def ppo_loss(
 
 
 class PPOLearner(Learner):
+    waits_for_update = True
+
+    @classmethod
+    def queue_capacity(cls, config: TrainConfig) -> int:
+        """One update's worth (the seed's bounded queue): while the learner updates, the
+        workers' next pushes wait, so what they collected meanwhile is one version old, not
+        several, and none of it is dropped for its lag."""
+        return config.queue_size
+
     def update(self, batch: Batch, env_steps: int) -> dict[str, float]:
         cfg = self.config
         with torch.no_grad():

@@ -172,8 +172,8 @@ class TrainConfig(BaseModel):
         ge=1,
         le=1024,
         description="ppo and impala: the rollouts (t_max x num_envs steps each) one update of "
-        "the learner takes; twice as many may wait in its queue, beyond that a push's reply is "
-        "held until there is room (the seed's bounded queue).",
+        "the learner takes. As many may wait for it (ppo) or twice as many (impala); beyond "
+        "that a push's reply is held until there is room (the seed's bounded queue).",
     )
     max_policy_lag: int = Field(
         4,
@@ -244,7 +244,10 @@ class TrainConfig(BaseModel):
         description="Gradient pushes a worker keeps in flight while it collects its next "
         "rollouts (gradients mode): as many as the round trip needs, up to this many and never "
         "more than max_staleness. 0: wait for each reply before the next rollout. sync mode "
-        "always waits. A large model with several workers learned reliably only with 0 or 1 "
+        "always waits. ppo and impala: at most 1 experience push; with 0 a ppo worker waits for "
+        "each reply, and the master holds the reply of the push that completes a batch until "
+        "its update is published, so every rollout is acted by weights at most one version "
+        "old. A large model with several workers learned reliably only with 0 or 1 "
         '(docs/performance.md, "Staleness").',
     )
     wire_dtype: Literal["float32", "bfloat16"] = Field(

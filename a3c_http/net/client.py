@@ -40,6 +40,7 @@ from a3c_http.wire.protocol import (
     CONTENT_TYPE,
     DEFAULT_MAX_BODY_BYTES,
     DUPLICATE_HEADER,
+    EXPERIENCE_HOLD_S,
     GLOBAL_EPISODE_HEADER,
     GRAD_NORM_HEADER,
     IMPROVED_HEADER,
@@ -376,7 +377,7 @@ class MasterClient:
         request = {
             "content": encode_tensors(tensors, metadata),
             "headers": headers,
-            "timeout": self.transport.timeout_s,
+            "timeout": self.transport.timeout_s + EXPERIENCE_HOLD_S,  # a full queue holds it
         }
         response = self.transport.request("POST", "/experience", direct=request)
         if response.status_code == 204:

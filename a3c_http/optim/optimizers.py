@@ -87,10 +87,10 @@ class RMSpropTF(PlainRMSprop):
 
 def make_optimizer(params, config: TrainConfig) -> torch.optim.Optimizer:
     """The optimizer of `config`: RMSprop with SB3's A2C settings (alpha 0.99, eps 1e-5:
-    `PlainRMSprop`), its TensorFlow form (`RMSpropTF`) or Adam (eps 1e-5 for PPO, as SB3's), which steps float32 tensors on
-    the CPU with torch's fused kernel (one pass: 22 against 36 us a step of the default model as
-    one tensor, 0.49 against 1.10 ms of a million parameters, timeit, this machine, idle; its
-    result within float32 rounding of torch's default Adam)."""
+    `PlainRMSprop`), its TensorFlow form (`RMSpropTF`) or Adam (eps 1e-5 for PPO, as SB3's),
+    which steps float32 tensors on the CPU with torch's fused kernel (one pass: 22 against 36 us
+    a step of the default model as one tensor, 0.49 against 1.10 ms of a million parameters,
+    timeit, this machine, idle; its result within float32 rounding of torch's default Adam)."""
     if config.optimizer == "adam":
         params = list(params)
         eps = 1e-5 if config.algo == "ppo" else 1e-8  # SB3's PPO, and torch's default

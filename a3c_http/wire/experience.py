@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from a3c_http.wire.tensors import WireError, _is_metadata
+from a3c_http.wire.tensors import WireError, is_metadata
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,9 @@ class Expected:
     dtypes: tuple[torch.dtype, ...]
 
 
-def encode_tensors(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None) -> bytes:
+def encode_tensors(
+    tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None
+) -> bytes:
     """One safetensors file of `tensors` as they are (dtype and shape), with `metadata`."""
     return st_save(
         {name: t.detach().contiguous().cpu() for name, t in tensors.items()},
@@ -56,7 +58,7 @@ def decode_tensors(
         metadata = from_json(bytes(body[8 : 8 + size])).get("__metadata__") or {}
     except ValueError:  # safetensors read it: cannot happen, but never a 500
         metadata = None
-    if not _is_metadata(metadata):
+    if not is_metadata(metadata):
         raise WireError("body is not a valid safetensors file: __metadata__ must map str to str")
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))

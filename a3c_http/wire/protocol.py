@@ -32,6 +32,9 @@ GRAD_NORM_HEADER = "X-A3C-Grad-Norm"
 # The entry of a gradient body's safetensors metadata that carries the rollout's finished episodes
 # and the worker's statistics (JSON: {"episodes": [[return, length], ...], "stats": {...}}).
 ROLLOUT_METADATA = "a3c"
+# How long the master may hold an experience push's reply while the learner's queue is full (then
+# 503): a client waits this long beyond its usual timeout.
+EXPERIENCE_HOLD_S = 60.0
 # On a gradient push's reply: the run's summary, as POST /episode answers them (best score and
 # moving average are left out while there are none).
 GLOBAL_EPISODE_HEADER = "X-A3C-Global-Episode"

@@ -117,7 +117,7 @@ def _invalid(why: str) -> WireError:
 _METADATA = TypeAdapter(dict[str, str], config=ConfigDict(strict=True))
 
 
-def _is_metadata(value: object) -> bool:
+def is_metadata(value: object) -> bool:
     """Whether `value` is what safetensors' `__metadata__` may be: a map of str to str."""
     return isinstance(value, dict) and all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
@@ -274,7 +274,7 @@ class Layout:
         if not isinstance(head, dict):
             raise _invalid("the header is not an object")
         metadata = head.pop("__metadata__", None) or {}
-        if not _is_metadata(metadata):
+        if not is_metadata(metadata):
             raise _invalid("__metadata__ must map str to str")
         return self._places(head, nbytes), metadata
 

@@ -25,9 +25,9 @@ from a3c_http.wire.protocol import METRICS_CONTENT_TYPE as METRICS_TYPE
 from master.api.deps import State
 from master.api.schemas import OTHER_RUN, EpisodeIn, HeartbeatIn, JoinIn, Seq, TrainIn
 from master.background.launcher import start_workers as launch
+from master.learning.learner import DeviceUnavailable
 from master.persistence.saver import FolderUnwritable
 from master.run.ledger import JOIN_RETRY_S
-from master.learning.learner import DeviceUnavailable
 from master.state import ModelTooLarge
 
 router = protected_router(tags=["run"])

@@ -3,8 +3,9 @@ workers' rollouts from a bounded queue, runs the algorithm's update on the CPU o
 publishes each new version of the weights, so the HTTP side never waits on a step.
 
 `LearnerHost` is the master's end. `POST /experience` (master/ingress/experience.py) reserves a
-place (`reserve`: at most twice `queue_size` rollouts wait, beyond that the push's reply is held
-until there is room, or refused with 503 after `hold_s`, the seed's bounded queue), then hands the
+place (`reserve`: at most the learner's `queue_capacity` rollouts wait, `queue_size` for PPO and
+twice that for IMPALA; beyond that the push's reply is held until there is room, or refused with
+503 after `hold_s`: the seed's bounded queue), then hands the
 checked rollout over (`submit`). A thread reads what the learner sends back: each update's
 weights, metrics and counts go to the parameter server (`publish`), which serves them in the next
 replies and saves them; the optimizer's state comes with an update at most every
@@ -21,6 +22,7 @@ or the counters the last save holds.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -37,6 +39,7 @@ import torch
 from a3c_http.algos.registry import algorithm_class
 from a3c_http.config.training import TrainConfig
 from a3c_http.models.actor_critic import model_for
+from a3c_http.wire.protocol import EXPERIENCE_HOLD_S
 from a3c_http.wire.tensors import Layout
 
 log = logging.getLogger("a3c.master")
@@ -90,7 +93,7 @@ class LearnerHost:
         publish: Callable[[Publication], None],
         failed: Callable[[str], None],
         optimizer_every_s: float,
-        hold_s: float = 10.0,
+        hold_s: float = EXPERIENCE_HOLD_S,
     ) -> None:
         """`publish` takes each publication (the parameter server's); `failed` the learner's
         error when it ends on one."""
@@ -103,6 +106,8 @@ class LearnerHost:
         self._inbox: Any = None
         self._reader: threading.Thread | None = None
         self._capacity = 0
+        self._batch = 0  # rollouts an update takes
+        self._waits_for_update = False
         self._waiting = 0  # rollouts reserved or in the learner's queue, not yet used or dropped
         self.device: str | None = None
         self.updates = 0
@@ -140,7 +145,10 @@ class LearnerHost:
         process.start()
         with self._cond:
             self._process, self._inbox = process, inbox
-            self._capacity = 2 * config.queue_size
+            learner = algorithm_class(config).learner
+            self._capacity = learner.queue_capacity(config)
+            self._batch = config.queue_size
+            self._waits_for_update = learner.waits_for_update
             self._waiting = 0
             self.device, self.error, self._stopping = str(device), None, False
             self.updates = self.used = self.dropped_stale = self.nonfinite_steps = 0
@@ -151,8 +159,9 @@ class LearnerHost:
         self._reader.start()
         log.info("learner started on %s (pid %s)", device, process.pid)
 
-    def reserve(self) -> None:
-        """A place in the queue for one rollout, waiting up to `hold_s` for one (LearnerBusy)."""
+    def reserve(self, waiting: Callable[[], None] = lambda: None) -> None:
+        """A place in the queue for one rollout, waiting up to `hold_s` for one (LearnerBusy);
+        `waiting` is called every second of the wait (the pushing worker is alive)."""
         deadline = time.monotonic() + self.hold_s
         with self._cond:
             while self._process is not None and self._waiting >= self._capacity:
@@ -162,7 +171,8 @@ class LearnerHost:
                         f"the learner's queue is full ({self._capacity} rollouts wait for it): "
                         "retry shortly"
                     )
-                self._cond.wait(left)
+                if not self._cond.wait(min(left, 1.0)):
+                    waiting()
             if self._process is None:
                 raise LearnerBusy(self.error or "the learner is not running")
             self._waiting += 1
@@ -173,13 +183,36 @@ class LearnerHost:
             self._waiting = max(0, self._waiting - 1)
             self._cond.notify_all()
 
-    def submit(self, tensors: dict[str, torch.Tensor], policy_version: int, env_steps: int) -> None:
+    def submit(
+        self,
+        tensors: dict[str, torch.Tensor],
+        policy_version: int,
+        env_steps: int,
+        waiting: Callable[[], None] = lambda: None,
+    ) -> None:
         """Queue a checked rollout (its place reserved) for the learner; dropped when the learner
-        stopped meanwhile (its run ended)."""
+        stopped meanwhile (its run ended). With a learner that `waits_for_update`, a rollout
+        that completes a batch returns once that update is published (or the batch was broken
+        up by drops, or after `hold_s`), `waiting` called every second meanwhile."""
         with self._cond:
             inbox = self._inbox if not self._stopping else None
-        if inbox is not None:
-            inbox.put(("rollout", tensors, policy_version, env_steps))
+            updates = self.updates
+            completes = self._waits_for_update and self._waiting >= self._batch
+        if inbox is None:
+            return
+        inbox.put(("rollout", tensors, policy_version, env_steps))
+        if not completes:
+            return
+        deadline = time.monotonic() + self.hold_s
+        with self._cond:
+            while (
+                self._process is not None
+                and self.updates == updates
+                and self._waiting >= self._batch
+                and (left := deadline - time.monotonic()) > 0
+            ):
+                if not self._cond.wait(min(left, 1.0)):
+                    waiting()
 
     def stop(self, wait_s: float = STOP_WAIT_S) -> None:
         """Stop the learner, taking its last weights and optimizer state first if it sends them
@@ -189,10 +222,8 @@ class LearnerHost:
             if process is None:
                 return
             self._stopping = True
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a channel already closed
             inbox.put(("stop",))
-        except (OSError, ValueError):
-            pass
         process.join(wait_s)
         if process.is_alive():
             process.kill()

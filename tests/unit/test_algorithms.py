@@ -15,6 +15,8 @@ import torch
 from a3c_http.algos.a3c import A3C
 from a3c_http.algos.base import GradientUpdate, Sends
 from a3c_http.algos.best_weights import BestWeights
+from a3c_http.algos.impala import Impala
+from a3c_http.algos.ppo import PPO
 from a3c_http.algos.registry import ALGORITHMS, algorithm_class, algorithm_for
 from a3c_http.algos.sync import SyncA2C
 from a3c_http.config.training import TrainConfig
@@ -39,6 +41,9 @@ class FakePort:
 
     def push_weights(self, temporary: bool) -> None:
         self.calls.append(("push_weights", temporary))
+
+    def push_experience(self, rollout: Rollout) -> None:
+        self.calls.append(("push_experience", rollout))
 
     def pull_weights(self) -> None:
         self.calls.append(("pull_weights", None))
@@ -76,9 +81,10 @@ def one_rollout(config: TrainConfig, model: torch.nn.Module) -> Rollout:
         collector.close()
 
 
-def test_every_sync_mode_a_config_takes_has_an_algorithm() -> None:
+def test_every_sync_mode_and_algo_a_config_takes_has_an_algorithm() -> None:
     modes = typing.get_args(TrainConfig.model_fields["sync_mode"].annotation)
-    assert set(ALGORITHMS) == set(modes) and len(modes) == 3
+    algos = set(typing.get_args(TrainConfig.model_fields["algo"].annotation)) - {"a3c"}
+    assert set(ALGORITHMS) == set(modes) | algos and len(modes) == 3 and len(algos) == 2
 
 
 @pytest.mark.parametrize(
@@ -150,3 +156,21 @@ def test_best_weights_learns_on_its_own_and_sends_its_weights_after_a_record(
     port.calls.clear()
     algorithm.on_heartbeat(port)
     assert port.calls == [("push_weights", True), ("pull_weights", None)]
+
+
+@pytest.mark.parametrize(("algo", "cls"), [("ppo", PPO), ("impala", Impala)])
+def test_a_learners_workers_only_act_and_push_the_rollout(algo: str, cls: type) -> None:
+    """No loss and no backward pass on the worker: the rollout goes to the learner as it is,
+    with one push in flight at most, none with max_in_flight 0."""
+    config = TrainConfig(algo=algo, num_envs=2, t_max=4, max_in_flight=8)
+    model = model_for(config)
+    algorithm = algorithm_for(config, model, model)
+    assert type(algorithm) is cls and cls.sends is Sends.EXPERIENCE
+    assert algorithm.pushes_in_flight() == 1
+    assert algorithm_for(config.model_copy(update={"max_in_flight": 0}), model, model)\
+        .pushes_in_flight() == 0  # fmt: skip
+    port = FakePort()
+    rollout = one_rollout(config, model)
+    algorithm.on_rollout(port, rollout)
+    assert port.calls == [("push_experience", rollout)]
+    assert all(p.grad is None for p in model.parameters())

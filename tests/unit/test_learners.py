@@ -133,7 +133,8 @@ def _rollout(cfg: TrainConfig) -> tuple[dict[str, torch.Tensor], torch.nn.Module
 def test_a_collected_rollout_is_what_the_master_expects(overrides: dict) -> None:
     """A worker's rollout passes the master's checks after a trip over the wire, and a learner
     takes it: one PPO update moves the weights."""
-    cfg = TrainConfig(**{"algo": "ppo", "num_envs": 2, "t_max": 8, "n_epochs": 1, "batch_size": 8, **overrides})
+    small = {"algo": "ppo", "num_envs": 2, "t_max": 8, "n_epochs": 1, "batch_size": 8}
+    cfg = TrainConfig(**{**small, **overrides})
     tensors, model = _rollout(cfg)
     body = encode_tensors(tensors, {"a3c": "{}"})
     decoded, metadata = decode_tensors(body, expected_tensors(cfg, model))
