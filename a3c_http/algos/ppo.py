@@ -8,8 +8,11 @@ advantages normalised per minibatch, an entropy bonus, optional value clipping
 As in the seed, the worker whose rollout completes a batch waits for the update (its reply brings
 the new weights), while the others keep acting and their rollouts wait for the next batch (PPO's
 trust region bounds how far one update moves the policy, so what they collected stays usable);
-the ratio is taken against the behaviour policy's log-probabilities, and rollouts more than
-`max_policy_lag` versions old are dropped before they reach here (master/learning/learner.py).
+the ratio is clipped around the policy the update starts from and each step weighted by that
+policy's probability of its action over the behaviour policy's, at most 1 (decoupled PPO, Hilton,
+Cobbe and Schulman 2021: exactly SB3's PPO for a rollout of the current weights), and rollouts
+more than `max_policy_lag` versions old are dropped before they reach here
+(master/learning/learner.py).
 
 A recurrent policy's minibatches are whole environments' sequences, unrolled from the state their
 rollout began with.
@@ -41,13 +44,19 @@ def ppo_loss(
     entropy: torch.Tensor,
     config: TrainConfig,
     clip: float,
+    behaviour_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped surrogate, value and entropy terms of one minibatch (flat tensors of its valid
-    steps), and their metrics under SB3's names."""
+    steps), and their metrics under SB3's names. `old_log_prob` is the policy's at the start of
+    the update, which the ratio is clipped around; `behaviour_weights`, if given, weight each
+    step's surrogate by how much likelier that policy made its action than the one that acted
+    (1 for a rollout of the same weights)."""
     if config.normalize_advantage and advantages.numel() > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     ratio = torch.exp(log_prob - old_log_prob)
     surrogate = torch.min(advantages * ratio, advantages * ratio.clamp(1 - clip, 1 + clip))
+    if behaviour_weights is not None:
+        surrogate = surrogate * behaviour_weights
     policy_loss = -surrogate.mean()
     if config.clip_range_vf is not None:
         bound = config.clip_range_vf
@@ -81,7 +90,15 @@ class PPOLearner(Learner):
     def update(self, batch: Batch, env_steps: int) -> dict[str, float]:
         cfg = self.config
         with torch.no_grad():
-            _, values = batch.unroll(self.model)
+            dist, values = batch.unroll(self.model)
+            steps = batch.actions.shape[0]
+            actions = torch.cat([batch.actions, batch.actions[-1:]])
+            proximal = dist.log_prob(actions)[:steps]  # the policy the update starts from
+            # A rollout acted by older weights (the seed's DPPO keeps them across an update):
+            # the ratio is clipped around the policy at the update's start, and each step is
+            # weighted by that policy's probability over the behaviour policy's, at most 1
+            # (decoupled PPO: Hilton, Cobbe and Schulman, 2021). 1 for current rollouts.
+            weights = torch.exp(proximal - batch.log_probs).clamp(max=1.0)
             advantages, returns = compute_advantages(
                 batch.rewards, values[:-1], values[-1], batch.terminated, batch.truncated,
                 batch.valid, cfg.gamma, cfg.gae_lambda,
@@ -93,7 +110,7 @@ class PPOLearner(Learner):
         for _ in range(cfg.n_epochs):
             for index in self._minibatches(batch):
                 loss, metrics = self._minibatch_loss(
-                    batch, index, advantages, returns, old_values, clip
+                    batch, index, advantages, returns, old_values, proximal, weights, clip
                 )
                 self.step(loss)
                 for k, v in metrics.items():
@@ -103,6 +120,7 @@ class PPOLearner(Learner):
         mask = batch.valid
         metrics["train/explained_variance"] = explained_variance(old_values[mask], returns[mask])
         metrics["train/clip_range"] = clip
+        metrics["train/behaviour_weight"] = float(weights[mask].mean())
         return metrics
 
     def _minibatches(self, batch: Batch) -> list[torch.Tensor]:
@@ -125,6 +143,8 @@ class PPOLearner(Learner):
         advantages: torch.Tensor,
         returns: torch.Tensor,
         old_values: torch.Tensor,
+        proximal: torch.Tensor,
+        weights: torch.Tensor,
         clip: float,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         if self.model.recurrent:
@@ -146,8 +166,8 @@ class PPOLearner(Learner):
             actions = pick(batch.actions)
             log_prob, entropy = dist.log_prob(actions), dist.entropy()
         return ppo_loss(
-            log_prob, pick(batch.log_probs), pick(advantages), values, pick(old_values),
-            pick(returns), entropy, self.config, clip,
+            log_prob, pick(proximal), pick(advantages), values, pick(old_values),
+            pick(returns), entropy, self.config, clip, pick(weights),
         )  # fmt: skip
 
 

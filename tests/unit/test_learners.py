@@ -3,6 +3,7 @@ the experience body's checks, the algorithms' defaults and presets."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -96,6 +97,22 @@ def test_ppo_clips_the_ratio_where_it_would_gain_by_moving_further() -> None:
     assert metrics["train/approx_kl"] == pytest.approx(0.5 - math.log(1.5), rel=1e-5)
 
 
+def test_ppo_weights_a_lagged_step_by_its_importance_at_most_one() -> None:
+    """A step the behaviour policy made likelier than the policy the update starts from counts
+    that much less; one it made less likely counts fully, never more."""
+    cfg = TrainConfig(algo="ppo", normalize_advantage=False, entropy_coef=0.0, value_coef=0.0)
+    zeros = torch.zeros(2)
+    grads = []
+    for weights in (None, torch.tensor([0.25, 1.0])):
+        log_prob = torch.zeros(2, requires_grad=True)
+        loss, _ = ppo_loss(
+            log_prob, zeros, torch.ones(2), zeros, zeros, zeros, zeros, cfg, 0.2, weights
+        )
+        loss.backward()
+        grads.append(log_prob.grad)
+    torch.testing.assert_close(grads[1], grads[0] * torch.tensor([0.25, 1.0]))
+
+
 def test_ppo_clips_the_values_only_when_asked() -> None:
     log_prob = torch.zeros(2)
     values = torch.tensor([5.0, 5.0])
@@ -132,17 +149,21 @@ def _rollout(cfg: TrainConfig) -> tuple[dict[str, torch.Tensor], torch.nn.Module
 )
 def test_a_collected_rollout_is_what_the_master_expects(overrides: dict) -> None:
     """A worker's rollout passes the master's checks after a trip over the wire, and a learner
-    takes it: one PPO update moves the weights."""
+    from the same weights takes it as on-policy: one PPO update moves the weights."""
     small = {"algo": "ppo", "num_envs": 2, "t_max": 8, "n_epochs": 1, "batch_size": 8}
     cfg = TrainConfig(**{**small, **overrides})
     tensors, model = _rollout(cfg)
     body = encode_tensors(tensors, {"a3c": "{}"})
     decoded, metadata = decode_tensors(body, expected_tensors(cfg, model))
     assert metadata == {"a3c": "{}"}
-    learner = PPOLearner(cfg, model_for(cfg), torch.device("cpu"))
+    learner = PPOLearner(cfg, copy.deepcopy(model), torch.device("cpu"))
     before = learner.weights()
     metrics = learner.learn([decoded], env_steps=16)
     assert not torch.equal(before, learner.weights())
+    # The learner, from the weights that acted, finds the log-probabilities the worker sent
+    # (with normalize_obs it first merges the rollout's statistics, which moves its inputs).
+    if not cfg.normalize_obs:
+        assert metrics["train/behaviour_weight"] == pytest.approx(1.0, abs=1e-5)
     assert {"train/clip_fraction", "train/approx_kl", "train/explained_variance"} <= set(metrics)
     assert Batch.of([decoded, decoded], torch.device("cpu")).obs.shape[1] == 2 * cfg.num_envs
 
@@ -178,7 +199,7 @@ def test_each_algorithm_starts_from_its_defaults_and_its_own_presets() -> None:
     """PPO takes SB3's PPO defaults and the RL Zoo's PPO preset of the task; a field the body
     gives wins; A3C's presets stay A3C's."""
     ppo = TrainConfig(algo="ppo", env_id="LunarLander-v3")
-    assert (ppo.optimizer, ppo.n_epochs, ppo.gamma, ppo.t_max) == ("adam", 4, 0.999, 1024)
+    assert (ppo.optimizer, ppo.n_epochs, ppo.gamma, ppo.t_max) == ("adam", 10, 0.999, 256)
     assert TrainConfig(algo="ppo", env_id="LunarLander-v3", gamma=0.99).gamma == 0.99
     assert TrainConfig(algo="ppo", env_id="ALE/Pong-v5").encoder == "nature_cnn"
     assert TrainConfig(algo="ppo", preset=None).t_max == 256  # SB3's 2048 steps an update
