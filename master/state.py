@@ -138,12 +138,13 @@ class ClusterState:
     # -- the learner (ppo, impala) -------------------------------------------------------------
 
     def _start_learner(self, resumed: bool = False) -> None:
-        """Start the run's learner from the parameter server's weights, optimizer state and
-        version, when the run is running and learns from experience. A resumed run whose device
-        this host lacks learns on the CPU (logged)."""
+        """For a run that learns from experience: what its rollouts hold, and, while it runs,
+        its learner from the parameter server's weights, optimizer state and version. A resumed
+        run whose device this host lacks learns on the CPU (logged)."""
         config = self.ledger.config
         if config is None or not config.learns_from_experience:
             return
+        self._expected = expected_tensors(config, self.params.net.model)
         if self.ledger.run_state != "running":
             return
         if resumed:
@@ -154,7 +155,6 @@ class ClusterState:
                 self.ledger.events.add(WARNING, "learner_device", message)
                 config = config.model_copy(update={"device": "cpu"})
         net = self.params.net
-        self._expected = expected_tensors(config, net.model)
         self.learner.start(config, net.snapshot(), net.optimizer_state(), self.params.version)
 
     def _publish(self, publication: Publication) -> None:
@@ -335,9 +335,11 @@ class ClusterState:
         (its X-A3C-Seq) is answered without being taken again. `version` is the weights that
         acted. Returns the newest weights and their version when they are newer than `version`,
         else the current version alone; whether it was a retry; and the run's summary. Raises
-        StateConflict (409), WireError or Invalid (422) with nothing counted, or LearnerBusy
-        (503) when the learner's queue stayed full for EXPERIENCE_HOLD_S (the worker counts as
-        alive while it waits)."""
+        WireError or Invalid (422) with nothing counted; StateConflict (409) with nothing
+        queued (a registered worker's report of a run that refuses rollouts, a finished one, is
+        counted as a gradient push's is); LearnerBusy (503) with nothing counted when the
+        learner's queue stayed full for EXPERIENCE_HOLD_S (the worker counts as alive while it
+        waits)."""
         refusal, config, _ = self.ledger.admit_update(worker_id, run_id)
         if not config.learns_from_experience:
             raise StateConflict(
@@ -353,20 +355,25 @@ class ClusterState:
         def alive() -> None:  # while the push waits for the learner
             self.ledger.touch_worker(worker_id)
 
+        reserved = False
         try:
-            if not duplicate:
-                if refusal is not None:
-                    raise refusal
+            if not duplicate and refusal is None:
                 self.learner.reserve(alive)
+                reserved = True
             try:
+                # Counted as a gradient push's are, also when the run refuses the rollout.
                 run_summary = self._after_change(
                     self.ledger.report_rollout(worker_id, episodes, stats, run_id, seq)
                 )
                 if not duplicate:
+                    if refusal is not None:
+                        raise refusal
                     taken = True
-                    self.learner.submit(tensors, version, self.ledger.env_steps(), alive)
+                    self.learner.submit(
+                        tensors, version, self.ledger.env_steps(), alive, self._hold_s(config)
+                    )
             finally:
-                if not duplicate and not taken:
+                if reserved and not taken:
                     self.learner.release()
         except Invalid:
             self.params.count_invalid()
@@ -379,6 +386,16 @@ class ClusterState:
         if self.params.version > version:
             return self.params.weights(), duplicate, run_summary
         return self.params.version, duplicate, run_summary
+
+    def _hold_s(self, config: TrainConfig) -> float:
+        """How long an experience push that does not complete the learner's batch waits for
+        the next update: with `max_in_flight` 0 and at least `queue_size` running workers (who
+        will complete it), up to `sync_timeout_s`, so that every worker acts with the newest
+        weights (synchronous PPO); else not at all."""
+        if config.max_in_flight > 0:
+            return 0.0
+        running, _ = self.ledger.round_expectation()
+        return config.sync_timeout_s if len(running) >= config.queue_size else 0.0
 
     def _checked_experience(
         self, body: bytes, config: TrainConfig, version: int

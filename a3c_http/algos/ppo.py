@@ -5,14 +5,14 @@ learner's own values, `n_epochs` passes of shuffled minibatches of `batch_size` 
 advantages normalised per minibatch, an entropy bonus, optional value clipping
 (`clip_range_vf`), and the clip range constant or falling linearly with the learning rate.
 
-As in the seed, the worker whose rollout completes a batch waits for the update (its reply brings
-the new weights), while the others keep acting and their rollouts wait for the next batch (PPO's
-trust region bounds how far one update moves the policy, so what they collected stays usable);
-the ratio is clipped around the policy the update starts from and each step weighted by that
-policy's probability of its action over the behaviour policy's, at most 1 (decoupled PPO, Hilton,
-Cobbe and Schulman 2021: exactly SB3's PPO for a rollout of the current weights), and rollouts
-more than `max_policy_lag` versions old are dropped before they reach here
-(master/learning/learner.py).
+With `max_in_flight` 0 every worker waits for the update that takes its rollout (synchronous PPO);
+with 1, as in the seed, the workers keep acting while the learner updates and their rollouts wait
+for the next batch (PPO's trust region bounds how far one update moves the policy, so what they
+collected stays usable). For those, the ratio is clipped around the policy the update starts
+from and each step weighted by that policy's probability of its action over the behaviour
+policy's, at most 1 (decoupled PPO, Hilton, Cobbe and Schulman 2021: exactly SB3's PPO for a
+rollout of the current weights), and rollouts more than `max_policy_lag` versions old are
+dropped before they reach here (master/learning/learner.py).
 
 A recurrent policy's minibatches are whole environments' sequences, unrolled from the state their
 rollout began with.

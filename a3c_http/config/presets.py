@@ -165,9 +165,11 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "target_return": -200.0,
         "max_steps": 1_000_000,
     },
-    # The Zoo's gamma, GAE and entropy bonus with both normalisations, SB3's 10 epochs and a
-    # quarter of the Zoo's 16,384 steps an update: above 200 from about 300,000 env steps where
-    # the Zoo's own settings were at 135 after 1,000,000 (docs/performance.md "PPO and IMPALA").
+    # The Zoo's gamma, GAE and entropy bonus with both normalisations, SB3's 10 epochs, a
+    # quarter of the Zoo's 16,384 steps an update, and the learning rate and clip range falling
+    # linearly: the Zoo's own settings were at 135 after 1,000,000 env steps, these without the
+    # schedules above 200 by 400,000 in some seeds and stuck at 130 to 190 in others
+    # (docs/performance.md "PPO and IMPALA").
     "LunarLander-v3": {
         "normalize_obs": True,
         "normalize_reward": True,
@@ -176,6 +178,8 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "gae_lambda": 0.98,
         "gamma": 0.999,
         "entropy_coef": 0.01,
+        "lr_schedule": "linear",
+        "clip_range_schedule": "linear",
         "max_steps": 1_000_000,
     },
     "a3c_http/CueMemory-v0": {"core": "lstm", "t_max": 16, "num_envs": 16, "batch_size": 256},

@@ -189,11 +189,13 @@ class LearnerHost:
         policy_version: int,
         env_steps: int,
         waiting: Callable[[], None] = lambda: None,
+        partial_s: float = 0.0,
     ) -> None:
         """Queue a checked rollout (its place reserved) for the learner; dropped when the learner
         stopped meanwhile (its run ended). With a learner that `waits_for_update`, a rollout
         that completes a batch returns once that update is published (or the batch was broken
-        up by drops, or after `hold_s`), `waiting` called every second meanwhile."""
+        up by drops, or after `hold_s`), and one that does not waits up to `partial_s` for the
+        next update (0: it returns at once); `waiting` is called every second meanwhile."""
         with self._cond:
             inbox = self._inbox if not self._stopping else None
             updates = self.updates
@@ -201,14 +203,14 @@ class LearnerHost:
         if inbox is None:
             return
         inbox.put(("rollout", tensors, policy_version, env_steps))
-        if not completes:
+        if not self._waits_for_update or not (completes or partial_s > 0):
             return
-        deadline = time.monotonic() + self.hold_s
+        deadline = time.monotonic() + (self.hold_s if completes else partial_s)
         with self._cond:
             while (
                 self._process is not None
                 and self.updates == updates
-                and self._waiting >= self._batch
+                and (self._waiting >= self._batch or not completes)
                 and (left := deadline - time.monotonic()) > 0
             ):
                 if not self._cond.wait(min(left, 1.0)):
