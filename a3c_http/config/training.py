@@ -244,13 +244,13 @@ class TrainConfig(BaseModel):
         description="Gradient pushes a worker keeps in flight while it collects its next "
         "rollouts (gradients mode): as many as the round trip needs, up to this many and never "
         "more than max_staleness. 0: wait for each reply before the next rollout. sync mode "
-        "always waits. ppo and impala: at most 1 experience push. With 0 a ppo worker waits for "
-        "each reply, which the master holds until the update that takes its rollout is "
-        "published (a push that does not complete a batch up to sync_timeout_s, while at least "
-        "queue_size workers run): every worker acts with the newest weights, as synchronous "
-        "PPO. With 1 (the seed's DPPO) the workers act on while the learner updates, and what "
-        "they collected meanwhile joins the next batch, one version old. A large model with several workers learned reliably only with 0 or 1 "
-        '(docs/performance.md, "Staleness").',
+        "always waits. A large model with several workers learned reliably only with 0 or 1 "
+        '(docs/performance.md, "Staleness"). ppo and impala: at most 1 experience push. With 0 '
+        "a ppo worker waits for each reply, which the master holds until the update that takes "
+        "its rollout is published (a push that does not complete a batch up to sync_timeout_s, "
+        "while at least queue_size workers run): every worker acts with the newest weights, as "
+        "synchronous PPO. With 1 (the seed's DPPO) the workers act on while the learner "
+        "updates, and what they collected meanwhile joins the next batch, one version old.",
     )
     wire_dtype: Literal["float32", "bfloat16"] = Field(
         "float32",
