@@ -345,7 +345,7 @@ class ClusterState:
             raise StateConflict(
                 "this run's workers push gradients (algo 'a3c'): POST /gradients; nothing taken"
             )
-        tensors, metadata = self._checked_experience(body, config, version)
+        _, metadata = self._checked_experience(body, config, version)
         report = rollout_report(metadata)
         episodes, stats = (report.episodes, report.stats) if report else ([], None)
         stats = stats.model_dump() if stats else None
@@ -370,7 +370,7 @@ class ClusterState:
                         raise refusal
                     taken = True
                     self.learner.submit(
-                        tensors, version, self.ledger.env_steps(), alive, self._hold_s(config)
+                        body, version, self.ledger.env_steps(), alive, self._hold_s(config)
                     )
             finally:
                 if reserved and not taken:

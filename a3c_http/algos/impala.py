@@ -78,10 +78,10 @@ class ImpalaLearner(Learner):
         with torch.no_grad():
             ratio = torch.exp(log_rhos)[valid]
         return {
-            "train/policy_gradient_loss": float(policy_loss),
-            "train/value_loss": float(value_loss),
-            "train/entropy_loss": -float(entropy_mean),
-            "train/loss": float(loss),
+            "train/policy_gradient_loss": float(policy_loss.detach()),
+            "train/value_loss": float(value_loss.detach()),
+            "train/entropy_loss": -float(entropy_mean.detach()),
+            "train/loss": float(loss.detach()),
             "train/grad_norm": norm,
             "train/explained_variance": explained_variance(values.detach()[valid], vs[valid]),
             "train/importance_ratio": float(ratio.mean()),

@@ -108,7 +108,6 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
         "num_envs": 8,
         "queue_size": 2,
         "entropy_coef": 0.01,
-        "max_grad_norm": 40.0,
         "max_policy_lag": 16,
     },
 }
@@ -208,6 +207,7 @@ IMPALA_PRESETS: dict[str, dict[str, Any]] = {
             "encoder": "small_cnn",
             "frame_stack": 4,
             "num_envs": 16,
+            "lr": 1e-3,
             "wire_dtype": "bfloat16",
             "value_coef": 0.25,
             "max_steps": 5_000_000,

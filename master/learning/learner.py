@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from safetensors.torch import load as st_load
 
 from a3c_http.algos.registry import algorithm_class
 from a3c_http.config.training import TrainConfig
@@ -75,7 +76,7 @@ class Publication:
     since its last message."""
 
     version: int
-    weights: torch.Tensor | None
+    weights: Any  # a float32 vector: numpy between the processes (no shared memory), then torch
     optimizer_state: dict[str, Any] | None
     metrics: dict[str, float] = field(default_factory=dict)
     used: int = 0
@@ -185,13 +186,15 @@ class LearnerHost:
 
     def submit(
         self,
-        tensors: dict[str, torch.Tensor],
+        body: bytes,
         policy_version: int,
         env_steps: int,
         waiting: Callable[[], None] = lambda: None,
         partial_s: float = 0.0,
     ) -> None:
-        """Queue a checked rollout (its place reserved) for the learner; dropped when the learner
+        """Queue a checked rollout (its body, whose tensors the master checked; its place
+        reserved) for the learner: bytes cross the process boundary in one copy, where torch
+        tensors would each be moved into shared memory first. Dropped when the learner
         stopped meanwhile (its run ended). With a learner that `waits_for_update`, a rollout
         that completes a batch returns once that update is published (or the batch was broken
         up by drops, or after `hold_s`), and one that does not waits up to `partial_s` for the
@@ -202,7 +205,7 @@ class LearnerHost:
             completes = self._waits_for_update and self._waiting >= self._batch
         if inbox is None:
             return
-        inbox.put(("rollout", tensors, policy_version, env_steps))
+        inbox.put(("rollout", bytes(body), policy_version, env_steps))
         if not self._waits_for_update or not (completes or partial_s > 0):
             return
         deadline = time.monotonic() + (self.hold_s if completes else partial_s)
@@ -281,6 +284,7 @@ class LearnerHost:
 
     def _take(self, publication: Publication) -> None:
         if publication.weights is not None:
+            publication.weights = torch.from_numpy(publication.weights)
             self._publish(publication)
         with self._cond:
             if publication.weights is not None:
@@ -343,11 +347,12 @@ def _learn(
             continue
         if message[0] == "stop":
             outbox.put(("publication", Publication(
-                version, learner.weights(), learner.optimizer_state(), dict(), 0, dropped,
+                version, learner.weights().numpy(), learner.optimizer_state(), {}, 0, dropped,
             )))  # fmt: skip
             outbox.put(("stopped",))
             return
-        pending.append(message[1:])
+        _, body, policy_version, env_steps = message
+        pending.append((st_load(body), policy_version, env_steps))
         fresh = [p for p in pending if version - p[1] <= config.max_policy_lag]
         dropped += len(pending) - len(fresh)
         pending = fresh
@@ -365,7 +370,8 @@ def _learn(
         if send_optimizer:
             last_optimizer = now
         outbox.put(("publication", Publication(
-            version, learner.weights(), learner.optimizer_state() if send_optimizer else None,
+            version, learner.weights().numpy(),
+            learner.optimizer_state() if send_optimizer else None,
             metrics, len(batch), dropped, learner.nonfinite_steps - undone,
         )))  # fmt: skip
         dropped = 0
