@@ -392,7 +392,7 @@ class ClusterState:
         the next update: with `max_in_flight` 0 and at least `queue_size` running workers (who
         will complete it), up to `sync_timeout_s`, so that every worker acts with the newest
         weights (synchronous PPO); else not at all."""
-        if config.max_in_flight > 0:
+        if config.max_in_flight > 0:  # the learner corrects for the lag instead
             return 0.0
         running, _ = self.ledger.round_expectation()
         return config.sync_timeout_s if len(running) >= config.queue_size else 0.0

@@ -143,10 +143,10 @@ class Learner:
     """The learner's side of an experience algorithm: the network and its optimizer on `device`,
     and `learn`, one update from a batch of rollouts. Subclasses implement `update`.
 
-    `waits_for_update`: the master holds the reply of the push that completes a batch until the
-    update it completed is published, and the workers wait for each reply, so they act with
-    weights at most one version old (the seed's DPPO: the workers are held while the master
-    updates). False: pushes are answered at once and the algorithm corrects for the lag."""
+    `waits_for_update`: in a run whose workers wait for each reply (`max_in_flight` 0), the
+    master holds every reply until the update that takes its rollout is published, so every
+    worker acts with the newest weights (synchronous PPO). False, or with a push in flight:
+    pushes are answered at once and the algorithm corrects for the lag."""
 
     waits_for_update: ClassVar[bool] = False
 

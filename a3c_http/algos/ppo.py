@@ -8,11 +8,12 @@ advantages normalised per minibatch, an entropy bonus, optional value clipping
 With `max_in_flight` 0 every worker waits for the update that takes its rollout (synchronous PPO);
 with 1, as in the seed, the workers keep acting while the learner updates and their rollouts wait
 for the next batch (PPO's trust region bounds how far one update moves the policy, so what they
-collected stays usable). For those, the ratio is clipped around the policy the update starts
-from and each step weighted by that policy's probability of its action over the behaviour
-policy's, at most 1 (decoupled PPO, Hilton, Cobbe and Schulman 2021: exactly SB3's PPO for a
-rollout of the current weights), and rollouts more than `max_policy_lag` versions old are
-dropped before they reach here (master/learning/learner.py).
+collected stays usable). The ratio is always taken against the behaviour policy, whose
+log-probabilities each rollout carries (SB3's PPO exactly for a rollout of the current weights),
+and rollouts more than `max_policy_lag` versions old are dropped before they reach here
+(master/learning/learner.py). Clipping around the policy at the update's start instead, each
+step weighted by its importance to the behaviour policy (decoupled PPO, Hilton, Cobbe and
+Schulman 2021), solved CartPole in more env steps here (docs/performance.md).
 
 A recurrent policy's minibatches are whole environments' sequences, unrolled from the state their
 rollout began with.
@@ -44,19 +45,14 @@ def ppo_loss(
     entropy: torch.Tensor,
     config: TrainConfig,
     clip: float,
-    behaviour_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped surrogate, value and entropy terms of one minibatch (flat tensors of its valid
-    steps), and their metrics under SB3's names. `old_log_prob` is the policy's at the start of
-    the update, which the ratio is clipped around; `behaviour_weights`, if given, weight each
-    step's surrogate by how much likelier that policy made its action than the one that acted
-    (1 for a rollout of the same weights)."""
+    steps), and their metrics under SB3's names. `old_log_prob`: the behaviour policy's, which
+    the ratio is clipped around."""
     if config.normalize_advantage and advantages.numel() > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     ratio = torch.exp(log_prob - old_log_prob)
     surrogate = torch.min(advantages * ratio, advantages * ratio.clamp(1 - clip, 1 + clip))
-    if behaviour_weights is not None:
-        surrogate = surrogate * behaviour_weights
     policy_loss = -surrogate.mean()
     if config.clip_range_vf is not None:
         bound = config.clip_range_vf
@@ -80,25 +76,15 @@ def ppo_loss(
 class PPOLearner(Learner):
     waits_for_update = True
 
-    @classmethod
-    def queue_capacity(cls, config: TrainConfig) -> int:
-        """One update's worth (the seed's bounded queue): while the learner updates, the
-        workers' next pushes wait, so what they collected meanwhile is one version old, not
-        several, and none of it is dropped for its lag."""
-        return config.queue_size
-
     def update(self, batch: Batch, env_steps: int) -> dict[str, float]:
         cfg = self.config
         with torch.no_grad():
             dist, values = batch.unroll(self.model)
             steps = batch.actions.shape[0]
             actions = torch.cat([batch.actions, batch.actions[-1:]])
-            proximal = dist.log_prob(actions)[:steps]  # the policy the update starts from
-            # A rollout acted by older weights (the seed's DPPO keeps them across an update):
-            # the ratio is clipped around the policy at the update's start, and each step is
-            # weighted by that policy's probability over the behaviour policy's, at most 1
-            # (decoupled PPO: Hilton, Cobbe and Schulman, 2021). 1 for current rollouts.
-            weights = torch.exp(proximal - batch.log_probs).clamp(max=1.0)
+            # How the policy the update starts from differs from the one that acted (1 for a
+            # rollout of the same weights): a figure, not a term of the loss.
+            behaviour_ratio = torch.exp(dist.log_prob(actions)[:steps] - batch.log_probs)
             advantages, returns = compute_advantages(
                 batch.rewards, values[:-1], values[-1], batch.terminated, batch.truncated,
                 batch.valid, cfg.gamma, cfg.gae_lambda,
@@ -110,7 +96,7 @@ class PPOLearner(Learner):
         for _ in range(cfg.n_epochs):
             for index in self._minibatches(batch):
                 loss, metrics = self._minibatch_loss(
-                    batch, index, advantages, returns, old_values, proximal, weights, clip
+                    batch, index, advantages, returns, old_values, clip
                 )
                 self.step(loss)
                 for k, v in metrics.items():
@@ -120,7 +106,7 @@ class PPOLearner(Learner):
         mask = batch.valid
         metrics["train/explained_variance"] = explained_variance(old_values[mask], returns[mask])
         metrics["train/clip_range"] = clip
-        metrics["train/behaviour_weight"] = float(weights[mask].mean())
+        metrics["train/behaviour_ratio"] = float(behaviour_ratio[mask].mean())
         return metrics
 
     def _minibatches(self, batch: Batch) -> list[torch.Tensor]:
@@ -143,8 +129,6 @@ class PPOLearner(Learner):
         advantages: torch.Tensor,
         returns: torch.Tensor,
         old_values: torch.Tensor,
-        proximal: torch.Tensor,
-        weights: torch.Tensor,
         clip: float,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         if self.model.recurrent:
@@ -166,8 +150,8 @@ class PPOLearner(Learner):
             actions = pick(batch.actions)
             log_prob, entropy = dist.log_prob(actions), dist.entropy()
         return ppo_loss(
-            log_prob, pick(proximal), pick(advantages), values, pick(old_values),
-            pick(returns), entropy, self.config, clip, pick(weights),
+            log_prob, pick(batch.log_probs), pick(advantages), values, pick(old_values),
+            pick(returns), entropy, self.config, clip,
         )  # fmt: skip
 
 

@@ -172,8 +172,8 @@ class TrainConfig(BaseModel):
         ge=1,
         le=1024,
         description="ppo and impala: the rollouts (t_max x num_envs steps each) one update of "
-        "the learner takes. As many may wait for it (ppo) or twice as many (impala); beyond "
-        "that a push's reply is held until there is room (the seed's bounded queue).",
+        "the learner takes. Twice as many may wait for it; beyond that a push's reply is held "
+        "until there is room (the seed's bounded queue).",
     )
     max_policy_lag: int = Field(
         4,
@@ -250,7 +250,7 @@ class TrainConfig(BaseModel):
         "its rollout is published (a push that does not complete a batch up to sync_timeout_s, "
         "while at least queue_size workers run): every worker acts with the newest weights, as "
         "synchronous PPO. With 1 (the seed's DPPO) the workers act on while the learner "
-        "updates, and what they collected meanwhile joins the next batch, one version old.",
+        "updates, and what they collected meanwhile joins a later batch, a version or two old.",
     )
     wire_dtype: Literal["float32", "bfloat16"] = Field(
         "float32",

@@ -3,9 +3,9 @@ workers' rollouts from a bounded queue, runs the algorithm's update on the CPU o
 publishes each new version of the weights, so the HTTP side never waits on a step.
 
 `LearnerHost` is the master's end. `POST /experience` (master/ingress/experience.py) reserves a
-place (`reserve`: at most the learner's `queue_capacity` rollouts wait, `queue_size` for PPO and
-twice that for IMPALA; beyond that the push's reply is held until there is room, or refused with
-503 after `hold_s`: the seed's bounded queue), then hands the
+place (`reserve`: at most the learner's `queue_capacity` rollouts wait, twice `queue_size`; beyond
+that the push's reply is held until there is room, or refused with 503 after `hold_s`: the seed's
+bounded queue), then hands the
 checked rollout over (`submit`). A thread reads what the learner sends back: each update's
 weights, metrics and counts go to the parameter server (`publish`), which serves them in the next
 replies and saves them; the optimizer's state comes with an update at most every
@@ -149,7 +149,7 @@ class LearnerHost:
             learner = algorithm_class(config).learner
             self._capacity = learner.queue_capacity(config)
             self._batch = config.queue_size
-            self._waits_for_update = learner.waits_for_update
+            self._waits_for_update = learner.waits_for_update and config.max_in_flight == 0
             self._waiting = 0
             self.device, self.error, self._stopping = str(device), None, False
             self.updates = self.used = self.dropped_stale = self.nonfinite_steps = 0

@@ -5,6 +5,7 @@ refused with nothing counted, and the reply brings newer weights (docs/http-api.
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -77,6 +78,30 @@ def test_rollouts_reach_the_learner_and_the_reply_brings_newer_weights(
     assert newer.status_code == 200, newer.text
     assert int(newer.headers["X-Model-Version"]) >= version + 1
     assert set(st_load(newer.content)) == set(model_for(TrainConfig(**PPO)).state_dict())
+
+
+def test_workers_that_wait_for_each_reply_get_the_update_their_rollouts_made(
+    client: TestClient, launched: list
+) -> None:
+    """max_in_flight 0 (synchronous PPO): a push that does not complete the learner's batch is
+    held until the update that takes it is published, so both workers act on with its weights."""
+    start_run(client, **PPO, queue_size=2, max_in_flight=0, sync_timeout_s=20)
+    for worker_id in ("w1", "w2"):  # both running: a batch can fill
+        r = client.post("/heartbeat", json={"worker_id": worker_id})
+        assert r.status_code == 200, r.text
+    version = status(client)["model_version"]
+    replies: dict[str, Any] = {}
+    first = threading.Thread(target=lambda: replies.update(w1=push(client, rollout(), version)))
+    first.start()
+    try:
+        wait_for(lambda: learner(client)["queued"] == 1, 30, "w1's rollout in the queue")
+        assert first.is_alive()  # no update without w2's rollout: its reply is held
+        second = push(client, rollout(), version, worker_id="w2")
+    finally:
+        first.join(60)
+    for reply in (replies["w1"], second):
+        assert reply.status_code == 200, reply.text
+        assert int(reply.headers["X-Model-Version"]) == version + 1
 
 
 def test_a_retry_is_taken_once(client: TestClient, launched: list) -> None:

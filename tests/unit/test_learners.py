@@ -97,22 +97,6 @@ def test_ppo_clips_the_ratio_where_it_would_gain_by_moving_further() -> None:
     assert metrics["train/approx_kl"] == pytest.approx(0.5 - math.log(1.5), rel=1e-5)
 
 
-def test_ppo_weights_a_lagged_step_by_its_importance_at_most_one() -> None:
-    """A step the behaviour policy made likelier than the policy the update starts from counts
-    that much less; one it made less likely counts fully, never more."""
-    cfg = TrainConfig(algo="ppo", normalize_advantage=False, entropy_coef=0.0, value_coef=0.0)
-    zeros = torch.zeros(2)
-    grads = []
-    for weights in (None, torch.tensor([0.25, 1.0])):
-        log_prob = torch.zeros(2, requires_grad=True)
-        loss, _ = ppo_loss(
-            log_prob, zeros, torch.ones(2), zeros, zeros, zeros, zeros, cfg, 0.2, weights
-        )
-        loss.backward()
-        grads.append(log_prob.grad)
-    torch.testing.assert_close(grads[1], grads[0] * torch.tensor([0.25, 1.0]))
-
-
 def test_ppo_clips_the_values_only_when_asked() -> None:
     log_prob = torch.zeros(2)
     values = torch.tensor([5.0, 5.0])
@@ -163,7 +147,7 @@ def test_a_collected_rollout_is_what_the_master_expects(overrides: dict) -> None
     # The learner, from the weights that acted, finds the log-probabilities the worker sent
     # (with normalize_obs it first merges the rollout's statistics, which moves its inputs).
     if not cfg.normalize_obs:
-        assert metrics["train/behaviour_weight"] == pytest.approx(1.0, abs=1e-5)
+        assert metrics["train/behaviour_ratio"] == pytest.approx(1.0, abs=1e-5)
     assert {"train/clip_fraction", "train/approx_kl", "train/explained_variance"} <= set(metrics)
     assert Batch.of([decoded, decoded], torch.device("cpu")).obs.shape[1] == 2 * cfg.num_envs
 
