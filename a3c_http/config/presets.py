@@ -233,7 +233,8 @@ FAMILY_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {"ALE/*": ("ALE/", ATARI
 
 def _algorithm(data: Any) -> str:
     algo = data.get("algo", "a3c") if isinstance(data, dict) else "a3c"
-    return algo if algo in ALGORITHM_PRESETS else "a3c"  # an unknown algo: its own 422
+    # An unknown algo (or not a string at all) gets its own 422 from the field.
+    return algo if isinstance(algo, str) and algo in ALGORITHM_PRESETS else "a3c"
 
 
 def preset_of(env_id: Any, algo: str = "a3c") -> str | None:

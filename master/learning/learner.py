@@ -243,6 +243,7 @@ class LearnerHost:
         with self._cond:
             return {
                 "running": self._process is not None,
+                "pid": self._process.pid if self._process is not None else None,
                 "device": self.device,
                 "queued": self._waiting,
                 "capacity": self._capacity,
@@ -343,7 +344,10 @@ def _learn(
             message = inbox.get(timeout=1.0)
         except queue.Empty:
             if parent is not None and not parent.is_alive():
-                return  # the master is gone (kill -9): nothing to publish to
+                # The master is gone (kill -9): nothing reads what is still buffered, which the
+                # queue would otherwise wait to write at exit, for ever.
+                outbox.cancel_join_thread()
+                return
             continue
         if message[0] == "stop":
             outbox.put(("publication", Publication(

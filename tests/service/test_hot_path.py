@@ -197,7 +197,7 @@ def test_the_master_quiets_uvicorns_access_log_unless_told_otherwise(tmp_path) -
     try:
         create_app(Settings(run_dir=tmp_path / "a")).state.cluster.close()
         assert len(quiet()) == 1 and "/gradients" in quiet()[0].paths
-        assert quiet()[0].conflicts == {"/gradients", "/local_model_weights"}
+        assert quiet()[0].conflicts == {"/gradients", "/experience", "/local_model_weights"}
         create_app(Settings(run_dir=tmp_path / "b")).state.cluster.close()
         assert len(quiet()) == 1  # once per process, however many apps
     finally:

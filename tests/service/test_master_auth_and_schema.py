@@ -91,6 +91,7 @@ CONFLICT_OPERATIONS = {
     ("GET", "/global_model_weights"),
     ("POST", "/local_model_weights"),
     ("POST", "/gradients"),
+    ("POST", "/experience"),
 }
 
 
