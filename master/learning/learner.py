@@ -138,8 +138,12 @@ class LearnerHost:
         inbox, outbox = context.Queue(), context.Queue()
         process = context.Process(
             target=_learner_main,
-            args=(config.model_dump_json(), weights, optimizer_state, version, str(device),
-                  self.optimizer_every_s, inbox, outbox),
+            args=(
+                _Start(config.model_dump_json(), weights, optimizer_state, version, str(device),
+                       self.optimizer_every_s),
+                inbox,
+                outbox,
+            ),
             name="a3c-learner",
             daemon=True,
         )  # fmt: skip
@@ -298,43 +302,39 @@ class LearnerHost:
             self._cond.notify_all()
 
 
-def _learner_main(
-    config_json: str,
-    weights: torch.Tensor,
-    optimizer_state: dict[str, Any] | None,
-    version: int,
-    device_name: str,
-    optimizer_every_s: float,
-    inbox: Any,
-    outbox: Any,
-) -> None:
+@dataclass
+class _Start:
+    """What a learner process starts from: the run's config (as JSON), the weights, the
+    optimizer's state and the version, where it learns, and how often it sends the optimizer's
+    state."""
+
+    config_json: str
+    weights: torch.Tensor
+    optimizer_state: dict[str, Any] | None
+    version: int
+    device: str
+    optimizer_every_s: float
+
+
+def _learner_main(start: _Start, inbox: Any, outbox: Any) -> None:
     """The learner process (see the module's docstring)."""
     try:
-        _learn(config_json, weights, optimizer_state, version, device_name, optimizer_every_s,
-               inbox, outbox)  # fmt: skip
+        _learn(start, inbox, outbox)
     except Exception as exc:  # reported to the master, which ends the run with it
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         log.error("learner failed:\n%s", traceback.format_exc())
         outbox.put(("error", detail))
 
 
-def _learn(
-    config_json: str,
-    weights: torch.Tensor,
-    optimizer_state: dict[str, Any] | None,
-    version: int,
-    device_name: str,
-    optimizer_every_s: float,
-    inbox: Any,
-    outbox: Any,
-) -> None:
-    config = TrainConfig.model_validate_json(config_json)
-    device = torch.device(device_name)
+def _learn(start: _Start, inbox: Any, outbox: Any) -> None:
+    config = TrainConfig.model_validate_json(start.config_json)
+    device = torch.device(start.device)
+    version, optimizer_every_s = start.version, start.optimizer_every_s
     if device.type == "cpu":  # leave cores to the workers on this host
         torch.set_num_threads(max(1, min(4, (os.cpu_count() or 2) // 2)))
     model = model_for(config)
-    model.load_state_dict(Layout.of(model).views(weights))
-    learner = algorithm_class(config).learner(config, model, device, optimizer_state)
+    model.load_state_dict(Layout.of(model).views(start.weights))
+    learner = algorithm_class(config).learner(config, model, device, start.optimizer_state)
     parent = multiprocessing.parent_process()
     pending: list[tuple[dict[str, torch.Tensor], int, int]] = []  # tensors, version, env steps
     last_optimizer = time.monotonic()
