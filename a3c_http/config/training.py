@@ -12,7 +12,6 @@ import os
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     ModelWrapValidatorHandler,
@@ -23,6 +22,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from a3c_http.config.hints import with_field_hints
+from a3c_http.config.learner import LearnerFields
 from a3c_http.config.presets import with_preset
 from a3c_http.envs.make import env_spec
 
@@ -32,7 +32,7 @@ MAX_SEED = 2**64 - 1
 MAX_LOG_STD_SPREAD = 3.0
 
 
-class TrainConfig(BaseModel):
+class TrainConfig(LearnerFields):
     """Everything that shapes one training run. Defaults solve CartPole-v1 in a few minutes on two
     CPU cores with two workers."""
 
@@ -166,61 +166,6 @@ class TrainConfig(BaseModel):
         "(one step on each queue_size rollouts, corrected for the policy lag). Each algorithm "
         "starts from its own defaults (a3c_http/config/presets.py ALGORITHM_DEFAULTS) under the "
         "task's preset.",
-    )
-    queue_size: int = Field(
-        2,
-        ge=1,
-        le=1024,
-        description="ppo and impala: the rollouts (t_max x num_envs steps each) one update of "
-        "the learner takes. Twice as many may wait for it; beyond that a push's reply is held "
-        "until there is room (the seed's bounded queue).",
-    )
-    max_policy_lag: int = Field(
-        4,
-        ge=0,
-        description="ppo and impala: a rollout acted by weights more than this many versions "
-        "older than the learner's is dropped when the learner takes it (counted in /status "
-        "learner.dropped_stale); impala corrects the lag of the rest with V-trace.",
-    )
-    n_epochs: int = Field(
-        10, ge=1, le=1000, description="ppo: passes over each update's rollouts."
-    )
-    batch_size: int = Field(
-        64,
-        ge=1,
-        le=1_000_000,
-        description="ppo: steps in one minibatch (the last of an epoch may be smaller). A "
-        "recurrent policy's minibatches are whole environments' sequences of about as many steps.",
-    )
-    clip_range: float = Field(
-        0.2, gt=0, le=10, description="ppo: the clipping of the probability ratio."
-    )
-    clip_range_schedule: Literal["constant", "linear"] = Field(
-        "constant",
-        description="ppo: linear makes clip_range fall to 0 as env steps approach max_steps (the "
-        "RL Zoo's lin_0.2).",
-    )
-    clip_range_vf: float | None = Field(
-        None,
-        gt=0,
-        description="ppo: clip the new value estimates to this distance from the old ones in "
-        "the value loss (SB3's clip_range_vf); null: no value clipping.",
-    )
-    normalize_advantage: bool = Field(
-        True, description="ppo: normalise the advantages of each minibatch."
-    )
-    vtrace_rho_bar: float = Field(
-        1.0, gt=0, description="impala: V-trace's truncation of the importance weights (rho bar)."
-    )
-    vtrace_c_bar: float = Field(
-        1.0, gt=0, description="impala: V-trace's truncation of the traces (c bar)."
-    )
-    device: str = Field(
-        "auto",
-        pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$",
-        description="ppo and impala: where the learner runs: auto (the master host's first GPU "
-        "when torch sees one, else the CPU), cpu, cuda, cuda:N or mps. A device the master host "
-        "does not have is refused with 422.",
     )
     max_staleness: int = Field(
         128,
@@ -422,20 +367,6 @@ class TrainConfig(BaseModel):
                 "observations to [0, 1] instead of normalising them; leave normalize_obs false"
             )
         return self
-
-    @model_validator(mode="after")
-    def _learner_runs_push_experience(self) -> TrainConfig:
-        if self.algo != "a3c" and self.sync_mode != "gradients":
-            raise ValueError(
-                f"sync_mode {self.sync_mode!r} is A3C's: algo {self.algo!r} workers push "
-                "experience to the learner; leave sync_mode out"
-            )
-        return self
-
-    @property
-    def learns_from_experience(self) -> bool:
-        """Whether the run's workers push experience to a learner beside the master."""
-        return self.algo in ("ppo", "impala")
 
     @model_validator(mode="after")
     def _heartbeat_fits(self) -> TrainConfig:

@@ -118,8 +118,8 @@ class ParameterServer(SyncRounds):
             return cached[1], cached[0]
 
     def stored_weights(self) -> tuple[bytes, int]:
-        """The global weights as the master keeps them, float32 whatever the wire dtype (what
-        the run folder saves and the evaluator plays), and their version."""
+        """The global weights in float32 whatever the wire dtype (saved, and played by the
+        evaluator), and their version."""
         with self.lock:
             net = self._require_net()
             if net.wire.dtype == "float32":
@@ -162,8 +162,8 @@ class ParameterServer(SyncRounds):
             self._seq_windows.setdefault(worker_id, SeqWindow()).add(seq)
 
     def claim(self, worker_id: str, seq: int | None) -> bool:
-        """Whether an experience push is new: not a retry of one taken (its X-A3C-Seq) nor of
-        one being taken. A new one stays claimed until `settle`."""
+        """Whether an experience push is new (not a retry of one taken or being taken); a new
+        one stays claimed until `settle`."""
         with self.lock:
             if seq is None:
                 return True
@@ -173,8 +173,7 @@ class ParameterServer(SyncRounds):
             return True
 
     def settle(self, worker_id: str, seq: int | None, taken: bool) -> None:
-        """The end of a `claim`: the push was taken (a retry of it is answered, not taken
-        again), or refused (a retry is judged afresh)."""
+        """The end of a `claim`: taken (its retries are answered), or refused (judged afresh)."""
         if seq is None:
             return
         with self.lock:
@@ -312,9 +311,7 @@ class ParameterServer(SyncRounds):
     def publish(
         self, version: int, weights: torch.Tensor, optimizer_state: dict[str, Any] | None
     ) -> None:
-        """The learner's weights of `version` (master/learning/learner.py: ppo and impala runs,
-        whose learner owns the network), and its optimizer's state when it sent it: what the
-        replies serve and the run folder saves from now on."""
+        """The learner's weights of `version` and, when sent, its optimizer's state."""
         with self.lock:
             net = self._require_net()
             net.load(weights)
@@ -342,8 +339,7 @@ class ParameterServer(SyncRounds):
                 "staleness_total": self.staleness_total,
             }
 
-    # -- persistence (master/persistence/saver.py)
-    # ---------------------------------------------------
+    # -- persistence (master/persistence/saver.py) ---------------------------------------------
 
     def state(self) -> dict[str, Any]:
         with self.lock:

@@ -1,0 +1,183 @@
+"""The facade's part for runs that learn from experience (`algo` ppo and impala): starting the
+learner beside the master (master/learning/learner.py) and taking the workers' rollouts
+(`POST /experience`, master/ingress/experience.py). A mixin of `ClusterState`
+(master/state.py), whose ledger, parameter server and learner host it uses; the facade's lock
+order holds (a part never calls another while it holds its own lock)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+
+from a3c_http.algos.experience import expected_tensors
+from a3c_http.config.training import TrainConfig
+from a3c_http.models.normalize import batch_problem
+from a3c_http.server.service import describe_error
+from a3c_http.wire import tensors as wire
+from a3c_http.wire.experience import Expected, decode_tensors
+from a3c_http.wire.protocol import ROLLOUT_METADATA
+from master.api.schemas import RolloutReport
+from master.errors import Invalid, StateConflict
+from master.learning.learner import LearnerHost, Publication, resolve_device
+from master.learning.parameter_server import ParameterServer
+from master.run.events import WARNING
+from master.run.ledger import RunLedger
+
+
+def rollout_report(metadata: dict[str, str]) -> RolloutReport | None:
+    """The rollout report in a gradient body's metadata (its `a3c` entry), if there is one."""
+    text = metadata.get(ROLLOUT_METADATA)
+    if text is None:
+        return None
+    try:
+        return RolloutReport.model_validate_json(text)
+    except ValidationError as exc:
+        problems = "; ".join(describe_error(e) for e in exc.errors())
+        raise wire.WireError(
+            f"the {ROLLOUT_METADATA!r} metadata of the body is not a rollout report: {problems}"
+        ) from None
+
+
+class LearnerRuns:
+    ledger: RunLedger
+    params: ParameterServer
+    learner: LearnerHost
+    _expected: dict[str, Expected]
+
+    def finish(self, reason: str) -> bool: ...  # ClusterState's
+    def _after_change(self, result: Any) -> Any: ...  # ClusterState's
+
+    def _start_learner(self, resumed: bool = False) -> None:
+        """For a run that learns from experience: what its rollouts hold, and, while it runs,
+        its learner from the parameter server's weights, optimizer state and version. A resumed
+        run whose device this host lacks learns on the CPU (logged)."""
+        config = self.ledger.config
+        if config is None or not config.learns_from_experience:
+            return
+        self._expected = expected_tensors(config, self.params.net.model)
+        if self.ledger.run_state != "running":
+            return
+        if resumed:
+            try:
+                resolve_device(config.device)
+            except ValueError as exc:
+                message = f"{exc}: the learner runs on the CPU"
+                self.ledger.events.add(WARNING, "learner_device", message)
+                config = config.model_copy(update={"device": "cpu"})
+        net = self.params.net
+        self.learner.start(config, net.snapshot(), net.optimizer_state(), self.params.version)
+
+    def _publish(self, publication: Publication) -> None:
+        self.params.publish(
+            publication.version, publication.weights, publication.optimizer_state
+        )
+
+    def _learner_failed(self, error: str) -> None:
+        self.finish(f"the learner failed: {error}")
+
+    def apply_experience(
+        self,
+        worker_id: str,
+        version: int,
+        body: bytes,
+        run_id: str | None = None,
+        seq: int | None = None,
+    ) -> tuple[tuple[bytes, int] | int, bool, dict[str, Any]]:
+        """Take one worker's rollout (ppo and impala runs): checked (the worker registered in
+        the running run, every tensor's name, dtype, shape and finiteness, the statistics, the
+        report), its finished episodes counted, and queued for the learner; a retry of one taken
+        (its X-A3C-Seq) is answered without being taken again. `version` is the weights that
+        acted. Returns the newest weights and their version when they are newer than `version`,
+        else the current version alone; whether it was a retry; and the run's summary. Raises
+        WireError or Invalid (422) with nothing counted; StateConflict (409) with nothing
+        queued (a registered worker's report of a run that refuses rollouts, a finished one, is
+        counted as a gradient push's is); LearnerBusy (503) with nothing counted when the
+        learner's queue stayed full for EXPERIENCE_HOLD_S (the worker counts as alive while it
+        waits)."""
+        refusal, config, _ = self.ledger.admit_update(worker_id, run_id)
+        if not config.learns_from_experience:
+            raise StateConflict(
+                "this run's workers push gradients (algo 'a3c'): POST /gradients; nothing taken"
+            )
+        _, metadata = self._checked_experience(body, config, version)
+        report = rollout_report(metadata)
+        episodes, stats = (report.episodes, report.stats) if report else ([], None)
+        stats = stats.model_dump() if stats else None
+        duplicate = not self.params.claim(worker_id, seq)
+        taken = False
+
+        def alive() -> None:  # while the push waits for the learner
+            self.ledger.touch_worker(worker_id)
+
+        reserved = False
+        try:
+            if not duplicate and refusal is None:
+                self.learner.reserve(alive)
+                reserved = True
+            try:
+                # Counted as a gradient push's are, also when the run refuses the rollout.
+                run_summary = self._after_change(
+                    self.ledger.report_rollout(worker_id, episodes, stats, run_id, seq)
+                )
+                if not duplicate:
+                    if refusal is not None:
+                        raise refusal
+                    taken = True
+                    self.learner.submit(
+                        body, version, self.ledger.env_steps(), alive, self._hold_s(config)
+                    )
+            finally:
+                if reserved and not taken:
+                    self.learner.release()
+        except Invalid:
+            self.params.count_invalid()
+            raise
+        finally:
+            if not duplicate:
+                self.params.settle(worker_id, seq, taken)
+        if duplicate and not run_summary["duplicate"]:
+            self.ledger.count_duplicate(worker_id)
+        if self.params.version > version:
+            return self.params.weights(), duplicate, run_summary
+        return self.params.version, duplicate, run_summary
+
+    def _hold_s(self, config: TrainConfig) -> float:
+        """How long an experience push that does not complete the learner's batch waits for
+        the next update: with `max_in_flight` 0 and at least `queue_size` running workers (who
+        will complete it), up to `sync_timeout_s`, so that every worker acts with the newest
+        weights (synchronous PPO); else not at all."""
+        if config.max_in_flight > 0:  # the learner corrects for the lag instead
+            return 0.0
+        running, _ = self.ledger.round_expectation()
+        return config.sync_timeout_s if len(running) >= config.queue_size else 0.0
+
+    def _checked_experience(
+        self, body: bytes, config: TrainConfig, version: int
+    ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """The tensors and metadata of an experience body, checked (WireError or Invalid, and
+        counted as a refused update, when they do not pass)."""
+        why = None
+        if version > self.params.version:
+            why = f"X-Model-Version {version} is newer than the master's weights"
+        try:
+            tensors, metadata = decode_tensors(body, self._expected)
+        except wire.WireError:
+            self.params.count_invalid()
+            raise
+        if why is None and self.params.model is not None:
+            samples = config.t_max * config.num_envs
+            why = batch_problem(self.params.model, tensors, samples)
+        if why is not None:
+            self.params.count_invalid()
+            raise Invalid(f"{why}; nothing taken")
+        return tensors, metadata
+
+    def _learner_status(self) -> dict[str, Any] | None:
+        """The learner's figures in a run that has one (ppo, impala), else None."""
+        config = self.ledger.config
+        if config is None or not config.learns_from_experience:
+            return None
+        return self.learner.status()
+

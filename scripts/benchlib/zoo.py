@@ -1,0 +1,60 @@
+"""The RL Zoo's hyperparameters the references of `bench.py learn` train with (rl_zoo3 is not a
+dependency: its settings are copied here)."""
+
+# RL Zoo 2.9.2, hyperparams/a2c.yml (rl_zoo3 is not a dependency: its settings are copied here).
+ZOO = {
+    "CartPole-v1": {"n_timesteps": 500_000, "n_envs": 8, "ent_coef": 0.0},
+    "Acrobot-v1": {"n_timesteps": 500_000, "normalize": True, "n_envs": 16, "ent_coef": 0.0},
+    "Pendulum-v1": {
+        "n_timesteps": 1_000_000, "normalize": True, "n_envs": 8, "ent_coef": 0.0,
+        "max_grad_norm": 0.5, "n_steps": 8,
+        "gae_lambda": 0.9, "vf_coef": 0.4, "gamma": 0.9, "use_rms_prop": True,
+        "normalize_advantage": False, "learning_rate": "lin_7e-4", "use_sde": True,
+        "policy_kwargs": {"log_std_init": -2, "ortho_init": False},
+    },
+    "LunarLander-v3": {
+        "n_timesteps": 200_000, "n_envs": 8, "gamma": 0.995, "n_steps": 5,
+        "learning_rate": "lin_0.00083", "ent_coef": 0.00001,
+    },
+    # The Zoo's `atari` entry (frame stack 4) without its AtariWrapper (MinAtar needs none), on
+    # the MinAtar paper's network instead of NatureCNN; the issue's budget, not the Zoo's 1e7 (its
+    # learning rate is constant, so no schedule depends on it). Names stand for classes that
+    # run_sb3 imports: SB3 is an optional dependency.
+    "MinAtar/Breakout-v1": {
+        "n_timesteps": 2_000_000, "n_envs": 16, "frame_stack": 4, "ent_coef": 0.01,
+        "vf_coef": 0.25,
+        "policy_kwargs": {
+            "optimizer_class": "RMSpropTFLike", "optimizer_kwargs": {"eps": 1e-5},
+            "features_extractor_class": "MinAtarCNN", "normalize_images": False,
+        },  # SB3's own net_arch after a custom extractor: 64x64 tanh MLPs for policy and value
+    },
+}
+
+# RL Zoo 2.9.2, hyperparams/ppo.yml: SB3's PPO, the reference of `--algo ppo` (and the tasks'
+# budgets and targets that differ for PPO: issue 33's bar).
+ZOO_PPO = {
+    "CartPole-v1": {
+        "n_timesteps": 100_000, "n_envs": 8, "n_steps": 32, "batch_size": 256,
+        "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20, "ent_coef": 0.0,
+        "learning_rate": "lin_0.001", "clip_range": "lin_0.2",
+    },
+    "Acrobot-v1": {
+        "n_timesteps": 1_000_000, "normalize": True, "n_envs": 16, "n_steps": 256,
+        "gae_lambda": 0.94, "gamma": 0.99, "n_epochs": 4, "ent_coef": 0.0,
+    },
+    "Pendulum-v1": {
+        "n_timesteps": 100_000, "normalize": True, "n_envs": 4, "n_steps": 1024,
+        "gae_lambda": 0.95, "gamma": 0.9, "n_epochs": 10, "ent_coef": 0.0,
+        "learning_rate": 1e-3, "clip_range": 0.2, "use_sde": True, "sde_sample_freq": 4,
+    },
+    "LunarLander-v3": {
+        "n_timesteps": 1_000_000, "n_envs": 16, "n_steps": 1024, "batch_size": 64,
+        "gae_lambda": 0.98, "gamma": 0.999, "n_epochs": 4, "ent_coef": 0.01,
+    },
+    "MinAtar/Breakout-v1": {
+        "n_timesteps": 2_000_000, "n_envs": 8, "frame_stack": 4, "n_steps": 128,
+        "n_epochs": 4, "batch_size": 256, "learning_rate": "lin_2.5e-4",
+        "clip_range": "lin_0.1", "vf_coef": 0.5, "ent_coef": 0.01,
+        "policy_kwargs": {"features_extractor_class": "MinAtarCNN", "normalize_images": False},
+    },
+}
