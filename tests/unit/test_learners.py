@@ -180,11 +180,11 @@ def test_a_body_that_is_not_safetensors_is_refused() -> None:
 
 
 def test_each_algorithm_starts_from_its_defaults_and_its_own_presets() -> None:
-    """PPO takes SB3's PPO defaults and the RL Zoo's PPO preset of the task; a field the body
+    """PPO takes SB3's PPO defaults and its own preset of the task; a field the body
     gives wins; A3C's presets stay A3C's."""
     ppo = TrainConfig(algo="ppo", env_id="LunarLander-v3")
-    assert (ppo.optimizer, ppo.n_epochs, ppo.gamma, ppo.t_max) == ("adam", 10, 0.999, 256)
-    assert TrainConfig(algo="ppo", env_id="LunarLander-v3", gamma=0.99).gamma == 0.99
+    assert (ppo.optimizer, ppo.n_epochs, ppo.normalize_obs, ppo.t_max) == ("adam", 10, True, 256)
+    assert TrainConfig(algo="ppo", env_id="LunarLander-v3", t_max=128).t_max == 128
     assert TrainConfig(algo="ppo", env_id="ALE/Pong-v5").encoder == "nature_cnn"
     assert TrainConfig(algo="ppo", preset=None).t_max == 256  # SB3's 2048 steps an update
     assert TrainConfig(env_id="LunarLander-v3").optimizer == "rmsprop"
