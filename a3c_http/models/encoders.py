@@ -38,12 +38,15 @@ def layer(inp: int, out: int, gain: float) -> nn.Linear:
     return linear
 
 
-def mlp(inp: int, hidden_sizes: Sequence[int]) -> tuple[nn.Sequential, int]:
-    """Tanh layers of `hidden_sizes` over `inp` inputs, and the width of their output."""
+def mlp(
+    inp: int, hidden_sizes: Sequence[int], activation: type[nn.Module] = nn.Tanh
+) -> tuple[nn.Sequential, int]:
+    """Layers of `hidden_sizes` over `inp` inputs (tanh, as A2C and PPO, or `activation`), and
+    the width of their output."""
     layers: list[nn.Module] = []
     width = inp
     for hidden in hidden_sizes:
-        layers += [layer(width, hidden, math.sqrt(2)), nn.Tanh()]
+        layers += [layer(width, hidden, math.sqrt(2)), activation()]
         width = hidden
     return nn.Sequential(*layers), width
 
