@@ -106,8 +106,14 @@ def follow(http: httpx.Client, url: str, run_id: str, time_cap: float | None, ev
             print(f"\ntime cap of {time_cap:.0f} s reached: stopping the run")
             http.post(f"{url}/stop", json={})
             break
-        time.sleep(every)  # the pace of the progress line, not a synchronisation
-        status = _status(http, url)
+        # A line every `every` seconds; the run's end is seen within a second of it, however
+        # long `every` is.
+        due = time.monotonic() + every
+        while True:
+            time.sleep(max(0.0, min(1.0, due - time.monotonic())))
+            status = _status(http, url)
+            if time.monotonic() >= due or status["state"] != "running":
+                break
         line = progress_line(status, previous)
         print(f"\r\033[K{line}" if in_place else line, end="" if in_place else "\n", flush=True)
         previous = status
