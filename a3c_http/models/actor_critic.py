@@ -28,7 +28,7 @@ from torch.distributions import Categorical, Distribution, Independent, Normal
 
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.make import make_env
-from a3c_http.models.encoders import ImageEncoder, UnsupportedSpace, layer, mlp
+from a3c_http.models.encoders import ImageEncoder, UnsupportedSpace, flat, layer, mlp
 from a3c_http.models.normalize import RunningMeanStd
 
 __all__ = ["ActorCritic", "State", "UnsupportedSpace", "build_model", "model_for"]
@@ -119,9 +119,7 @@ class ActorCritic(nn.Module):
         if hasattr(self, "encoder"):
             x = self.encoder(obs)
         else:
-            x = obs.reshape(obs.shape[0], -1)
-            if x.dtype != torch.float32:
-                x = x.float()
+            x = flat(obs)
             if hasattr(self, "obs_rms"):
                 x = self.obs_rms.normalize(x)
         if hasattr(self, "torso"):

@@ -51,6 +51,12 @@ def mlp(
     return nn.Sequential(*layers), width
 
 
+def flat(obs: torch.Tensor) -> torch.Tensor:
+    """What the `mlp` encoder reads: each observation of `[B, *obs_shape]` flattened, as float32."""
+    x = obs.reshape(obs.shape[0], -1)
+    return x if x.dtype == torch.float32 else x.float()
+
+
 def _conv(inp: int, out: int, kernel: int, stride: int) -> nn.Conv2d:
     conv = nn.Conv2d(inp, out, kernel, stride)
     nn.init.orthogonal_(conv.weight, math.sqrt(2))

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from a3c_http.models.encoders import ImageEncoder, UnsupportedSpace, layer, mlp
+from a3c_http.models.encoders import ImageEncoder, UnsupportedSpace, flat, layer, mlp
 
 
 class QNetwork(nn.Module):
@@ -61,13 +61,7 @@ class QNetwork(nn.Module):
         return cls(shape, int(action_space.n), **options)  # type: ignore[arg-type]
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        if hasattr(self, "encoder"):
-            x = self.encoder(obs)
-        else:
-            x = obs.reshape(obs.shape[0], -1)
-            if x.dtype != torch.float32:
-                x = x.float()
-        x = self.torso(x)
+        x = self.torso(self.encoder(obs) if hasattr(self, "encoder") else flat(obs))
         q = self.q_head(x)
         if self.dueling:
             q = self.value_head(x) + q - q.mean(dim=-1, keepdim=True)
