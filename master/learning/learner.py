@@ -118,6 +118,7 @@ class LearnerHost:
         self.metrics: dict[str, float] = {}
         self.error: str | None = None
         self._stopping = False
+        self._ready = False
 
     @property
     def running(self) -> bool:
@@ -156,6 +157,7 @@ class LearnerHost:
             self._waits_for_update = learner.waits_for_update and config.max_in_flight == 0
             self._waiting = 0
             self.device, self.error, self._stopping = str(device), None, False
+            self._ready = False  # the process has built its learner and reads its inbox
             self.updates = self.used = self.dropped_stale = self.nonfinite_steps = 0
             self.metrics = {}
         self._reader = threading.Thread(
@@ -225,15 +227,18 @@ class LearnerHost:
 
     def stop(self, wait_s: float = STOP_WAIT_S) -> None:
         """Stop the learner, taking its last weights and optimizer state first if it sends them
-        within `wait_s`."""
+        within `wait_s`; one that has not begun to read its inbox ends at once."""
         with self._cond:
             process, inbox, reader = self._process, self._inbox, self._reader
             if process is None:
                 return
             self._stopping = True
+            ready = self._ready
         with contextlib.suppress(OSError, ValueError):  # a channel already closed
             inbox.put(("stop",))
-        process.join(wait_s)
+        # A learner still starting (importing torch takes seconds) has taken no rollout and
+        # holds nothing the master lacks: it is ended at once.
+        process.join(wait_s if ready else 0)
         if process.is_alive():
             process.kill()
             process.join(5)
@@ -273,6 +278,9 @@ class LearnerHost:
             kind = message[0]
             if kind == "publication":
                 self._take(message[1])
+            elif kind == "ready":
+                with self._cond:
+                    self._ready = True
             elif kind == "stopped":
                 return
             elif kind == "error":
@@ -335,6 +343,7 @@ def _learn(start: _Start, inbox: Any, outbox: Any) -> None:
     model = model_for(config)
     model.load_state_dict(Layout.of(model).views(start.weights))
     learner = algorithm_class(config).learner(config, model, device, start.optimizer_state)
+    outbox.put(("ready",))
     parent = multiprocessing.parent_process()
     pending: list[tuple[dict[str, torch.Tensor], int, int]] = []  # tensors, version, env steps
     last_optimizer = time.monotonic()
