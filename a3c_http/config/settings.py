@@ -61,7 +61,7 @@ class _FromEnv(BaseSettings):
         "master (its call fails as soon as the body passes it): set it on the workers as on "
         "the master.",
     )
-    # The HTTP edge (a3c_http/server/edge.py, a3c_http/tuning.py `bound_request_heads`): names
+    # The HTTP edge (a3c_http/server/edge.py, a3c_http/tuning/ `bound_request_heads`): names
     # besides loopback ones that a tokenless service answers to and whose pages may call it; the
     # bounds on a request's head (line and headers: size, and time from connecting) and on the time
     # its body may take.

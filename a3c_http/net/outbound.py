@@ -21,8 +21,8 @@ It does so in the network layer that httpcore's pools take: a socket's read wait
 `SLICE_S` and looks at the attempt between two. The attempt is the calling thread's (httpcore's
 sync pool does a request's I/O on the thread that sends it), so there is no thread per request, and
 a gradient push pays a clock read and a thread-local lookup per read. httpx takes no network
-backend, so a3c_http/tuning.py gives its pool ours; with A3C_TUNING=off (or an httpx whose
-pool is not as tuning.py expects) the pool keeps httpx's own, and an attempt is bounded by httpx's
+backend, so a3c_http/tuning/ gives its pool ours; with A3C_TUNING=off (or an httpx whose
+pool is not as it expects) the pool keeps httpx's own, and an attempt is bounded by httpx's
 per-read timeout, the size bound and a stop set before it is sent, not by the deadline and the stop
 while it waits.
 """
@@ -175,7 +175,7 @@ class _BoundedBody(httpx.SyncByteStream):
 def _http_transport(proxy: str | None) -> httpx.HTTPTransport:
     transport = httpx.HTTPTransport(proxy=proxy)
     # Every connection the pool opens later gets ours, where A3C_TUNING is on
-    # (a3c_http/tuning.py)
+    # (a3c_http/tuning/)
     tuning.install_network_backend(transport, _SlicedBackend())
     return transport
 

@@ -19,7 +19,7 @@ class PlainRMSprop(torch.optim.RMSprop):
     hook torch.optim wraps every optimizer's `step` in (the profiler's record and the step
     hooks), which the master calls (a3c_http/optim/flatnet.py).
 
-    The step is torch's fused Adagrad kernel where a3c_http/tuning.py's `rmsprop_step` takes
+    The step is torch's fused Adagrad kernel where a3c_http/tuning/'s `rmsprop_step` takes
     it (RMSprop's maths in one pass over the tensors, equal up to float32 rounding: 0.45 ms a step
     of a million parameters against 0.91). Otherwise (A3C_TUNING=off, tensors the kernel cannot
     take: not contiguous, another device or dtype) torch's operations one by one, bit for bit

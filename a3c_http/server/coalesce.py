@@ -4,14 +4,14 @@ uvicorn writes a response's head and its body to the socket one after the other,
 request's head and its body: two TCP segments a message, each a wake-up of the peer (figures:
 docs/performance.md, "The parameter server", "one send").
 
-- Served (`HeldTransport`, which a3c_http/tuning.py gives every connection uvicorn accepts):
+- Served (`HeldTransport`, which a3c_http/tuning/ gives every connection uvicorn accepts):
   the transport uvicorn's protocol writes to holds what is written in one turn of the event loop and
   sends it together at the end of the turn, or at once when it passes `HOLD_BYTES` (a large body is
   not copied to be joined: the event loop's `writelines` sends the parts as they are).
 - Sent (`HeldWrites`, the streams of a3c_http/net/outbound.py's network backend): what httpcore
   writes is held until it reads the reply, and sent in one write when it is under `HOLD_BYTES`.
 
-Both are used only where a3c_http/tuning.py's switch, A3C_TUNING, is on.
+Both are used only where a3c_http/tuning/'s switch, A3C_TUNING, is on.
 
 Nothing else changes: the bytes and their order are the same, a connection that closes still sends
 what it was given first, and no write waits longer than the turn of the loop (served) or the

@@ -3,7 +3,7 @@ A3C_MAX_HEADER_BYTES (431 and the connection closed, what comes beyond never buf
 time a client may take to send it, A3C_HEADER_TIMEOUT_S from connecting or from the first byte of
 the next request on a kept-alive connection. This module is the plain asyncio part: a connection's
 head, its timer and how data is fed to a protocol up to the bound. Hooking it into uvicorn's
-protocol classes reaches into their internals, so that is a3c_http/tuning.py's
+protocol classes reaches into their internals, so that is a3c_http/tuning/'s
 `bound_request_heads`.
 """
 

@@ -1,6 +1,6 @@
 """What the master and the workers share as HTTP services: the gate every request passes
-(a3c_http/server/edge.py), the bounds on a request's head (a3c_http/tuning.py) and
-body, one send for a message's head and body (a3c_http/tuning.py), readable validation
+(a3c_http/server/edge.py), the bounds on a request's head (a3c_http/tuning/) and
+body, one send for a message's head and body (a3c_http/tuning/), readable validation
 errors, the errors their OpenAPI schemas declare and the health route. The services import this
 module, never each other.
 """

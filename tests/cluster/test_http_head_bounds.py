@@ -1,4 +1,4 @@
-"""The bounds on a request's head (a3c_http/server/headbounds.py, hooked in by a3c_http/tuning.py),
+"""The bounds on a request's head (a3c_http/server/headbounds.py, hooked in by a3c_http/tuning/),
 on a real `uvicorn worker.app:app` with each HTTP implementation uvicorn can pick (httptools, its
 default with uvicorn[standard], and h11): only the process shows them, since uvicorn reads the head
 before any app sees it.

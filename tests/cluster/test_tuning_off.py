@@ -1,5 +1,5 @@
 """A3C_TUNING=off, in a process of its own (the hooks are process-wide): a real master serves
-pushes on the plain uvicorn, httpx and torch path, and nothing of a3c_http/tuning.py is
+pushes on the plain uvicorn, httpx and torch path, and nothing of a3c_http/tuning/ is
 installed."""
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ print("plain path ok")
 @pytest.mark.integration
 def test_with_tuning_off_a_master_serves_pushes_on_the_plain_path(tmp_path: Path) -> None:
     """A3C_TUNING=off: a real uvicorn master takes a push over a3c_http/net/outbound.py's transport
-    and steps its optimizer; the worker's app starts; no hook of tuning.py is installed, no
+    and steps its optimizer; the worker's app starts; no hook of a3c_http/tuning/ is installed, no
     freeze, no fused kernel, and the RMSprop step is torch's bit for bit."""
     pytest.importorskip("httptools")
     env = {**os.environ, "A3C_TUNING": "off", "PYTHONPATH": str(ROOT)}

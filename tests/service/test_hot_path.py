@@ -243,7 +243,7 @@ def test_the_hot_path_and_the_declared_route_answer_a_push_alike(tmp_path) -> No
 
 
 def test_glibc_takes_the_settings_that_keep_freed_buffers() -> None:
-    """a3c_http/tuning.py (what the settings save is a figure of bench.py's master section,
+    """a3c_http/tuning/ (what the settings save is a figure of bench.py's master section,
     not a test's): glibc takes both, and a threshold above its own maximum is brought down to it."""
     import ctypes.util
 

@@ -1,4 +1,4 @@
-"""a3c_http/tuning.py: what it relies on in uvicorn, httpx/httpcore, h11 and torch is there
+"""a3c_http/tuning/: what it relies on in uvicorn, httpx/httpcore, h11 and torch is there
 as it expects (a newer library that changed it fails here, naming the module and what changed), it
 falls back to the plain path when something is not, and A3C_TUNING=off runs a master without any of
 it."""
@@ -15,7 +15,7 @@ import pytest
 
 from a3c_http import tuning
 
-MODULE = "a3c_http/tuning.py"
+MODULE = "a3c_http/tuning/"
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +30,7 @@ def uvicorn_protocols() -> list[tuple[str, type]]:
                 continue  # optional
             pytest.fail(f"{MODULE}: {module_name} is gone (uvicorn moved its protocols)")
         cls = getattr(module, class_name, None)
-        assert cls is not None, f"a3c_http/tuning.py: {module_name}.{class_name} is gone"
+        assert cls is not None, f"a3c_http/tuning/: {module_name}.{class_name} is gone"
         found.append((f"{module_name}.{class_name}", cls))
     return found
 
@@ -44,7 +44,7 @@ def test_uvicorns_protocols_are_as_tuning_expects() -> None:
         made = inspect.unwrap(cls.connection_made)
         source = inspect.getsource(made)
         assert "self.transport = transport" in source, (
-            f"a3c_http/tuning.py: {name}.connection_made changed: it no longer keeps the "
+            f"a3c_http/tuning/: {name}.connection_made changed: it no longer keeps the "
             "transport it is given as self.transport"
         )
 
@@ -64,7 +64,7 @@ def test_httpx_transport_is_as_tuning_expects() -> None:
 
 def test_torchs_fused_adagrad_kernel_is_as_tuning_expects() -> None:
     problem = tuning.fused_adagrad_problem()
-    assert problem is None, f"a3c_http/tuning.py: torch._fused_adagrad_ changed: {problem}"
+    assert problem is None, f"a3c_http/tuning/: torch._fused_adagrad_ changed: {problem}"
 
 
 def test_uvicorns_protocols_are_as_the_head_bounds_expect() -> None:
@@ -99,7 +99,7 @@ def test_a_changed_library_leaves_the_plain_path_with_one_log_line(
         assert not tuning.install_network_backend(object(), None)
         assert not tuning.install_network_backend(object(), None)
     lines = [r.getMessage() for r in caplog.records if r.name == "a3c.tuning"]
-    assert len(lines) == 1 and lines[0].startswith("a3c_http/tuning.py: outbound"), lines
+    assert len(lines) == 1 and lines[0].startswith("a3c_http/tuning/: outbound"), lines
 
 
 def test_the_switch_reads_booleans_and_names_itself_otherwise(
