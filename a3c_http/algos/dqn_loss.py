@@ -59,9 +59,9 @@ def nstep_transitions(
         returns = returns + torch.where(inside, discounts * reward, torch.zeros(()))
         discounts = torch.where(inside, discounts * gamma, discounts)
         stop = torch.where(inside, index + 1, stop)
-        ended = inside & (terminated.gather(0, at) | truncated.gather(0, at))
-        discounts = torch.where(inside & terminated.gather(0, at), torch.zeros(()), discounts)
-        open_ = inside & ~ended
+        ends = inside & terminated.gather(0, at)  # nothing to bootstrap from
+        discounts = torch.where(ends, torch.zeros(()), discounts)
+        open_ = inside & ~ends & ~truncated.gather(0, at)
     keep = valid.reshape(-1)
     flat_stop = stop.reshape(-1)[keep]
     env_index = torch.arange(envs).repeat(steps)[keep]

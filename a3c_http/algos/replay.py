@@ -36,12 +36,9 @@ class SumTree:
         chosen = len(index) - 1 - last
         node = index[chosen] + self.size
         self.tree[node] = np.asarray(priority, dtype=np.float64)[chosen]
-        node = np.unique(node // 2)
-        while node[0] >= 1:
-            self.tree[node] = self.tree[2 * node] + self.tree[2 * node + 1]
+        while node[0] > 1:  # every leaf is as deep: their parents, level by level to the root
             node = np.unique(node // 2)
-            if node[0] == 0:
-                break
+            self.tree[node] = self.tree[2 * node] + self.tree[2 * node + 1]
 
     def get(self, index: np.ndarray) -> np.ndarray:
         return self.tree[np.asarray(index, dtype=np.int64) + self.size]
@@ -103,11 +100,9 @@ class Replay:
         for name, t in transitions.items():
             self.rows[name][torch_index] = t.to(self.rows[name].dtype)
         if priorities is None:
-            p = np.full(n, self.max_priority)
+            self.tree.set(index, np.full(n, self.max_priority) ** self.alpha)
         else:
-            p = priorities.detach().double().abs().cpu().numpy() + self.eps
-            self.max_priority = max(self.max_priority, float(p.max()))
-        self.tree.set(index, p**self.alpha)
+            self.update(index, priorities)
         self.next = int((self.next + n) % self.capacity)
         self.count = min(self.count + n, self.capacity)
 

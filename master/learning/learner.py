@@ -118,7 +118,7 @@ class LearnerHost:
         self.metrics: dict[str, float] = {}
         self.error: str | None = None
         self._stopping = False
-        self._ready = False
+        self._ready = False  # the process has built its learner and reads its inbox
 
     @property
     def running(self) -> bool:
@@ -157,7 +157,7 @@ class LearnerHost:
             self._waits_for_update = learner.waits_for_update and config.max_in_flight == 0
             self._waiting = 0
             self.device, self.error, self._stopping = str(device), None, False
-            self._ready = False  # the process has built its learner and reads its inbox
+            self._ready = False
             self.updates = self.used = self.dropped_stale = self.nonfinite_steps = 0
             self.metrics = {}
         self._reader = threading.Thread(
