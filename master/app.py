@@ -86,7 +86,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # updates are part of the loop too (stale pushes, and after a restart every push computed
     # before it): counted in updates_rejected_by, summed up by the progress line.
     hot = {"/gradients", "/experience", "/episode", "/heartbeat", "/global_model_weights",
-           "/local_model_weights"}  # fmt: skip
+           "/target_model_weights", "/local_model_weights"}  # fmt: skip
     quiet = settings.access_log == "quiet"
     # Inside the gate and the body limit that install_common adds (the last added runs first).
     app.add_middleware(GradientRoute, push=own_push)

@@ -67,11 +67,22 @@ class LearnerRuns:
                 self.ledger.events.add(WARNING, "learner_device", message)
                 config = config.model_copy(update={"device": "cpu"})
         net = self.params.net
-        self.learner.start(config, net.snapshot(), net.optimizer_state(), self.params.version)
+        target = self.params.target
+        saved_target = (
+            (target.vector, target.version)
+            if resumed and target.vector is not None and target.version is not None
+            else None
+        )
+        self.learner.start(
+            config, net.snapshot(), net.optimizer_state(), self.params.version, saved_target
+        )
 
     def _publish(self, publication: Publication) -> None:
         self.params.publish(
-            publication.version, publication.weights, publication.optimizer_state
+            publication.version,
+            publication.weights,
+            publication.optimizer_state,
+            publication.target,
         )
 
     def _learner_failed(self, error: str) -> None:
@@ -180,4 +191,3 @@ class LearnerRuns:
         if config is None or not config.learns_from_experience:
             return None
         return self.learner.status()
-

@@ -94,7 +94,8 @@ class Trainer:
         self.progress = progress
         self.log_std_offset = log_std_offset
         self.model: ActorCritic | None = None
-        self.policy: Any = None  # the model, or its widened Gaussian: what acts and is scored
+        # What acts and is scored: the model, its widened Gaussian, or an epsilon-greedy Q-network.
+        self.policy: Any = None
         self.algorithm: Algorithm | None = None  # the run's (a3c_http/algos/)
         self.pipeline: Pipeline | None = None  # the pushes in flight
         self._rollout_started = time.monotonic()
@@ -125,6 +126,7 @@ class Trainer:
         self.flat = bind(model, self.layout)  # loading weights is one copy into it
         collector = RolloutCollector.for_config(cfg, seed)
         self.algorithm = algorithm = algorithm_for(cfg, model, policy)
+        self.policy = algorithm.policy
         self.pipeline = pipeline = Pipeline(algorithm.pushes_in_flight())
         try:
             self._load(self._http(self.client.get_weights, self.layout))
@@ -132,7 +134,9 @@ class Trainer:
             last_heartbeat = time.monotonic()
             while not self.stop_event.is_set():
                 self._rollout_started = time.monotonic()
-                rollout = collector.collect(policy, cfg.t_max, self.version)
+                # The algorithm's acting policy: the model, its widened Gaussian, or a value-based
+                # worker's epsilon-greedy Q-network.
+                rollout = collector.collect(algorithm.policy, cfg.t_max, self.version)
                 self.progress.time_rollout_s += time.monotonic() - self._rollout_started
                 self.progress.env_steps += rollout.num_steps
                 algorithm.on_rollout(self, rollout)
@@ -303,6 +307,9 @@ class Trainer:
 
     def pull_weights(self) -> None:
         self._load(self._http(self.client.get_weights, self.layout, self.version))
+
+    def target_weights(self, if_not_version: int | None) -> Weights | None:
+        return self._http(self.client.get_target_weights, self.layout, if_not_version)
 
     # -- replies -------------------------------------------------------------------------------
 

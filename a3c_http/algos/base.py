@@ -19,7 +19,7 @@ What an algorithm sends (`Sends`) decides which of the cluster's two data flows 
 - EXPERIENCE (the learner's algorithms: PPO, IMPALA): a worker only acts and sends its rollouts,
   with the behaviour policy's log-probabilities and the version that acted (both on every
   `Rollout`), through `WorkerPort.push_experience`, to a learner beside the master
-  (a3c_http/algos/experience.py).
+  (a3c_http/algos/experience.py); Ape-X's actors add their transitions' priorities.
 
 A worker's algorithm object lives as long as the worker's run (it may keep state: an optimizer,
 a replay); the master's side is stateless (`apply` is a class method), since what persists is the
@@ -81,6 +81,8 @@ class WorkerPort(Protocol):
     """What a worker's trainer (worker/trainer.py) offers its algorithm. Each call may raise the
     trainer's own stop signal when the master ended the run; an algorithm lets it through."""
 
+    version: int  # the version of the global weights the worker holds
+
     def push_gradients(self, update: GradientUpdate, rollout: Rollout, wait_s: float) -> None:
         """Send `update` with the rollout's finished episodes and statistics (one push, which
         may stay in flight while the next rollout is collected: `Algorithm.pushes_in_flight`),
@@ -100,6 +102,10 @@ class WorkerPort(Protocol):
 
     def pull_weights(self) -> None:
         """Load the global weights if they are newer than this worker's."""
+
+    def target_weights(self, if_not_version: int | None) -> Any:
+        """The run's target network (a3c_http/net/replies.py `Weights`: its vector and version),
+        or None when it is still at `if_not_version` (algo dqn)."""
 
     def learning(self) -> contextlib.AbstractContextManager[None]:
         """Count the time spent in the block as learning (the worker's /status)."""

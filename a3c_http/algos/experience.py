@@ -62,6 +62,8 @@ def rollout_tensors(rollout: Rollout) -> dict[str, torch.Tensor]:
     tensors["last_start"] = rollout.last_start
     for i, part in enumerate(rollout.state):
         tensors[f"state.{i}"] = part
+    if rollout.priorities is not None:
+        tensors["priorities"] = rollout.priorities
     return tensors | rollout.statistics
 
 
@@ -96,6 +98,8 @@ def expected_tensors(config: TrainConfig, model: ActorCritic) -> dict[str, Expec
     }
     for i, part in enumerate(model.initial_state(n)):
         expected[f"state.{i}"] = Expected(tuple(part.shape), _FLOATS)
+    if config.algo == "apex":  # the actors' initial priorities
+        expected["priorities"] = Expected((steps, n), _FLOATS)
     for name, buffer in model.named_buffers():
         expected[name] = Expected(tuple(buffer.shape), _FLOATS)
     return expected
@@ -173,9 +177,12 @@ class Learner:
         there when an update ends."""
         return 2 * config.queue_size
 
-    def learn(self, rollouts: list[dict[str, torch.Tensor]], env_steps: int) -> dict[str, float]:
+    def learn(
+        self, rollouts: list[dict[str, torch.Tensor]], env_steps: int
+    ) -> dict[str, float] | None:
         """One update from `rollouts` (as `rollout_tensors` made them), `env_steps` into the run
-        (the schedules' progress). Returns the training metrics under SB3's names."""
+        (the schedules' progress). Returns the training metrics under SB3's names, or None when
+        the weights did not change (a replay still filling)."""
         if self._statistics:  # every rollout's observations count, as SB3's VecNormalize
             for rollout in rollouts:
                 merge_moments(self.model, {k: v.to(self.device) for k, v in rollout.items()})
@@ -188,6 +195,14 @@ class Learner:
 
     def update(self, batch: Batch, env_steps: int) -> dict[str, float]:
         raise NotImplementedError
+
+    def restore_target(self, vector: torch.Tensor, version: int) -> None:
+        """Start from a saved target network (learners that keep one: Ape-X's)."""
+
+    def take_target(self) -> tuple[torch.Tensor, int] | None:
+        """The target network and its version when it changed since the last call; None
+        without one."""
+        return None
 
     def step(self, loss: torch.Tensor) -> float:
         """Backpropagate `loss`, clip the gradients to max_grad_norm and take one optimizer step

@@ -53,6 +53,14 @@ class Exploration(BaseModel):
         description="Added to the log standard deviation of this worker's Gaussian policy, to "
         "act and in its loss; continuous actions only.",
     )
+    epsilon: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="algo apex: this actor's own epsilon (Ape-X's); unset: the config's "
+        "exploration schedule.",
+    )
 
     def resolved(self, config: TrainConfig) -> Exploration:
         """Every setting filled in: what the worker trains with under `config`."""
@@ -61,8 +69,16 @@ class Exploration(BaseModel):
         return self.model_copy(update={"entropy_coef": config.entropy_coef})
 
     def config_for(self, config: TrainConfig) -> TrainConfig:
-        """The worker's own copy of the config, with its entropy_coef: what its loss uses."""
-        return config.model_copy(update={"entropy_coef": self.resolved(config).entropy_coef})
+        """The worker's own copy of the config, with its entropy_coef (what its loss uses) and
+        an Ape-X actor's epsilon as a constant exploration schedule."""
+        update: dict[str, Any] = {"entropy_coef": self.resolved(config).entropy_coef}
+        if self.epsilon is not None:
+            update |= {
+                "exploration_initial_eps": self.epsilon,
+                "exploration_final_eps": self.epsilon,
+                "exploration_steps": 0,
+            }
+        return config.model_copy(update=update)
 
 
 def spread(index: int) -> float:
@@ -83,12 +99,19 @@ def derive(config: TrainConfig, index: int) -> Exploration:
     """The settings of worker `index` (from 0, in the order workers were started or joined):
     entropy_coef from the config's entropy_coef (the first worker) to entropy_coef_max (the
     second), the log-std offset from 0 to log_std_spread, at the worker's `spread`. Written as a
-    weighted mean, so that the ends are exactly the config's two values."""
+    weighted mean, so that the ends are exactly the config's two values. An Ape-X actor's
+    epsilon is apex_epsilon^(1 + apex_epsilon_alpha * spread): the paper's 0.4^(1 + 7 i / (N - 1))
+    for the first two, and the points between for the rest, however many join."""
     share = spread(index)
     entropy_coef = config.entropy_coef
     if config.entropy_coef_max is not None:
         entropy_coef = (1.0 - share) * config.entropy_coef + share * config.entropy_coef_max
-    return Exploration(entropy_coef=entropy_coef, log_std_offset=config.log_std_spread * share)
+    epsilon = None
+    if config.algo == "apex":
+        epsilon = config.apex_epsilon ** (1.0 + config.apex_epsilon_alpha * share)
+    return Exploration(
+        entropy_coef=entropy_coef, log_std_offset=config.log_std_spread * share, epsilon=epsilon
+    )
 
 
 def check_actions(config: TrainConfig, discrete: bool) -> None:

@@ -1,8 +1,8 @@
 """IMPALA (`algo: "impala"`, Espeholt et al. 2018): workers only act and push their rollouts; the
-learner beside the master takes one optimizer step on each `queue_size` rollouts, with V-trace
-targets that correct for the lag between the policy that acted (the behaviour policy, whose
-log-probabilities each rollout carries) and the learner's: rollouts several versions old still
-count, weighted by their truncated importance ratios.
+learner beside the master takes `n_epochs` optimizer steps (the paper's one by default) on each
+`queue_size` rollouts, with V-trace targets that correct for the lag between the policy that acted
+(the behaviour policy, whose log-probabilities each rollout carries) and the learner's: rollouts
+several versions old still count, weighted by their truncated importance ratios.
 
 Episode ends are encoded as in a3c_http/algos/a3c.py (gymnasium's NEXT_STEP autoreset): the step
 after an episode end is not a transition (`valid` False) and the chain of corrections stops at
@@ -55,6 +55,13 @@ def vtrace(
 
 class ImpalaLearner(Learner):
     def update(self, batch: Batch, env_steps: int) -> dict[str, float]:
+        """`n_epochs` optimizer steps on the whole batch (RLlib's IMPALA `num_epochs`), each
+        with V-trace targets from the network as it is then; the metrics of the last."""
+        for _ in range(self.config.n_epochs):
+            metrics = self._step_on(batch)
+        return metrics
+
+    def _step_on(self, batch: Batch) -> dict[str, float]:
         cfg = self.config
         dist, values_all = batch.unroll(self.model)
         values, last_value = values_all[:-1], values_all[-1]

@@ -7,8 +7,10 @@ from typing import Any
 from torch import nn
 
 from a3c_http.algos.a3c import A3C
+from a3c_http.algos.apex import ApexActor
 from a3c_http.algos.base import Algorithm
 from a3c_http.algos.best_weights import BestWeights
+from a3c_http.algos.dqn import AsyncDQN
 from a3c_http.algos.impala import Impala
 from a3c_http.algos.ppo import PPO
 from a3c_http.algos.sync import SyncA2C
@@ -16,7 +18,7 @@ from a3c_http.config.training import TrainConfig
 
 # By name: A3C's by `sync_mode` value, the others by `algo` value.
 ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (A3C, SyncA2C, BestWeights, PPO, Impala)
+    cls.name: cls for cls in (A3C, SyncA2C, BestWeights, PPO, Impala, AsyncDQN, ApexActor)
 }
 
 

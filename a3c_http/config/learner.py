@@ -27,7 +27,12 @@ class LearnerFields(BaseModel):
         "learner.dropped_stale); impala corrects the lag of the rest with V-trace.",
     )
     n_epochs: int = Field(
-        10, ge=1, le=1000, description="ppo: passes over each update's rollouts."
+        10,
+        ge=1,
+        le=1000,
+        description="ppo: passes over each update's rollouts; impala: optimizer steps on each "
+        "batch of rollouts (RLlib's num_epochs; V-trace corrects each for how far the policy "
+        "has moved since it acted).",
     )
     batch_size: int = Field(
         64,
@@ -79,4 +84,4 @@ class LearnerFields(BaseModel):
     @property
     def learns_from_experience(self) -> bool:
         """Whether the run's workers push experience to a learner beside the master."""
-        return self.algo in ("ppo", "impala")
+        return self.algo in ("ppo", "impala", "apex")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from a3c_http.config.value_presets import APEX_DEFAULTS, APEX_PRESETS, DQN_DEFAULTS, DQN_PRESETS
+
 # Atari from pixels (the atari extra) with the A3C paper's settings: 84x84 grayscale frames,
 # 4 stacked, the Nature CNN, t_max 5, RMSprop with a linearly decayed learning rate, entropy
 # 0.01; rewards clipped and a lost life an episode end, both for the loss only. 16 environments a
@@ -104,12 +106,16 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "impala": {
         "lr": 6e-4,
+        "n_epochs": 1,
         "t_max": 20,
         "num_envs": 8,
         "queue_size": 2,
         "entropy_coef": 0.01,
         "max_policy_lag": 16,
     },
+    # dqn and apex: a3c_http/config/value_presets.py.
+    "dqn": DQN_DEFAULTS,
+    "apex": APEX_DEFAULTS,
 }
 
 # PPO: the RL Zoo's hyperparameters (rl-baselines3-zoo hyperparams/ppo.yml) for the tasks A3C
@@ -224,6 +230,8 @@ ALGORITHM_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "a3c": PRESETS,
     "ppo": PPO_PRESETS,
     "impala": IMPALA_PRESETS,
+    "dqn": DQN_PRESETS,
+    "apex": APEX_PRESETS,
 }
 
 # The presets of whole families of environments, for an env_id without one of its own: every

@@ -287,10 +287,10 @@ class Settings(_FromEnv):
         "quiet",
         description="quiet: uvicorn's access log leaves out the successful requests of the "
         "workers' training loop (/gradients, /episode, /heartbeat, /global_model_weights, "
-        "/local_model_weights: hundreds a second, which cost 9 to 17 % of the env steps/s when "
-        "written) and the 409s of /gradients and /local_model_weights (refused stale updates, "
-        "counted in updates_rejected_by); other errors and every other route are logged. all: "
-        "every request.",
+        "/target_model_weights, /local_model_weights: hundreds a second, which cost 9 to 17 % "
+        "of the env steps/s when written) and the 409s of /gradients and /local_model_weights "
+        "(refused stale updates, counted in updates_rejected_by); other errors and every other "
+        "route are logged. all: every request.",
     )
     # Processes that take the workers' gradient pushes on an address of their own
     # (master/ingress/receivers.py): 0, the master's own process takes them all.

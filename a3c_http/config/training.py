@@ -24,6 +24,7 @@ from pydantic_core import PydanticCustomError
 from a3c_http.config.hints import with_field_hints
 from a3c_http.config.learner import LearnerFields
 from a3c_http.config.presets import with_preset
+from a3c_http.config.value_based import ValueFields
 from a3c_http.envs.make import env_spec
 
 # The largest seed torch.manual_seed takes (an unsigned 64-bit integer).
@@ -32,7 +33,7 @@ MAX_SEED = 2**64 - 1
 MAX_LOG_STD_SPREAD = 3.0
 
 
-class TrainConfig(LearnerFields):
+class TrainConfig(ValueFields, LearnerFields):
     """Everything that shapes one training run. Defaults solve CartPole-v1 in a few minutes on two
     CPU cores with two workers."""
 
@@ -156,16 +157,20 @@ class TrainConfig(LearnerFields):
         "waits for one gradient of each running worker for the current version and applies "
         "their mean in one step (see sync_timeout_s).",
     )
-    algo: Literal["a3c", "ppo", "impala"] = Field(
+    algo: Literal["a3c", "ppo", "impala", "dqn", "apex"] = Field(
         "a3c",
         description="a3c: workers compute gradients and the master applies them (sync_mode says "
         "how). ppo and impala: workers only act and push their rollouts (experience) to a "
         "learner process beside the master, which updates the network and publishes each new "
         "version of the weights in the replies: ppo as distributed PPO (clipped surrogate, GAE, "
         "n_epochs of minibatches when queue_size rollouts have arrived), impala with V-trace "
-        "(one step on each queue_size rollouts, corrected for the policy lag). Each algorithm "
-        "starts from its own defaults (a3c_http/config/presets.py ALGORITHM_DEFAULTS) under the "
-        "task's preset.",
+        "(n_epochs steps on each queue_size rollouts, corrected for the policy lag). dqn: "
+        "asynchronous DQN and Gorila, each worker acts epsilon-greedily, keeps its own replay "
+        "and pushes DQN gradients against the master's target network. apex: Ape-X, workers "
+        "with their own epsilons push n-step transitions with their priorities to a "
+        "prioritized replay beside the master, whose learner samples it. Each algorithm starts "
+        "from its own defaults (a3c_http/config/presets.py ALGORITHM_DEFAULTS) under the task's "
+        "preset.",
     )
     max_staleness: int = Field(
         128,
@@ -396,4 +401,3 @@ class TrainConfig(LearnerFields):
         if self.seed is None:
             updates["seed"] = int.from_bytes(os.urandom(4), "little") >> 1
         return self.model_copy(update=updates) if updates else self
-

@@ -56,6 +56,8 @@ class Rollout:
     statistics: dict[str, torch.Tensor] = field(default_factory=dict)
     # The version of the global weights that acted (what a worker last loaded; 0 before any).
     policy_version: int = 0
+    # Ape-X's actors: each step's initial priority ([T, N], a3c_http/algos/apex.py), else None.
+    priorities: torch.Tensor | None = None
     # The observation after the last step ([N, *obs_shape]) and whether it begins an episode
     # ([N] bool): what a learner that computes the values itself bootstraps from.
     last_obs: torch.Tensor | None = None

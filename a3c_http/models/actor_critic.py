@@ -30,6 +30,7 @@ from a3c_http.config.training import TrainConfig
 from a3c_http.envs.make import make_env
 from a3c_http.models.encoders import ImageEncoder, UnsupportedSpace, flat, layer, mlp
 from a3c_http.models.normalize import RunningMeanStd
+from a3c_http.models.q_network import QNetwork
 
 __all__ = ["ActorCritic", "State", "UnsupportedSpace", "build_model", "model_for"]
 
@@ -209,7 +210,20 @@ class ActorCritic(nn.Module):
 
 def model_for(config: TrainConfig) -> ActorCritic:
     """The network a training config describes (the master, the workers and evaluation all build
-    it here, so they agree on every name and shape)."""
+    it here, so they agree on every name and shape): an actor-critic, or for the value-based
+    algorithms (dqn, apex) a Q-network (a3c_http/models/q_network.py), which acts as one."""
+    if config.value_based:
+        env = make_env(config.env_id, config.env_kwargs, config.preprocess, config.frame_stack)
+        try:
+            return QNetwork.for_spaces(  # type: ignore[return-value]
+                env.observation_space,
+                env.action_space,
+                hidden_sizes=config.hidden_sizes,
+                encoder=config.encoder,
+                dueling=config.dueling,
+            )
+        finally:
+            env.close()
     return build_model(
         config.env_id,
         config.env_kwargs,

@@ -5,22 +5,32 @@ advantages are centred on their mean (Wang et al. 2016): Q(s, a) = V(s) + A(s, a
 
 Only discrete action spaces have Q-values. `forward` maps observations `[B, *obs_shape]` in their
 own dtype (uint8 and bool images are scaled in the encoder) to Q-values `[B, n_actions]`.
+
+To the rest of the cluster (rollouts, evaluation, export) a Q-network acts as the actor-critic
+does (`act`, `greedy`, `initial_state`): its policy is the epsilon-greedy distribution over its
+Q-values (greedy with epsilon 0, what evaluation and export play), its value the highest Q-value.
+A worker acts through `EpsilonGreedy`, which holds its own epsilon.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
+from torch.distributions import Categorical, Distribution
 
 from a3c_http.models.encoders import ImageEncoder, UnsupportedSpace, flat, layer, mlp
 
 
 class QNetwork(nn.Module):
     """Q-values of every action of a discrete action space (the module's docstring)."""
+
+    discrete = True
+    recurrent = False
 
     def __init__(
         self,
@@ -67,27 +77,43 @@ class QNetwork(nn.Module):
             q = self.value_head(x) + q - q.mean(dim=-1, keepdim=True)
         return q
 
-    def greedy(self, obs: torch.Tensor) -> torch.Tensor:
-        """The actions of highest Q-value, `[B]`."""
-        with torch.no_grad():
-            return self(obs).argmax(dim=-1)
+    # The actor-critic's interface (the module's docstring).
+    def initial_state(self, n: int) -> tuple[()]:
+        return ()
+
+    def act(
+        self,
+        obs: torch.Tensor,
+        state: tuple[()] = (),
+        starts: torch.Tensor | None = None,
+        epsilon: float = 0.0,
+    ) -> tuple[Distribution, torch.Tensor, tuple[()]]:
+        """The epsilon-greedy distribution over the actions of `[N]` observations, the highest
+        Q-value of each and the (empty) state."""
+        q = self(obs)
+        best = torch.nn.functional.one_hot(q.argmax(dim=-1), q.shape[-1]).to(q.dtype)
+        probs = (1.0 - epsilon) * best + epsilon / q.shape[-1]
+        return Categorical(probs=probs, validate_args=False), q.max(dim=-1).values, state
+
+    @staticmethod
+    def greedy(dist: Distribution) -> torch.Tensor:
+        """The action of highest Q-value (of the distribution `act` gave)."""
+        return dist.probs.argmax(-1)
 
 
-def epsilon_greedy(q: torch.Tensor, epsilon: torch.Tensor | float) -> torch.Tensor:
-    """Actions `[B]` from Q-values `[B, A]`: uniformly random with probability `epsilon` (one
-    value, or one per row), else greedy."""
-    greedy = q.argmax(dim=-1)
-    random = torch.randint(q.shape[-1], greedy.shape, device=q.device)
-    explore = torch.rand(greedy.shape, device=q.device) < epsilon
-    return torch.where(explore, random, greedy)
+class EpsilonGreedy:
+    """A worker's acting policy: its Q-network with its own `epsilon` (changed as it anneals);
+    everything else (parameters, `greedy`, ...) is the network's own."""
+
+    def __init__(self, model: QNetwork, epsilon: float = 1.0) -> None:
+        self.model = model
+        self.epsilon = epsilon
+
+    def act(self, obs: torch.Tensor, state: Any = (), starts: Any = None) -> Any:
+        return self.model.act(obs, state, starts, self.epsilon)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
 
 
-def apex_epsilons(n: int, base: float = 0.4, alpha: float = 7.0) -> list[float]:
-    """Ape-X's exploration of `n` actors (Horgan et al. 2018): epsilon_i = base^(1 + alpha i /
-    (n - 1)), from 0.4 down to 0.4^8 (about 0.00066); one actor gets `base`."""
-    if n == 1:
-        return [base]
-    return [base ** (1 + alpha * i / (n - 1)) for i in range(n)]
-
-
-__all__ = ["QNetwork", "apex_epsilons", "epsilon_greedy"]
+__all__ = ["EpsilonGreedy", "QNetwork"]

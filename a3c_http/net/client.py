@@ -226,6 +226,16 @@ class MasterClient:
             return None
         return self._weights_reply(response, layout)
 
+    def get_target_weights(
+        self, layout: wire.Layout, if_not_version: int | None = None
+    ) -> Weights | None:
+        """The run's target network (algo dqn), or None when it is still at `if_not_version`."""
+        headers = {"If-None-Match": f'"{if_not_version}"'} if if_not_version is not None else {}
+        response = self._request("GET", "/target_model_weights", headers=headers)
+        if response.status_code == 304:
+            return None
+        return self._weights_reply(response, layout)
+
     def push_gradients(
         self,
         worker_id: str,

@@ -120,6 +120,7 @@ class Snapshot:
     state: dict[str, Any]
     weights: bytes | None = None
     optimizer: bytes | None = None
+    target: bytes | None = None  # a value-based run's target network (float32 weights)
     new_episodes: list[tuple] = field(default_factory=list)
     new_evaluations: list[tuple] = field(default_factory=list)
     temporary: dict[str, bytes] = field(default_factory=dict)
@@ -232,7 +233,7 @@ class RunStore:
             db.executemany(
                 "INSERT OR REPLACE INTO meta VALUES (?, ?)", [("config", config), ("state", state)]
             )
-            blobs = {"weights": snap.weights, "optimizer": snap.optimizer}
+            blobs = {"weights": snap.weights, "optimizer": snap.optimizer, "target": snap.target}
             db.executemany(
                 "INSERT OR REPLACE INTO blobs VALUES (?, ?)",
                 [(n, b) for n, b in blobs.items() if b],
@@ -297,6 +298,7 @@ class RunStore:
                 state=json.loads(meta["state"]),
                 weights=blobs.get("weights"),
                 optimizer=blobs.get("optimizer"),
+                target=blobs.get("target"),
                 temporary=dict(db.execute("SELECT worker_id, weights FROM temporary")),
                 queue_head=queue[0][0] if queue else 0,
                 queue=queue,
@@ -322,8 +324,7 @@ class RunStore:
             return []
         try:
             rows = db.execute(
-                f"SELECT {', '.join(fields)} FROM {table} WHERE {fields[0]} > ? "
-                "ORDER BY 1 LIMIT ?",
+                f"SELECT {', '.join(fields)} FROM {table} WHERE {fields[0]} > ? ORDER BY 1 LIMIT ?",
                 (after, limit),
             )
             return [dict(zip(fields, row, strict=True)) for row in rows]

@@ -53,7 +53,11 @@ def _weights_response(body: bytes, version: int, duplicate: bool = False) -> Res
 def global_model_weights(
     state: State, if_none_match: Annotated[str | None, Header()] = None
 ) -> Response:
-    body, version = state.params.weights()
+    return _tagged(*state.params.weights(), if_none_match)
+
+
+def _tagged(body: bytes, version: int, if_none_match: str | None) -> Response:
+    """A weights body of `version`, or 304 when If-None-Match names that version."""
     if if_none_match is not None:
         tags = {t.strip().removeprefix("W/").strip('"') for t in if_none_match.split(",")}
         if str(version) in tags or "*" in tags:
@@ -61,6 +65,24 @@ def global_model_weights(
                 status_code=304, headers={"ETag": f'"{version}"', VERSION_HEADER: str(version)}
             )
     return _weights_response(body, version)
+
+
+@router.get(
+    "/target_model_weights",
+    response_class=Response,
+    responses={
+        200: _TENSOR_BODY,
+        304: {"description": "unchanged since If-None-Match"},
+        **INVALID,
+        **conflict("no run has started, or the run keeps no target network (algo dqn, apex)"),
+    },
+)
+def target_model_weights(
+    state: State, if_none_match: Annotated[str | None, Header()] = None
+) -> Response:
+    """The target network of a value-based run (algo dqn and apex), `X-Model-Version` its
+    version: the global weights of that version (master/learning/target.py)."""
+    return _tagged(*state.params.target_weights(), if_none_match)
 
 
 @router.post(

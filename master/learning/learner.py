@@ -82,6 +82,8 @@ class Publication:
     used: int = 0
     dropped: int = 0
     nonfinite_steps: int = 0
+    # A learner's new target network (Ape-X's): a float32 vector as `weights`, and its version.
+    target: tuple[Any, int] | None = None
 
 
 class LearnerBusy(Exception):
@@ -130,9 +132,11 @@ class LearnerHost:
         weights: torch.Tensor,
         optimizer_state: dict[str, Any] | None,
         version: int,
+        target: tuple[torch.Tensor, int] | None = None,
     ) -> None:
         """Start the learner of a run from these weights, optimizer state and version (a new
-        run's, or a resumed one's). The device is checked before (DeviceUnavailable)."""
+        run's, or a resumed one's), and a resumed run's target network (with its version). The
+        device is checked before (DeviceUnavailable)."""
         self.stop()
         device = resolve_device(config.device)
         context = multiprocessing.get_context("spawn")
@@ -141,7 +145,7 @@ class LearnerHost:
             target=_learner_main,
             args=(
                 _Start(config.model_dump_json(), weights, optimizer_state, version, str(device),
-                       self.optimizer_every_s),
+                       self.optimizer_every_s, target),
                 inbox,
                 outbox,
             ),
@@ -296,6 +300,8 @@ class LearnerHost:
                 return
 
     def _take(self, publication: Publication) -> None:
+        if publication.target is not None:
+            publication.target = (torch.from_numpy(publication.target[0]), publication.target[1])
         if publication.weights is not None:
             publication.weights = torch.from_numpy(publication.weights)
             self._publish(publication)
@@ -322,6 +328,7 @@ class _Start:
     version: int
     device: str
     optimizer_every_s: float
+    target: tuple[torch.Tensor, int] | None = None
 
 
 def _learner_main(start: _Start, inbox: Any, outbox: Any) -> None:
@@ -343,6 +350,8 @@ def _learn(start: _Start, inbox: Any, outbox: Any) -> None:
     model = model_for(config)
     model.load_state_dict(Layout.of(model).views(start.weights))
     learner = algorithm_class(config).learner(config, model, device, start.optimizer_state)
+    if start.target is not None:
+        learner.restore_target(*start.target)
     outbox.put(("ready",))
     parent = multiprocessing.parent_process()
     pending: list[tuple[dict[str, torch.Tensor], int, int]] = []  # tensors, version, env steps
@@ -377,7 +386,12 @@ def _learn(start: _Start, inbox: Any, outbox: Any) -> None:
         batch, pending = pending[: config.queue_size], pending[config.queue_size :]
         undone = learner.nonfinite_steps
         metrics = learner.learn([p[0] for p in batch], max(p[2] for p in batch))
+        if metrics is None:  # taken, the weights unchanged (a replay still filling)
+            outbox.put(("publication", Publication(version, None, None, {}, len(batch), dropped)))
+            dropped = 0
+            continue
         version += 1
+        target = learner.take_target()
         now = time.monotonic()
         send_optimizer = now - last_optimizer >= optimizer_every_s
         if send_optimizer:
@@ -386,6 +400,6 @@ def _learn(start: _Start, inbox: Any, outbox: Any) -> None:
             version, learner.weights().numpy(),
             learner.optimizer_state() if send_optimizer else None,
             metrics, len(batch), dropped, learner.nonfinite_steps - undone,
+            None if target is None else (target[0].numpy(), target[1]),
         )))  # fmt: skip
         dropped = 0
-

@@ -51,6 +51,7 @@ from master.learning.admission import (
     weights_problem,
 )
 from master.learning.rounds import Outcome, SyncRounds, Update
+from master.learning.target import TargetNetwork
 
 
 class ParameterServer(SyncRounds):
@@ -71,6 +72,7 @@ class ParameterServer(SyncRounds):
         self.staleness_total = 0  # versions between the weights of applied gradients and theirs
         self._round_numbers = itertools.count(1)  # never reused, so a late timeout closes no other
         self._reset_rounds()
+        self.target = TargetNetwork()  # dqn and apex runs' (master/learning/target.py)
 
     def start_run(self, config: TrainConfig, model: ActorCritic, next_version: bool) -> None:
         """Fresh weights and counters for a new run; `next_version`: an earlier run used this
@@ -88,6 +90,7 @@ class ParameterServer(SyncRounds):
             self.outliers.reset()
             self._reset_rounds()
             self.staleness_total = 0
+            self.target.reset(self.net, self.version, config.value_based, _refresh_every(config))
 
     def _set_model(self, config: TrainConfig, model: ActorCritic, optimizer_state: Any) -> None:
         self.net = FlatNetwork(model, config, optimizer_state)
@@ -262,6 +265,7 @@ class ParameterServer(SyncRounds):
             raise StateConflict(f"{exc}: pull the weights and go on") from None
         self.staleness_total += staleness
         self.version += 1
+        self.target.follow(self.net, self.version)
         self.updates_applied += len(updates)
         for u in updates:
             self._remember_seq(u.worker_id, u.seq)
@@ -309,24 +313,38 @@ class ParameterServer(SyncRounds):
             return self.version, duplicate
 
     def publish(
-        self, version: int, weights: torch.Tensor, optimizer_state: dict[str, Any] | None
+        self,
+        version: int,
+        weights: torch.Tensor,
+        optimizer_state: dict[str, Any] | None,
+        target: tuple[torch.Tensor, int] | None = None,
     ) -> None:
-        """The learner's weights of `version` and, when sent, its optimizer's state."""
+        """The learner's weights of `version` and, when sent, its optimizer's state and its
+        target network (with the target's version)."""
         with self.lock:
             net = self._require_net()
             net.load(weights)
             if optimizer_state is not None:
                 net.optimizer.load_state_dict(optimizer_state)
+            if target is not None:
+                self.target.take(*target)
             if version > self.version:
                 self.updates_applied += 1
                 self.version = version
             self._encoded = None
+
+    def target_weights(self) -> tuple[bytes, int]:
+        """The target network's weights in the run's wire dtype and its version (StateConflict
+        when the run keeps none)."""
+        with self.lock:
+            return self.target.body(self._require_net())
 
     def counters(self) -> dict[str, Any]:
         with self.lock:
             rounds, applied = self.sync_rounds, self.updates_applied
             return {
                 "model_version": self.version,
+                "target_version": self.target.version,  # dqn and apex runs, else None
                 "updates_applied": self.updates_applied,
                 "updates_rejected": self.updates_rejected,
                 "updates_refused_outlier": self.outliers.refused,
@@ -353,11 +371,13 @@ class ParameterServer(SyncRounds):
                 "sync_gradients": self.sync_gradients,
                 "staleness_total": self.staleness_total,
                 "rejected_by": dict(self.rejected_by),
+                "target_version": self.target.version,
                 **self.outliers.state(),
             }
 
-    def blobs(self) -> tuple[bytes, bytes]:
-        """The weights and the optimizer's state, as bytes. NonFiniteValue, naming the tensor,
+    def blobs(self) -> tuple[bytes, bytes, bytes | None]:
+        """The weights, the optimizer's state and the target network (None without one), as
+        bytes. NonFiniteValue, naming the tensor,
         when either holds a NaN or an infinity: the run folder keeps its last save rather than
         one that no master could resume from."""
         with self.lock:
@@ -370,7 +390,7 @@ class ParameterServer(SyncRounds):
                 )
             buf = io.BytesIO()
             torch.save(net.optimizer_state(), buf)
-            return self.stored_weights()[0], buf.getvalue()
+            return self.stored_weights()[0], buf.getvalue(), self.target.blob(net)
 
     def restore(
         self,
@@ -380,9 +400,10 @@ class ParameterServer(SyncRounds):
         optimizer_state: dict[str, Any],
         temporary: dict[str, bytes],
         skip_versions: int,
+        target: torch.Tensor | None = None,
     ) -> None:
         """Take up a saved run (master/persistence/resume.py read and checked it); `skip_versions`:
-        how far the version jumps after a crash."""
+        how far the version jumps after a crash; `target`: the saved target network's weights."""
         with self.lock:
             self._set_model(config, model, optimizer_state)
             self.version = int(state.get("model_version", 0)) + skip_versions
@@ -398,3 +419,14 @@ class ParameterServer(SyncRounds):
             self.rejected_by = {str(k): int(v) for k, v in state.get("rejected_by", {}).items()}
             self.outliers.restore(state)
             self.temporary = dict(temporary)
+            saved_version = state.get("target_version")
+            self.target.restore(
+                self.net, self.version, config.value_based, _refresh_every(config), target,
+                int(saved_version) if isinstance(saved_version, int) else None,
+            )  # fmt: skip
+
+
+def _refresh_every(config: TrainConfig) -> int | None:
+    """How often the parameter server refreshes the target network itself: a dqn run's
+    `target_update` versions; an apex run's learner keeps its own."""
+    return config.target_update if config.algo == "dqn" else None

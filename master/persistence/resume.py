@@ -45,6 +45,7 @@ VERSIONS_SKIPPED_AFTER_A_CRASH = 1_000_000
 # disk, saves failing for hours while updates go on) is passed too.
 UPDATES_PER_S_BOUND = 100_000
 
+
 def versions_to_skip(saved_at: float | None, now: float) -> int:
     """How far the model version jumps when a run whose last successful save was at `saved_at`
     is resumed after a crash at `now` (unix times): VERSIONS_SKIPPED_AFTER_A_CRASH, plus
@@ -106,6 +107,7 @@ class _Saved:
     skipped: int
     run_id: str | None
     next_version: int | None  # for a new run, should this one not be taken up after all
+    target: torch.Tensor | None = None  # a value-based run's target network
 
 
 @dataclass(frozen=True)
@@ -132,8 +134,9 @@ def resume(
         ledger.restore(state, elapsed_s, config, snap.queue)
         if config is not None:
             params.restore(
-                config, saved.model, state, saved.optimizer, snap.temporary, saved.skipped
-            )
+                config, saved.model, state, saved.optimizer, snap.temporary, saved.skipped,
+                saved.target,
+            )  # fmt: skip
     except Exception as exc:  # a state that parses but does not fit what this master keeps
         why = f"its saved state does not fit this master ({type(exc).__name__}: {exc})"
         raise CannotResume(store, why, saved.run_id, None, saved.next_version) from exc
@@ -194,7 +197,15 @@ def _read(store: RunStore, now: float) -> _Saved | None:
         raise cannot(why) from exc
     if bad is not None:
         raise cannot(f"{bad} (table blobs, 'optimizer') holds NaN or infinite values")
-    return _Saved(snap, config, model, optimizer, skipped, run_id, next_version)
+    target = None
+    if snap.target:
+        try:
+            target, _ = wire.Layout.of(model).decode(snap.target)
+        except wire.WireError as exc:
+            raise cannot(
+                f"its target network (table blobs, 'target') does not load: {exc}"
+            ) from None
+    return _Saved(snap, config, model, optimizer, skipped, run_id, next_version, target)
 
 
 def _written(path: os.PathLike) -> time.struct_time:

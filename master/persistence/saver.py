@@ -154,8 +154,8 @@ class Persister:
             rows, evaluations = list(ledger.unsaved_rows), list(ledger.evals.unsaved)
             if not force and not rows and not evaluations and marks == saved:
                 return None
-            weights, optimizer = (
-                params.blobs() if marks.version not in (None, saved.version) else (None, None)
+            weights, optimizer, target = (
+                params.blobs() if marks.version not in (None, saved.version) else (None, None, None)
             )
             config = ledger.config.model_dump() if ledger.config else {}
             snapshot = Snapshot(
@@ -168,6 +168,7 @@ class Persister:
                 },
                 weights=weights,
                 optimizer=optimizer,
+                target=target,
                 new_episodes=rows,
                 new_evaluations=evaluations,
                 temporary=dict(params.temporary) if marks.temporary != saved.temporary else {},

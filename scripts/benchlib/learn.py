@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 from scripts.benchlib.cluster import fresh_run
 from scripts.benchlib.procs import interrupt
-from scripts.benchlib.zoo import ZOO, ZOO_PPO
+from scripts.benchlib.zoo import ZOO, ZOO_DQN, ZOO_PPO
 
 
 class Task(NamedTuple):
@@ -57,6 +57,16 @@ TASKS = {
 PPO_TASKS = {
     "Pendulum-v1": Task(-200.0, 1_000_000, 900.0),
     "LunarLander-v3": Task(200.0, 1_000_000, 1500.0),
+}
+
+# dqn and apex against SB3's DQN, both judged on 10 greedy episodes every GREEDY_EVERY env steps
+# (the cluster's presets: `solved_on: "eval"`), as the Zoo scores DQN: its epsilon-greedy
+# training episodes fall short of its policy (SB3's DQN with the Zoo's CartPole settings: a
+# training mean of 71 after 200k env steps).
+GREEDY_EVERY = 2_000
+DQN_TASKS = {
+    "CartPole-v1": Task(475.0, 200_000, 600.0),
+    "LunarLander-v3": Task(200.0, 1_000_000, 3600.0),
 }
 
 # SB3-contrib's RecurrentPPO ("MlpLstmPolicy"): its defaults but for these (on any other task too,
@@ -120,23 +130,34 @@ def _classes(policy_kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: known.get(v, v) if isinstance(v, str) else v for k, v in policy_kwargs.items()}
 
 
-def _watch(target: float, cap_s: float, stop_at_target: bool) -> Any:
+def _watch(
+    target: float, cap_s: float, stop_at_target: bool, greedy: tuple[Any, int] | None = None
+) -> Any:
     """An SB3 callback that keeps the last 100 episode returns and stops the learner at the cap
-    of seconds, and once they reach the target when the task stops there."""
+    of seconds, and once they reach the target when the task stops there. `greedy`: (an
+    environment, every how many env steps): judge the target on the mean return of 10 greedy
+    episodes played there instead, as the cluster's `solved_on: "eval"` (value-based runs)."""
     from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.evaluation import evaluate_policy
 
     class Watch(BaseCallback):
         def _init_callback(self) -> None:
             self.recent: deque[float] = deque(maxlen=100)
             self.started = time.monotonic()
             self.solved = False
+            self.next_eval = greedy[1] if greedy else 0
 
         def _on_step(self) -> bool:
             for info in self.locals["infos"]:
                 if "episode" in info:
                     self.recent.append(float(info["episode"]["r"]))
-            full = len(self.recent) == 100
-            self.solved = full and sum(self.recent) / 100 >= target
+            if greedy is None:
+                full = len(self.recent) == 100
+                self.solved = full and sum(self.recent) / 100 >= target
+            elif self.num_timesteps >= self.next_eval:
+                self.next_eval += greedy[1]
+                mean, _ = evaluate_policy(self.model, greedy[0], 10, deterministic=True)
+                self.solved = mean >= target
             stop = self.solved and stop_at_target
             return not stop and time.monotonic() - self.started < cap_s
 
@@ -211,6 +232,31 @@ def run_sb3_ppo(env_id: str, seed: int, task: Task, cap_s: float, budget: int | 
     return _learn(model, budget_steps, _watch(task.target, cap_s, task.stop_at_target))
 
 
+def run_sb3_dqn(env_id: str, seed: int, task: Task, cap_s: float, budget: int | None) -> dict:
+    """SB3's DQN with ZOO_DQN's settings for `env_id`, for `budget` env steps (default: the
+    task's)."""
+    import torch
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecFrameStack
+
+    require_env(env_id)
+    torch.set_num_threads(1)
+    hp = dict(ZOO_DQN[env_id])
+    hp.pop("n_timesteps")
+    envs = make_vec_env(env_id, n_envs=1, seed=seed)
+    if frames := hp.pop("frame_stack", 0):
+        envs = VecFrameStack(envs, frames, channels_order="last")
+    if "policy_kwargs" in hp:
+        hp["policy_kwargs"] = _classes(hp["policy_kwargs"])
+    model = DQN("MlpPolicy", envs, seed=seed, verbose=0, device="cpu", **hp)
+    eval_envs = make_vec_env(env_id, n_envs=1, seed=seed + 10_000)
+    if frames:
+        eval_envs = VecFrameStack(eval_envs, frames, channels_order="last")
+    watch = _watch(task.target, cap_s, task.stop_at_target, (eval_envs, GREEDY_EVERY))
+    return _learn(model, budget or task.budget, watch)
+
+
 def run_recurrent_ppo(env_id: str, seed: int, task: Task, cap_s: float, budget: int) -> dict:
     """SB3-contrib's RecurrentPPO with an LSTM policy: its defaults but for RECURRENT's."""
     import torch
@@ -235,7 +281,8 @@ def run_inprocess(env_id: str, seed: int, overrides: dict, budget: int) -> dict:
 
 
 def task_of(env_id: str, algo: str) -> Task:
-    return PPO_TASKS.get(env_id, TASKS[env_id]) if algo == "ppo" else TASKS[env_id]
+    own = {"ppo": PPO_TASKS, "dqn": DQN_TASKS, "apex": DQN_TASKS}.get(algo, {})
+    return own.get(env_id, TASKS[env_id])
 
 
 def run_one(learner: str, env_id: str, seed: int, args: argparse.Namespace) -> dict:
@@ -247,6 +294,8 @@ def run_one(learner: str, env_id: str, seed: int, args: argparse.Namespace) -> d
     overrides = {**unreachable, **json.loads(args.config)}
     if learner == "sb3" and env_id in RECURRENT:
         r = run_recurrent_ppo(env_id, seed, task, cap_s, budget)
+    elif learner == "sb3" and args.algo in ("dqn", "apex"):
+        r = run_sb3_dqn(env_id, seed, task, cap_s, None if task.stop_at_target else budget)
     elif learner == "sb3" and args.algo != "a3c":
         r = run_sb3_ppo(env_id, seed, task, cap_s, None if task.stop_at_target else budget)
     elif learner == "sb3":
@@ -326,8 +375,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument(
-        "--algo", default="a3c", choices=("a3c", "ppo", "impala"),
-        help="the cluster's algo; sb3 is then SB3's PPO for ppo and impala (default a3c)",
+        "--algo", default="a3c", choices=("a3c", "ppo", "impala", "dqn", "apex"),
+        help="the cluster's algo; sb3 is then SB3's PPO for ppo and impala, its DQN for dqn and "
+        "apex (default a3c)",
     )  # fmt: skip
     parser.add_argument(
         "--learners", default="cluster,sb3",
@@ -350,8 +400,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             parser.error(str(exc))
         task = task_of(env_id, args.algo)
         rows = report.setdefault(env_id, [])
+        refs = {"a3c": "SB3's A2C", "dqn": "SB3's DQN", "apex": "SB3's DQN"}
         ref = "SB3-contrib's RecurrentPPO" if env_id in RECURRENT else (
-            "SB3's A2C" if args.algo == "a3c" else "SB3's PPO"
+            refs.get(args.algo, "SB3's PPO")
         )
         how = "stop there" if task.stop_at_target else f"at {args.budget or task.budget:,} steps"
         print(f"== {env_id} (target {task.target:g}, {how}; sb3: {ref})", flush=True)

@@ -58,3 +58,32 @@ ZOO_PPO = {
         "policy_kwargs": {"features_extractor_class": "MinAtarCNN", "normalize_images": False},
     },
 }
+
+# RL Zoo 2.9.2, hyperparams/dqn.yml: SB3's DQN, the reference of `--algo dqn` and `--algo apex`.
+_ZOO_DQN_CLASSIC = {
+    "n_timesteps": 100_000, "learning_rate": 6.3e-4, "batch_size": 128, "buffer_size": 50_000,
+    "learning_starts": 0, "gamma": 0.99, "target_update_interval": 250, "train_freq": 4,
+    "gradient_steps": -1, "exploration_fraction": 0.12, "exploration_final_eps": 0.1,
+    "policy_kwargs": {"net_arch": [256, 256]},
+}
+ZOO_DQN = {
+    "CartPole-v1": {
+        "n_timesteps": 50_000, "learning_rate": 2.3e-3, "batch_size": 64,
+        "buffer_size": 100_000, "learning_starts": 1000, "gamma": 0.99,
+        "target_update_interval": 10, "train_freq": 256, "gradient_steps": 128,
+        "exploration_fraction": 0.16, "exploration_final_eps": 0.04,
+        "policy_kwargs": {"net_arch": [256, 256]},
+    },
+    "Acrobot-v1": _ZOO_DQN_CLASSIC,
+    "LunarLander-v3": _ZOO_DQN_CLASSIC,
+    # Not in the Zoo: the MinAtar paper's DQN (replay 100k, learning from 5,000, batches of 32,
+    # target every 1,000, epsilon 1 to 0.1 over the first 100k frames) on its network, with the
+    # Zoo's Atari gradient step every 4 env steps (its every step would take SB3 hours here).
+    "MinAtar/Breakout-v1": {
+        "n_timesteps": 2_000_000, "frame_stack": 4, "learning_rate": 2.5e-4, "batch_size": 32,
+        "buffer_size": 100_000, "learning_starts": 5_000, "target_update_interval": 1000,
+        "train_freq": 4, "gradient_steps": 1, "exploration_fraction": 0.05,
+        "exploration_final_eps": 0.1,
+        "policy_kwargs": {"features_extractor_class": "MinAtarCNN", "normalize_images": False},
+    },
+}

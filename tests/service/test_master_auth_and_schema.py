@@ -89,6 +89,7 @@ CONFLICT_OPERATIONS = {
     ("POST", "/episode"),
     ("POST", "/heartbeat"),
     ("GET", "/global_model_weights"),
+    ("GET", "/target_model_weights"),
     ("POST", "/local_model_weights"),
     ("POST", "/gradients"),
     ("POST", "/experience"),

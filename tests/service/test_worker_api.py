@@ -209,9 +209,10 @@ def test_second_start_while_running_is_409_and_stop_ends_it(
 def test_the_start_requests_exploration_is_trained_with_and_shown(
     client: TestClient, fake_trainer: type[FakeTrainer]
 ) -> None:
-    mine = {"entropy_coef": 0.04, "log_std_offset": 0.5}
+    mine = {"entropy_coef": 0.04, "log_std_offset": 0.5, "epsilon": None}
     # Without one (an older master, curl): the config's entropy_coef and no offset.
-    for sent, used in ((mine, mine), (None, {"entropy_coef": 0.01, "log_std_offset": 0.0})):
+    default = {"entropy_coef": 0.01, "log_std_offset": 0.0, "epsilon": None}
+    for sent, used in ((mine, mine), (None, default)):
         body = start_body(free_port(), config={"entropy_coef": 0.01})
         if sent:
             body["exploration"] = sent

@@ -84,7 +84,7 @@ def one_rollout(config: TrainConfig, model: torch.nn.Module) -> Rollout:
 def test_every_sync_mode_and_algo_a_config_takes_has_an_algorithm() -> None:
     modes = typing.get_args(TrainConfig.model_fields["sync_mode"].annotation)
     algos = set(typing.get_args(TrainConfig.model_fields["algo"].annotation)) - {"a3c"}
-    assert set(ALGORITHMS) == set(modes) | algos and len(modes) == 3 and len(algos) == 2
+    assert set(ALGORITHMS) == set(modes) | algos and len(modes) == 3 and len(algos) == 4
 
 
 @pytest.mark.parametrize(

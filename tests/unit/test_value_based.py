@@ -8,10 +8,13 @@ import numpy as np
 import pytest
 import torch
 
+from a3c_http.algos.dqn import epsilon_at
 from a3c_http.algos.dqn_loss import Transitions, dqn_loss, nstep_transitions
+from a3c_http.algos.exploration import derive
 from a3c_http.algos.replay import Replay, SumTree
+from a3c_http.config.training import TrainConfig
 from a3c_http.models.encoders import UnsupportedSpace
-from a3c_http.models.q_network import QNetwork, apex_epsilons, epsilon_greedy
+from a3c_http.models.q_network import EpsilonGreedy, QNetwork
 
 
 def test_dueling_q_values_are_the_value_plus_centred_advantages() -> None:
@@ -35,16 +38,33 @@ def test_q_network_reads_minatar_grids_and_refuses_continuous_actions() -> None:
         QNetwork.for_spaces(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-1, 1, (1,)))
 
 
-def test_apex_epsilons_span_the_papers_range_and_epsilon_greedy_follows_them() -> None:
-    eps = apex_epsilons(8)
-    assert eps[0] == pytest.approx(0.4) and eps[-1] == pytest.approx(0.4**8)
-    assert all(a > b for a, b in zip(eps, eps[1:], strict=False))
-    assert apex_epsilons(1) == [0.4]
+def test_apex_actors_epsilons_span_the_papers_range_and_act_epsilon_greedily() -> None:
+    config = TrainConfig(algo="apex")
+    eps = [derive(config, i).epsilon for i in range(9)]
+    # The first two are the paper's ends (0.4 and 0.4^8), the rest between them.
+    assert eps[0] == pytest.approx(0.4) and eps[1] == pytest.approx(0.4**8)
+    assert all(0.4**8 < e < 0.4 for e in eps[2:]) and len(set(eps)) == 9
+    worker = derive(config, 1).config_for(config)
+    assert epsilon_at(worker, 0) == epsilon_at(worker, 10**9) == pytest.approx(0.4**8)
+    assert derive(TrainConfig(), 1).epsilon is None  # only Ape-X's actors have their own
+
     torch.manual_seed(0)
-    q = torch.tensor([[0.0, 1.0, 0.0]]).repeat(2000, 1)
-    assert (epsilon_greedy(q, 0.0) == 1).all()
-    random_share = (epsilon_greedy(q, 0.3) != 1).float().mean()
+    net = QNetwork((4,), 3)
+    obs = torch.randn(2000, 4)
+    best = net(obs).argmax(dim=1)
+    dist, value, state = EpsilonGreedy(net, 0.3).act(obs)
+    assert state == () and torch.equal(value, net(obs).max(dim=1).values)
+    assert torch.equal(QNetwork.greedy(dist), best)  # what evaluation and export play
+    random_share = (dist.sample() != best).float().mean()
     assert random_share == pytest.approx(0.3 * 2 / 3, abs=0.04)
+    assert (QNetwork.greedy(net.act(obs)[0]) == best).all()
+
+
+def test_a_dqn_workers_epsilon_falls_linearly_over_its_own_steps() -> None:
+    config = TrainConfig(algo="dqn", exploration_steps=1000, exploration_final_eps=0.1)
+    assert [epsilon_at(config, n) for n in (0, 500, 1000, 5000)] == pytest.approx(
+        [1.0, 0.55, 0.1, 0.1]
+    )
 
 
 def _rollout() -> dict[str, torch.Tensor]:
@@ -172,3 +192,9 @@ def test_uniform_replay_samples_every_row_alike_and_new_rows_get_the_highest_pri
     prioritized.add({"x": torch.zeros(2)}, priorities=torch.tensor([5.0, 1.0]))
     prioritized.add({"x": torch.ones(1)})  # no priority: the highest so far (5)
     assert prioritized.tree.get(np.array([2])).item() == pytest.approx(5.0, rel=1e-5)
+
+
+def test_settings_a_q_network_does_not_take_are_refused_by_name() -> None:
+    for field, value in (("core", "lstm"), ("normalize_obs", True), ("normalize_reward", True)):
+        with pytest.raises(ValueError, match=f"{field}={value!r} with algo 'dqn'"):
+            TrainConfig(algo="dqn", **{field: value})

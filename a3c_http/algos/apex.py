@@ -1,0 +1,152 @@
+"""Ape-X DQN (`algo: "apex"`, Horgan et al. 2018; seed 004): many actors, one prioritized replay and
+one learner.
+
+Workers only act, each with its own epsilon (apex_epsilon^(1 + apex_epsilon_alpha * s(k)),
+a3c_http/algos/exploration.py), and push their rollouts through the experience path with the
+initial priority of each step's n-step transition: its absolute TD error under the actor's own
+network (`initial_priorities`). The learner beside the master (master/learning/learner.py) cuts
+the same transitions (a3c_http/algos/dqn_loss.py), keeps them in a prioritized replay
+(a3c_http/algos/replay.py, `buffer_size`, `prioritized_alpha`) and, once it holds
+`learning_starts`, takes `gradient_steps` double-DQN steps on each `queue_size` rollouts, sampling
+by priority with importance weights whose exponent rises from `prioritized_beta` to 1 over the
+run, and setting the sampled rows' priorities from their new TD errors. Its target network is
+refreshed every `target_update` of its steps and sent to the master with the weights, so that it is
+saved with the run; the replay is not (a kill loses it, as it loses the learner's queue).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+
+from a3c_http.algos.dqn import epsilon_at, rollout_transitions
+from a3c_http.algos.dqn_loss import Transitions, dqn_loss, nstep_transitions
+from a3c_http.algos.experience import ExperienceAlgorithm, Learner
+from a3c_http.algos.replay import Replay
+from a3c_http.config.training import TrainConfig
+from a3c_http.envs.rollout import Rollout
+from a3c_http.models.q_network import EpsilonGreedy, QNetwork
+from a3c_http.optim.optimizers import learning_rate
+from a3c_http.wire.tensors import Layout
+
+
+def initial_priorities(model: QNetwork, rollout: Rollout, config: TrainConfig) -> torch.Tensor:
+    """`[T, N]`: each valid step's absolute n-step TD error under `model` (the online network
+    for both the value and the bootstrap, as Ape-X's actors), 0 on the autoreset steps."""
+    t = rollout_transitions(rollout, config)
+    with torch.no_grad():
+        q = model(t.obs).gather(1, t.actions.unsqueeze(1)).squeeze(1)
+        y = t.returns + t.discounts * model(t.next_obs).max(dim=1).values
+    priorities = torch.zeros(rollout.valid.shape)
+    priorities[rollout.valid] = (y - q).abs()
+    return priorities
+
+
+class ApexActor(ExperienceAlgorithm):
+    """An actor: its rollouts with their initial priorities go to the learner's replay."""
+
+    name = "apex"
+    learner: type[Learner]
+
+    def __init__(self, config: TrainConfig, model: Any, policy: Any) -> None:
+        # The worker's own config carries its epsilon as a constant schedule (exploration.py
+        # `Exploration.config_for`); without one it anneals as a dqn worker's.
+        super().__init__(config, model, EpsilonGreedy(model, epsilon_at(config, 0)))
+        self.env_steps = 0
+
+    def on_rollout(self, port: Any, rollout: Rollout) -> None:
+        self.env_steps += rollout.num_steps
+        self.policy.epsilon = epsilon_at(self.config, self.env_steps)
+        with port.learning():
+            rollout.priorities = initial_priorities(self.model, rollout, self.config)
+        port.push_experience(rollout)
+
+
+class ApexLearner(Learner):
+    """The learner and its prioritized replay (the module's docstring)."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        model: QNetwork,
+        device: torch.device,
+        optimizer_state: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(config, model, device, optimizer_state)
+        self.target = copy.deepcopy(self.model).requires_grad_(False)
+        self.target_version = 0  # the learner's step the target was taken at
+        self.steps = 0  # gradient steps taken
+        self.target_changed = False  # since the last `take_target`
+        self.replay = Replay(config.buffer_size, config.prioritized_alpha)
+        self.rng = np.random.default_rng(config.seed)
+
+    def restore_target(self, vector: torch.Tensor, version: int) -> None:
+        """Start from a saved target network (its weights as one vector in the global layout)
+        of step `version`."""
+        layout = Layout.of(self.target)
+        self.target.load_state_dict({k: v.to(self.device) for k, v in layout.views(vector).items()})
+        self.target_version = self.steps = version
+
+    def take_target(self) -> tuple[torch.Tensor, int] | None:
+        """The target network as a CPU vector (the global layout) and its step when it changed
+        since the last call, else None."""
+        if not self.target_changed:
+            return None
+        self.target_changed = False
+        layout = Layout.of(self.target)
+        state = {k: v.cpu() for k, v in self.target.state_dict().items()}
+        return layout.flatten(state), self.target_version
+
+    def learn(
+        self, rollouts: list[dict[str, torch.Tensor]], env_steps: int
+    ) -> dict[str, float] | None:
+        """Store the rollouts' transitions with their priorities; then, once the replay holds
+        learning_starts, `gradient_steps` steps (their metrics). None: no step yet."""
+        cfg = self.config
+        for r in rollouts:
+            t = nstep_transitions(
+                r["obs"], r["actions"], r["rewards"], r["terminated"], r["truncated"],
+                r["valid"], r["last_obs"], cfg.n_step, cfg.gamma,
+            )  # fmt: skip
+            self.replay.add(dataclasses.asdict(t), r["priorities"][r["valid"]])
+        if len(self.replay) < max(cfg.learning_starts, 1):
+            return None
+        lr = learning_rate(cfg, env_steps)
+        for group in self.net.optimizer.param_groups:
+            group["lr"] = lr
+        progress = min(1.0, env_steps / cfg.max_steps) if cfg.max_steps else 0.0
+        beta = cfg.prioritized_beta + (1.0 - cfg.prioritized_beta) * progress
+        losses, errors, norms = [], [], []
+        for _ in range(cfg.gradient_steps):
+            rows, index, weights = self.replay.sample(cfg.batch_size, beta, self.rng)
+            batch = Transitions(**{k: v.to(self.device) for k, v in rows.items()})
+            loss, td = dqn_loss(
+                self.model, self.target, batch, cfg.double_q, weights.to(self.device)
+            )
+            norms.append(self.step(loss))
+            self.replay.update(index, td)
+            losses.append(float(loss.detach()))
+            errors.append(float(td.mean()))
+            self.steps += 1
+            if self.steps - self.target_version >= cfg.target_update:
+                self.target.load_state_dict(self.model.state_dict())
+                self.target_version, self.target_changed = self.steps, True
+        self.updates += 1
+        return {
+            "train/loss": float(np.mean(losses)),
+            "train/td_error": float(np.mean(errors)),
+            "train/grad_norm": float(np.mean(norms)),
+            "train/learning_rate": lr,
+            "train/n_updates": float(self.steps),
+            "train/importance_beta": beta,
+            "train/target_version": float(self.target_version),
+            "replay/size": float(len(self.replay)),
+            "replay/bytes": float(self.replay.nbytes),
+        }
+
+
+ApexActor.learner = ApexLearner

@@ -1,0 +1,114 @@
+"""Asynchronous DQN and Gorila (`algo: "dqn"`): every worker is an actor, a replay memory and a
+learner of its own, and the master is the parameter server (seeds 000 and 001).
+
+A worker acts epsilon-greedily with the global weights it last received, its epsilon falling
+linearly over its own env steps (`exploration_steps`, as asynchronous DQN anneals each actor's).
+Each rollout's n-step transitions (a3c_http/algos/dqn_loss.py) go into its bounded replay; once
+that holds `learning_starts`, it samples `gradient_steps` minibatches after each rollout and
+pushes the DQN loss's gradients through the cluster's gradient path, where the master refuses
+those too stale (`max_staleness`) or outliers (`outlier_sigma`), as Gorila's parameter server
+does, and applies the rest with its optimizer. The target network is the master's
+(master/learning/target.py): the worker fetches it by version whenever its weights are
+`target_update` versions past the target it holds, so every worker bootstraps from the same
+weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import numpy as np
+import torch
+from torch import nn
+
+from a3c_http.algos.base import Algorithm, GradientUpdate, Sends, WorkerPort, gradients
+from a3c_http.algos.dqn_loss import Transitions, dqn_loss, nstep_transitions
+from a3c_http.algos.replay import Replay
+from a3c_http.config.training import TrainConfig
+from a3c_http.envs.rollout import Rollout
+from a3c_http.models.q_network import EpsilonGreedy
+from a3c_http.optim.flatnet import bind
+from a3c_http.wire import tensors as wire
+
+
+def epsilon_at(config: TrainConfig, env_steps: int) -> float:
+    """A worker's epsilon after `env_steps` of its own: linear from exploration_initial_eps to
+    exploration_final_eps over exploration_steps, then constant."""
+    start, end = config.exploration_initial_eps, config.exploration_final_eps
+    if env_steps >= config.exploration_steps:
+        return end
+    return start + (end - start) * env_steps / config.exploration_steps
+
+
+def rollout_transitions(rollout: Rollout, config: TrainConfig) -> Transitions:
+    """A rollout's n-step transitions (one per valid step)."""
+    return nstep_transitions(
+        rollout.obs, rollout.actions, rollout.rewards, rollout.terminated, rollout.truncated,
+        rollout.valid, rollout.last_obs, config.n_step, config.gamma,
+    )  # fmt: skip
+
+
+class AsyncDQN(Algorithm):
+    """The worker's side of asynchronous DQN (the module's docstring)."""
+
+    name = "dqn"
+    sends = Sends.GRADIENTS
+
+    def __init__(self, config: TrainConfig, model: nn.Module, policy: object) -> None:
+        super().__init__(config, model, EpsilonGreedy(model, config.exploration_initial_eps))
+        self.replay = Replay(config.buffer_size)
+        self.target = copy.deepcopy(model).requires_grad_(False)
+        self._target_flat = bind(self.target, wire.Layout.of(self.target, config.wire_dtype))
+        self.target_version: int | None = None
+        self.env_steps = 0
+        self.rng = np.random.default_rng(torch.initial_seed())  # the worker's seed
+
+    def pushes_in_flight(self) -> int:
+        return self.config.max_in_flight
+
+    def on_rollout(self, port: WorkerPort, rollout: Rollout) -> None:
+        cfg = self.config
+        self.env_steps += rollout.num_steps
+        self.policy.epsilon = epsilon_at(cfg, self.env_steps)
+        with port.learning():
+            self.replay.add(dataclasses.asdict(rollout_transitions(rollout, cfg)))
+        if len(self.replay) < max(cfg.learning_starts, 1):
+            port.report_episodes(rollout.episodes)
+            return
+        self._refresh_target(port)
+        for step in range(cfg.gradient_steps):
+            with port.learning():
+                update = self._update()
+            # The rollout's episodes and statistics travel with its first push.
+            port.push_gradients(update, rollout if step == 0 else _quiet(rollout), 0.0)
+
+    def _update(self) -> GradientUpdate:
+        cfg = self.config
+        rows, _, _ = self.replay.sample(cfg.batch_size, generator=self.rng)
+        loss, td = dqn_loss(self.model, self.target, Transitions(**rows), cfg.double_q)
+        grads, norm = gradients(self.model, loss, cfg.max_grad_norm)
+        metrics = {
+            "train/loss": float(loss.detach()),
+            "train/td_error": float(td.mean()),
+            "train/grad_norm": norm,
+            "rollout/exploration_rate": self.policy.epsilon,
+            "train/target_version": float(self.target_version or 0),
+        }
+        return GradientUpdate(grads, float(loss.detach()), norm, metrics)
+
+    def _refresh_target(self, port: WorkerPort) -> None:
+        """Fetch the master's target network when the weights are `target_update` versions past
+        the one held (then the master's is newer: it refreshes at that distance)."""
+        held = self.target_version
+        if held is not None and port.version - held < self.config.target_update:
+            return
+        weights = port.target_weights(held)
+        if weights is not None:
+            self._target_flat.copy_(weights.vector)
+            self.target_version = weights.version
+
+
+def _quiet(rollout: Rollout) -> Rollout:
+    """The rollout without its finished episodes and statistics (already sent)."""
+    return dataclasses.replace(rollout, episodes=[], statistics={})

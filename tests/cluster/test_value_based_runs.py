@@ -1,0 +1,69 @@
+"""Value-based runs on real processes: asynchronous DQN (workers push gradients against the
+master's target network) and Ape-X (actors push prioritized experience to the learner's replay),
+each taken up again after a kill -9 of the master, its target network refreshed on."""
+
+from __future__ import annotations
+
+import pytest
+
+from a3c_http.store.runstore import RunStore
+from a3c_http.testing.localcluster import LocalCluster, wait_for
+
+pytestmark = pytest.mark.integration
+
+COMMON = {
+    "env_id": "CartPole-v1",
+    "seed": 3,
+    "target_return": 1e9,
+    "max_steps": None,
+    "heartbeat_timeout_s": 30,
+    "hidden_sizes": [32],
+    "learning_starts": 64,
+    "target_update": 20,
+    "eval_every_updates": None,
+    "solved_on": "train",
+}
+RUNS = {
+    "dqn": {"t_max": 16, "gradient_steps": 4},
+    "apex": {"num_envs": 2, "t_max": 16, "gradient_steps": 4, "target_update": 8},
+}
+
+
+@pytest.mark.parametrize("algo", ["dqn", "apex"])
+def test_a_value_based_run_learns_and_keeps_its_target_network_across_a_killed_master(
+    cluster: LocalCluster, algo: str
+) -> None:
+    workers = [w.url for w in cluster.workers[:2]]
+    body = {**COMMON, **RUNS[algo], "algo": algo}
+    assert cluster.train(**body, workers=workers).status_code == 202
+    refreshed = wait_for(
+        lambda: (s := cluster.status())["target_version"]
+        and s["target_version"] > 0
+        and (algo == "dqn" or s["learner"]["metrics"])
+        and s,
+        120,
+        "the target network to be refreshed",
+    )
+    if algo == "apex":  # the learner's replay, in /status
+        metrics = refreshed["learner"]["metrics"]
+        assert metrics["replay/size"] >= COMMON["learning_starts"]
+    wait_for(
+        lambda: (RunStore(cluster.run_dir).load().state.get("target_version") or 0) > 0,
+        60,
+        "a save of the refreshed target network",
+    )
+    cluster.master.kill()
+    saved = RunStore(cluster.run_dir).load()
+    assert saved.target is not None
+    cluster.master.start().wait_healthy()
+    resumed = cluster.status()
+    assert resumed["state"] == "running"
+    # Taken up from the save (tests/service/test_target_network.py: as it was saved), then
+    # refreshed on as the resumed run learns.
+    assert resumed["target_version"] >= saved.state["target_version"]
+    wait_for(
+        lambda: cluster.status()["target_version"] > saved.state["target_version"],
+        120,
+        "the resumed run to learn on and refresh its target network",
+    )
+    assert cluster.stop_run()
