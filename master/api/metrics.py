@@ -109,7 +109,7 @@ class StatusCollector(Collector):
                 value=s["last_saved_at"],
             )
         learner = s.get("learner")
-        if learner is not None:  # ppo and impala runs (master/learning/learner.py)
+        if learner is not None:  # ppo, impala and apex runs (master/learning/learner.py)
             yield _counter("a3c_learner_updates", "Updates of the learner.", learner["updates"])
             yield _counter(
                 "a3c_learner_dropped_stale",
@@ -118,6 +118,17 @@ class StatusCollector(Collector):
             )
             yield GaugeMetricFamily(
                 "a3c_learner_queued", "Rollouts waiting for the learner.", value=learner["queued"]
+            )
+            replay = learner["metrics"].get("replay/size")
+            if replay is not None:  # apex: the prioritized replay beside the master
+                yield GaugeMetricFamily(
+                    "a3c_replay_size", "Transitions in the learner's replay.", value=replay
+                )
+        if s.get("target_version") is not None:  # dqn and apex runs
+            yield GaugeMetricFamily(
+                "a3c_target_version",
+                "The version of the target network.",
+                value=s["target_version"],
             )
 
 

@@ -272,6 +272,7 @@ def fresh_run(index: int, n_workers: int, overrides: dict, cap_s: float) -> dict
         "steps": status["global_steps"],
         "env_steps": status["env_steps"],
         "mean_return_100": status["mean_return_100"],
+        "eval_return": status["eval_mean_return"],  # the latest evaluation's, if any
         "updates": status["updates_applied"],
         "rejected": status["updates_rejected"],
         "rejected_by": {k: v for k, v in status["updates_rejected_by"].items() if v},

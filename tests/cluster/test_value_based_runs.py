@@ -44,9 +44,12 @@ def test_a_value_based_run_learns_and_keeps_its_target_network_across_a_killed_m
         120,
         "the target network to be refreshed",
     )
-    if algo == "apex":  # the learner's replay, in /status
+    exposition = cluster.http.get(f"{cluster.master.url}/metrics").text
+    assert "\na3c_target_version " in exposition
+    if algo == "apex":  # the learner's replay, in /status and /metrics
         metrics = refreshed["learner"]["metrics"]
         assert metrics["replay/size"] >= COMMON["learning_starts"]
+        assert "\na3c_replay_size " in exposition
     wait_for(
         lambda: (RunStore(cluster.run_dir).load().state.get("target_version") or 0) > 0,
         60,
