@@ -181,7 +181,9 @@ APEX_PRESETS: dict[str, dict[str, Any]] = {
             "lr": 2.5e-4,
             "num_envs": 16,
             "t_max": 16,
+            # 8 sampled transitions an env step, as the reference's batches of 32 every 4 steps.
             "gradient_steps": 16,
+            "batch_size": 128,
             "learning_starts": 5_000,
             "target_update": 1000,
             "wire_dtype": "bfloat16",

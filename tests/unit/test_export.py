@@ -35,6 +35,8 @@ CASES = {
     "minatar_lstm": {
         "env_id": "MinAtar/Breakout-v1", "encoder": "small_cnn", "core": "lstm", "lstm_size": 32,
     },
+    # a Q-network (algo dqn and apex), dueling: its greedy action
+    "cartpole_q": {"env_id": "CartPole-v1", "algo": "dqn", "dueling": True, "hidden_sizes": [8]},
 }
 # A step of an exported policy: a batch of raw observations and the state -> actions and state.
 Step = Callable[..., tuple[np.ndarray, ...]]
@@ -52,13 +54,13 @@ def make_run(folder: Path, **fields: Any) -> tuple[TrainConfig, ActorCritic]:
     torch.manual_seed(0)
     model = model_for(config)
     with torch.no_grad():
-        model.policy_head.weight.mul_(300.0)
+        (model.q_head if config.value_based else model.policy_head).weight.mul_(300.0)
         if config.normalize_obs:
             n = model.obs_rms.mean.numel()
             model.obs_rms.mean.copy_(torch.linspace(-0.3, 0.4, n))
             model.obs_rms.var.copy_(torch.linspace(0.2, 4.0, n))
             model.obs_rms.count.fill_(5000.0)
-        if config.env_id == "CartPole-v1":
+        if config.env_id == "CartPole-v1" and not config.value_based:
             balance(model)
     store = RunStore.acquire(folder)
     store.save(Snapshot(
