@@ -76,8 +76,8 @@ class LearnerFields(BaseModel):
     def _learner_runs_push_experience(self) -> LearnerFields:
         if self.algo != "a3c" and self.sync_mode != "gradients":
             raise ValueError(
-                f"sync_mode {self.sync_mode!r} is A3C's: algo {self.algo!r} workers push "
-                "experience to the learner; leave sync_mode out"
+                f"sync_mode {self.sync_mode!r} is A3C's: algo {self.algo!r} has a data flow of "
+                "its own; leave sync_mode out"
             )
         return self
 

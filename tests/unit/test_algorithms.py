@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import typing
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -174,3 +175,51 @@ def test_a_learners_workers_only_act_and_push_the_rollout(algo: str, cls: type) 
     algorithm.on_rollout(port, rollout)
     assert port.calls == [("push_experience", rollout)]
     assert all(p.grad is None for p in model.parameters())
+
+
+class TargetPort(FakePort):
+    """A dqn worker's port: weights of `version`, the master's target network of
+    `target_version` (as one vector of the given weights)."""
+
+    def __init__(self, vector: torch.Tensor) -> None:
+        super().__init__()
+        self.version = 0
+        self.target_version = 0
+        self.vector = vector
+
+    def target_weights(self, if_not_version: int | None) -> Any:
+        self.calls.append(("target_weights", if_not_version))
+        if if_not_version == self.target_version:
+            return None
+        return SimpleNamespace(vector=self.vector, version=self.target_version)
+
+
+def test_a_dqn_worker_fills_its_replay_then_pushes_against_the_masters_target() -> None:
+    config = TrainConfig(
+        algo="dqn", hidden_sizes=[8], num_envs=2, t_max=8, learning_starts=20,
+        gradient_steps=3, target_update=10, exploration_steps=32,
+    )  # fmt: skip
+    model = model_for(config)
+    target = torch.full((sum(p.numel() for p in model.parameters()),), 0.5)
+    port = TargetPort(target)
+    algorithm = algorithm_for(config, model, model)
+    assert algorithm.sends is Sends.GRADIENTS and algorithm.pushes_in_flight() == 0
+    first = one_rollout(config, algorithm.policy)
+    algorithm.on_rollout(port, first)  # at most 16 transitions: too few
+    assert "push_gradients" not in port.names() and "report_episodes" in port.names()
+    drop = (1 - config.exploration_final_eps) * first.num_steps / 32
+    assert algorithm.policy.epsilon == pytest.approx(1 - drop)
+    port.calls.clear()
+    algorithm.on_rollout(port, one_rollout(config, algorithm.policy))
+    assert port.names().count("push_gradients") == 3 and "report_episodes" not in port.names()
+    assert ("target_weights", None) in port.calls  # the first target it holds
+    assert all(float(p.detach().flatten()[0]) == 0.5 for p in algorithm.target.parameters())
+    pushes = [c[1][0] for c in port.calls if c[0] == "push_gradients"]
+    assert set(pushes[0].gradients) == {n for n, _ in model.named_parameters()}
+    port.calls.clear()
+    port.version = 9  # not yet target_update versions past the target it holds: not asked
+    algorithm.on_rollout(port, one_rollout(config, algorithm.policy))
+    assert "target_weights" not in port.names()
+    port.version, port.target_version = 10, 10
+    algorithm.on_rollout(port, one_rollout(config, algorithm.policy))
+    assert ("target_weights", 0) in port.calls and algorithm.target_version == 10
