@@ -199,7 +199,9 @@ APEX_PRESETS: dict[str, dict[str, Any]] = {
             "num_envs": 16,
             "t_max": 50,
             "gradient_steps": 4,
-            "buffer_size": 1_000_000,
+            # A transition keeps both of its frame stacks (2 x 28 KB): 100k of them take 5.6 GB
+            # of the master host's memory (the paper's 2M were compressed).
+            "buffer_size": 100_000,
             "learning_starts": 50_000,
             "wire_dtype": "bfloat16",
             "max_steps": 10_000_000,
