@@ -78,6 +78,8 @@ def start_run(
         return None
     data = reply.json()["data"]
     print(f"run {data['run_id']} started on {url}")
+    if data.get("ends"):  # a master before this field: nothing to say
+        print(f"it {data['ends']}")
     print(f"dashboard: {url}/ (open it in a browser to watch the run)")
     for w in data.get("workers", []):
         print(

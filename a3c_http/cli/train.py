@@ -35,6 +35,7 @@ from pydantic import ValidationError
 
 from a3c_http.cli.progress import follow, start_run
 from a3c_http.config import files as configfile
+from a3c_http.config.ending import how_it_ends
 from a3c_http.config.training import TrainConfig
 from a3c_http.config.workerlist import WorkerListError, normalize_url, read_workers_file
 from a3c_http.server.edge import is_loopback
@@ -139,6 +140,7 @@ def printed_config(body: dict[str, Any]) -> str:
     )
     if config.seed is None:
         header += "\nNo seed: each run draws its own (seed = N repeats a run)."
+    header += f"\nThis run {how_it_ends(config)}."
     extra = {k: body[k] for k in configfile.BODY_FIELDS if body.get(k) is not None}
     return configfile.config_toml(config, header, extra)
 

@@ -11,6 +11,7 @@ from fastapi import HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
 from a3c_http.algos.exploration import ExplorationError
+from a3c_http.config.ending import how_it_ends
 from a3c_http.config.workerlist import (
     WorkerListError,
     normalize_url,
@@ -24,6 +25,7 @@ from a3c_http.server.service import JSON_BODY, ErrorBody, conflict, protected_ro
 from a3c_http.wire.protocol import METRICS_CONTENT_TYPE as METRICS_TYPE
 from master.api.deps import State
 from master.api.schemas import OTHER_RUN, EpisodeIn, HeartbeatIn, JoinIn, Seq, TrainIn
+from master.background.launcher import UNREACHABLE
 from master.background.launcher import start_workers as launch
 from master.learning.learner import DeviceUnavailable
 from master.persistence.saver import FolderUnwritable
@@ -120,15 +122,14 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
             422, f"env_id/env_kwargs: cannot build {config.env_id!r}: {exc}"
         ) from None
     workers = dict(zip(worker_ids, urls, strict=True))
+    ends = how_it_ends(state.ledger.config)
     if not workers:
         note = (
             "no worker to start: the run waits for workers that join by themselves (a3c-worker "
             f"with A3C_MASTER_URL={master_url})"
         )
-        return JSONResponse(
-            {"data": {"run_id": run_id, "master_url": master_url, "workers": [], "note": note}},
-            status_code=202,
-        )
+        data = {"run_id": run_id, "master_url": master_url, "ends": ends, "workers": []}
+        return JSONResponse({"data": {**data, "note": note}}, status_code=202)
     results = launch(
         state.ledger,
         workers,
@@ -139,14 +140,12 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
         proxy_from_env=settings.proxy_from_env,
         push_url=state.receivers.url_for(master_url) if state.receivers is not None else None,
     )
-    data = {"run_id": run_id, "master_url": master_url, "workers": results}
+    data = {"run_id": run_id, "master_url": master_url, "ends": ends, "workers": results}
     if not any(r["started"] for r in results):
         state.finish("no worker could be started")
         why = "; ".join(f"{r['worker_id']} at {r['url']}: {r['error']}" for r in results)
-        detail = (
-            f"no worker could be started, so run {run_id} finished at once ({why}). Start each "
-            "worker (uvicorn worker.app:app --host H --port P on its host, with the master's "
-            "A3C_TOKEN) and POST /train again"
+        detail = f"no worker could be started, so run {run_id} finished at once ({why}). " + (
+            _what_to_do(results)
         )
         return JSONResponse({"detail": detail, "data": data}, status_code=503)
     state.check_liveness()
@@ -201,3 +200,22 @@ def heartbeat(body: HeartbeatIn, state: State) -> dict[str, Any]:
 def episode(body: EpisodeIn, state: State, x_a3c_seq: Seq = None) -> dict[str, Any]:
     reply = state.report_episode(body.worker_id, body.reward, body.length, body.run_id, x_a3c_seq)
     return {"data": reply}
+
+
+def _what_to_do(results: list[dict]) -> str:
+    """The advice after no worker could be started: start those that did not answer, mend what
+    those that answered refused."""
+    down = sum(r["error"].startswith(UNREACHABLE) for r in results)
+    advice = []
+    if down:
+        advice.append(
+            "Start each worker that did not answer (uvicorn worker.app:app --host H --port P on "
+            "its host, with the master's A3C_TOKEN)"
+        )
+    if down < len(results):
+        advice.append(
+            ("then mend" if down else "The workers that answered are running: mend")
+            + " what they refused, on every worker (for an environment of your own: its module "
+            "importable there and named in A3C_ENV_MODULES)"
+        )
+    return ", ".join(advice) + ", and POST /train again"

@@ -15,12 +15,16 @@ from master.run.ledger import RunLedger
 START_REPLY_BYTES = 1024 * 1024
 
 
+# How the reason of a worker that did not answer at all begins (the others answered and refused).
+UNREACHABLE = "cannot reach the worker"
+
+
 def _start_one(client: httpx.Client, url: str, body: dict[str, Any]) -> str | None:
     """POST /start_worker; None when it started, else why not."""
     try:
         response = client.post(f"{url}/start_worker", json=body)
     except httpx.HTTPError as exc:
-        return f"cannot reach the worker: {type(exc).__name__}: {exc}"
+        return f"{UNREACHABLE}: {type(exc).__name__}: {exc}"
     except ReplyRefused as exc:
         return f"the worker's reply {exc}"
     if response.status_code == 202:

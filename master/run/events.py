@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from a3c_http.config.ending import how_it_ends
 from a3c_http.server.logs import ProgressClock, emit
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ class RunEvents:
             "run started",
             env_id=c.env_id,
             workers=workers,
+            algo=c.algo,
             sync_mode=c.sync_mode,
             num_envs=c.num_envs,
             hidden_sizes=c.hidden_sizes,
@@ -79,6 +81,7 @@ class RunEvents:
             max_steps=c.max_steps,
             max_episodes=c.max_episodes,
             seed=c.seed,
+            ends=how_it_ends(c),
         )
 
     def run_resumed(

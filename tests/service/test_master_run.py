@@ -14,6 +14,7 @@ from safetensors.torch import save as st_save
 from a3c_http.models.actor_critic import build_model
 from a3c_http.testing.localcluster import free_port
 from a3c_http.wire import tensors as wire
+from master.api import run as routes_run
 from tests.support.master_api import (
     TRAIN,
     WORKERS,
@@ -72,6 +73,7 @@ def test_train_with_every_worker_down_is_503_naming_each_and_the_run_finishes(
     detail = r.json()["detail"]
     assert detail.startswith("no worker could be started"), detail
     assert f"w1 at http://127.0.0.1:{port}: cannot reach the worker" in detail
+    assert "Start each worker that did not answer" in detail and "mend" not in detail
     # Scripts still read the run and each worker's result, as from a 202.
     data = r.json()["data"]
     assert data["run_id"]
@@ -285,3 +287,28 @@ def test_a_new_run_after_stop_starts_fresh(running: TestClient) -> None:
     assert s["global_episode"] == 0 and s["best_score"] is None
     # The fresh weights are a change of the global weights: the version goes on rising.
     assert s["model_version"] == version + 2 and s["updates_applied"] == 0
+
+
+def test_train_whose_workers_answer_but_refuse_says_to_mend_what_they_said(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers that run but refuse the run (here: an environment module they cannot import) are
+    not told to be started: the advice is to mend what they said."""
+    refusal = "the worker answered 422: env_id: module 'my_envs' is not in A3C_ENV_MODULES"
+
+    def refusing(state, workers, *args: object, **kwargs: object) -> list[dict]:
+        return [{"url": u, "worker_id": w, "started": False, "error": refusal}
+                for w, u in workers.items()]  # fmt: skip
+
+    monkeypatch.setattr(routes_run, "launch", refusing)
+    r = client.post("/train", json=TRAIN)
+    assert r.status_code == 503, r.text
+    detail = r.json()["detail"]
+    assert refusal in detail and "The workers that answered are running: mend" in detail
+    assert "Start each worker" not in detail
+
+
+def test_train_says_how_the_run_will_end(client: TestClient, launched: list) -> None:
+    r = client.post("/train", json={**TRAIN, "env_id": "Pendulum-v1", "preset": None})
+    assert r.status_code == 202, r.text
+    assert "Pendulum-v1 has no reward_threshold" in r.json()["data"]["ends"]

@@ -1,0 +1,27 @@
+"""How a run says at its start that it will end (a3c_http/config/ending.py)."""
+
+from __future__ import annotations
+
+from a3c_http.config.ending import how_it_ends
+from a3c_http.config.training import TrainConfig
+
+
+def _ends(**fields: object) -> str:
+    return how_it_ends(TrainConfig(**fields).resolved())
+
+
+def test_a_run_with_a_target_names_it_and_its_budget() -> None:
+    said = _ends(max_episodes=300)
+    assert said == (
+        "ends when the mean return of the last 100 episodes reaches 475, or at 2,000,000 env "
+        "steps (max_steps), or after 300 episodes (max_episodes)"
+    )
+    assert "the latest evaluation's mean return reaches 475" in _ends(algo="dqn")
+
+
+def test_a_run_that_cannot_be_solved_says_so_and_what_ends_it() -> None:
+    said = _ends(env_id="Pendulum-v1", preset=None, max_steps=50_000)
+    assert said.startswith("ends at 50,000 env steps (max_steps): Pendulum-v1 has no ")
+    assert "never solved; set target_return" in said
+    never = _ends(env_id="Pendulum-v1", preset=None, max_steps=None)
+    assert never.startswith("never ends by itself") and never.endswith("or POST /stop")
