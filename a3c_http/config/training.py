@@ -159,18 +159,14 @@ class TrainConfig(ValueFields, LearnerFields):
     )
     algo: Literal["a3c", "ppo", "impala", "dqn", "apex"] = Field(
         "a3c",
-        description="a3c: workers compute gradients and the master applies them (sync_mode says "
-        "how). ppo and impala: workers only act and push their rollouts (experience) to a "
-        "learner process beside the master, which updates the network and publishes each new "
-        "version of the weights in the replies: ppo as distributed PPO (clipped surrogate, GAE, "
-        "n_epochs of minibatches when queue_size rollouts have arrived), impala with V-trace "
-        "(n_epochs steps on each queue_size rollouts, corrected for the policy lag). dqn: "
-        "asynchronous DQN and Gorila, each worker acts epsilon-greedily, keeps its own replay "
-        "and pushes DQN gradients against the master's target network. apex: Ape-X, workers "
-        "with their own epsilons push n-step transitions with their priorities to a "
-        "prioritized replay beside the master, whose learner samples it. Each algorithm starts "
-        "from its own defaults (a3c_http/config/presets.py ALGORITHM_DEFAULTS) under the task's "
-        "preset.",
+        description="a3c: workers push gradients, the master applies them (sync_mode says how). "
+        "ppo, impala: workers only act and push rollouts to a learner process beside the "
+        "master, whose new weights ride back on the replies: distributed PPO (n_epochs of "
+        "minibatches on queue_size rollouts), IMPALA (V-trace). dqn: asynchronous DQN and "
+        "Gorila, each worker with its own epsilon and replay pushes DQN gradients against the "
+        "master's target network. apex: Ape-X, actors with their own epsilons push prioritized "
+        "transitions to the learner's replay. Each starts from its own defaults "
+        "(a3c_http/config/presets.py ALGORITHM_DEFAULTS), then the task's preset.",
     )
     max_staleness: int = Field(
         128,
