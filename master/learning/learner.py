@@ -1,25 +1,23 @@
-"""The learner beside the master (`algo` ppo and impala): a process of its own that takes the
-workers' rollouts from a bounded queue, runs the algorithm's update on the CPU or a GPU, and
+"""The learner beside the master (`algo` ppo, impala and apex): a process of its own that takes
+the workers' rollouts from a bounded queue, runs the algorithm's update on the CPU or a GPU, and
 publishes each new version of the weights, so the HTTP side never waits on a step.
 
 `LearnerHost` is the master's end. `POST /experience` (master/ingress/experience.py) reserves a
-place (`reserve`: at most the learner's `queue_capacity` rollouts wait, twice `queue_size`; beyond
-that the push's reply is held until there is room, or refused with 503 after `hold_s`: the seed's
-bounded queue), then hands the
-checked rollout over (`submit`). A thread reads what the learner sends back: each update's
-weights, metrics and counts go to the parameter server (`publish`), which serves them in the next
-replies and saves them; the optimizer's state comes with an update at most every
+place (`reserve`: at most `queue_capacity` rollouts wait, twice `queue_size`; beyond that the
+reply is held until there is room, or refused with 503 after `hold_s`: the seed's bounded queue),
+then hands the checked rollout over (`submit`). A thread reads what the learner sends back: each
+update's weights, metrics, counts and new target network (Ape-X's) go to the parameter server
+(`publish`), which serves and saves them; the optimizer's state comes at most every
 `optimizer_every_s` seconds (what the run folder keeps of it is that old at most), and with the
-last one when the learner stops.
+last update when the learner stops.
 
 The learner process (`_learner_main`) keeps the rollouts it took in arrival order; one more than
 `max_policy_lag` versions older than its weights is dropped and counted. When `queue_size` are
-there it updates (a3c_http/algos/experience.py `Learner.learn`). It ends when told to, when the
-master's process is gone, or on an error, which it reports (the master then ends the run with it).
-The queue is not saved: a kill loses the rollouts in it, never the weights, the optimizer's state
-or the counters the last save holds.
+there it learns (a3c_http/algos/experience.py `Learner.learn`; an update that only filled a
+replay publishes no version). It ends when told to, when the master's process is gone, or on an
+error, which it reports (the master then ends the run with it). A kill loses the queue (and
+Ape-X's replay), never the weights, optimizer state, target network or counters of the last save.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -300,7 +298,7 @@ class LearnerHost:
                 return
 
     def _take(self, publication: Publication) -> None:
-        if publication.target is not None:
+        if publication.target is not None:  # numpy between the processes, as the weights
             publication.target = (torch.from_numpy(publication.target[0]), publication.target[1])
         if publication.weights is not None:
             publication.weights = torch.from_numpy(publication.weights)
@@ -318,9 +316,8 @@ class LearnerHost:
 
 @dataclass
 class _Start:
-    """What a learner process starts from: the run's config (as JSON), the weights, the
-    optimizer's state and the version, where it learns, and how often it sends the optimizer's
-    state."""
+    """What a learner process starts from (its fields: the run's config as JSON, ...), where it
+    learns, how often it sends the optimizer's state, and a resumed run's target network."""
 
     config_json: str
     weights: torch.Tensor
@@ -392,10 +389,8 @@ def _learn(start: _Start, inbox: Any, outbox: Any) -> None:
             continue
         version += 1
         target = learner.take_target()
-        now = time.monotonic()
-        send_optimizer = now - last_optimizer >= optimizer_every_s
-        if send_optimizer:
-            last_optimizer = now
+        send_optimizer = time.monotonic() - last_optimizer >= optimizer_every_s
+        last_optimizer = time.monotonic() if send_optimizer else last_optimizer
         outbox.put(("publication", Publication(
             version, learner.weights().numpy(),
             learner.optimizer_state() if send_optimizer else None,

@@ -46,9 +46,10 @@ import torch
 
 from scripts.benchlib import cluster, server
 from scripts.benchlib.cluster import fresh_run
-from scripts.benchlib.learn import TASKS, run_sb3
 from scripts.benchlib.procs import end_on_signals
 from scripts.benchlib.report import ROOT, commit, fmt, say, table, ticker
+from scripts.benchlib.sb3 import run_sb3
+from scripts.benchlib.tasks import TASKS
 
 SECTIONS = ("throughput", "master", "latency", "wire", "solve")
 LEVELS = [1, 4, 16, 64]

@@ -63,11 +63,11 @@ from a3c_http.testing.localcluster import (
     with_descendants,
 )
 from scripts.benchlib.cluster import STEADY_FROM, UNREACHABLE, cluster_of, solve_run
-from scripts.benchlib.learn import TASKS
 from scripts.benchlib.options import config_overrides, counts
 from scripts.benchlib.procs import default_workers, end_on_signals, host_cores, pin_sets
 from scripts.benchlib.report import PROGRESS_S, ROOT, commit, fmt, say, table
 from scripts.benchlib.server import MODELS, ms_a_push, n_params
+from scripts.benchlib.tasks import TASKS
 
 TARGET = TASKS["CartPole-v1"][0]
 POLL_S = 0.5  # each poll is a GET /status the master serves too: 2 a second cost it little

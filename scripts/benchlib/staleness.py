@@ -32,10 +32,10 @@ import torch
 
 from a3c_http.algos.single_process import train
 from a3c_http.config.training import TrainConfig
-from scripts.benchlib.learn import TASKS, require_env
 from scripts.benchlib.options import config_overrides, counts
 from scripts.benchlib.procs import end_on_signals
 from scripts.benchlib.report import ROOT, commit, fmt, say, table
+from scripts.benchlib.tasks import TASKS, require_env
 
 OWN_FIELDS = ("env_id", "seed", "max_steps")
 OWN_WHY = "set by this script (--task, the run's seed, --budget)"

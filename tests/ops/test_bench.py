@@ -70,7 +70,7 @@ def test_the_solve_section_alternates_the_learners_and_gives_sb3_cartpoles_task(
     """Both halves made up (the SB3 half needs the optional `bench` extra): what the section
     hands each learner, and its medians and ratio."""
     from scripts.benchlib import bar as bench
-    from scripts.benchlib.learn import TASKS
+    from scripts.benchlib.tasks import TASKS
 
     calls = []
 
