@@ -56,7 +56,7 @@ def play(argv: list[str] | None = None) -> dict:
     try:
         config, snap = read_run(args.run_dir)
     except RunFolderError as exc:
-        raise SystemExit(f"no run folder with weights here: {exc}") from None
+        raise SystemExit(f"a3c-evaluate: {exc}") from None
     config = config.resolved()
     torch.set_num_threads(1)
     make_env = None

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -244,20 +245,29 @@ def on_this_host(args: argparse.Namespace, body: dict[str, Any], time_cap: float
         print(f"reward plot: {plot(args.run_dir)}")
     except PlotError as exc:
         print(f"no plot: {exc}")
-    print(f"watch it play: {evaluate_command()} {args.run_dir} --episodes 10")
+    env_id = str(body.get("env_id", ""))
+    print(f"watch it play: {evaluate_command(env_id)} {args.run_dir} --episodes 10")
     print("SOLVED" if solved else "not solved")
     return 0 if solved else 1
 
 
-def evaluate_command() -> str:
+def evaluate_command(env_id: str = "") -> str:
     """How to run a3c-evaluate here: by name where it is on PATH, else the one beside this
-    Python (a venv not activated), else the checkout's script."""
+    Python (a venv not activated), else the checkout's script; for an environment of a module
+    of the user's (`module:Name-v0`), with the variables that make it importable and allowed
+    here, as this run had them."""
     beside = Path(sys.executable).parent / "a3c-evaluate"
     if not beside.exists():
-        return f"{_shown(Path(sys.executable))} scripts/evaluate.py"
-    if shutil.which("a3c-evaluate") == str(beside):
-        return "a3c-evaluate"
-    return _shown(beside)
+        command = f"{_shown(Path(sys.executable))} scripts/evaluate.py"
+    elif shutil.which("a3c-evaluate") == str(beside):
+        command = "a3c-evaluate"
+    else:
+        command = _shown(beside)
+    if ":" not in env_id:
+        return command
+    names = ("A3C_ENV_MODULES", "PYTHONPATH")
+    given = [f"{n}={shlex.quote(os.environ[n])}" for n in names if os.environ.get(n)]
+    return " ".join([*given, command])
 
 
 def _shown(path: Path) -> str:

@@ -92,6 +92,14 @@ def read_run(run_dir: Path) -> tuple[TrainConfig, Snapshot]:
         return saved_config(snap.config), snap
     except ValidationError as exc:
         why = describe_error(exc.errors()[0], "config")
+        env_id = snap.config.get("env_id")
+        module = env_id.rpartition(":")[0] if isinstance(env_id, str) else ""
+        if module and ("A3C_ENV_MODULES" in why or "cannot import" in why):
+            why += (
+                f". The run's environment is in module {module!r}: here too it must be "
+                f"importable (installed, or its folder on PYTHONPATH) and A3C_ENV_MODULES must "
+                f"name it, as on the master and the workers"
+            )
         raise RunFolderError(f"{run_dir}: its saved config does not load: {why}") from None
 
 

@@ -115,7 +115,7 @@ def test_evaluate_plays_a_saved_run_and_ends_with_its_json_line(
     assert last["episodes"] == 3 and len(last["returns"]) == 3
     assert last["env_id"] == "CartPole-v1" and last["model_version"] == version
     assert last["mean_return"] == pytest.approx(sum(last["returns"]) / 3)
-    with pytest.raises(SystemExit, match="no run folder"):
+    with pytest.raises(SystemExit, match="elsewhere: no such folder"):
         play([str(tmp_path / "elsewhere")])
 
 
@@ -144,3 +144,22 @@ def test_evaluate_video_names_the_extra_when_rendering_needs_a_missing_package(
     monkeypatch.setitem(sys.modules, "pygame", None)  # `import pygame` now fails, as without it
     with pytest.raises(SystemExit, match=r"pygame.*setup_venv\.sh video"):
         play([str(tmp_path / "run"), "--episodes", "1", "--video", str(tmp_path / "v")])
+
+
+def test_evaluate_of_an_environment_module_not_allowed_here_says_what_to_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The folder holds weights: the message says so by naming what is missing, not "no run
+    folder with weights here"."""
+    env_id = "tests.support.envs:FailingCartPole-v0"
+    monkeypatch.setenv("A3C_ENV_MODULES", "tests.support.envs")
+    state = ClusterState(Settings(run_dir=tmp_path / "run"))
+    state.start_run(TrainConfig(env_id=env_id, seed=4, max_steps=None), ["http://127.0.0.1:9"])
+    state.persist(force=True)
+    state.close()
+    monkeypatch.delenv("A3C_ENV_MODULES")
+    with pytest.raises(SystemExit) as raised:
+        play([str(tmp_path / "run")])
+    said = str(raised.value)
+    assert "its saved config does not load" in said and "no run folder" not in said
+    assert "module 'tests.support.envs'" in said and "PYTHONPATH" in said

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from a3c_http.cli.train import main, printed_config, run_config
+from a3c_http.cli.train import evaluate_command, main, printed_config, run_config
 from a3c_http.config import files as configfile
 from a3c_http.config.files import ConfigFileError, TomlError, config_toml, load, to_toml
 from a3c_http.config.presets import PRESETS
@@ -169,3 +169,15 @@ def test_the_other_fields_of_the_body_print_before_the_tables(tmp_path: Path) ->
     back = load(write(tmp_path / "run.toml", printed_config(body)))
     assert back["workers"] == ["127.0.0.1:8001"] and back["env_kwargs"] == body["env_kwargs"]
     assert "workers" not in back["env_kwargs"]
+
+
+def test_the_watch_it_play_line_carries_what_makes_an_own_environment_importable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("A3C_ENV_MODULES", "my_envs")
+    monkeypatch.setenv("PYTHONPATH", "/home/me/envs dir")
+    plain = evaluate_command("CartPole-v1")
+    assert "A3C_ENV_MODULES" not in plain
+    assert evaluate_command("my_envs:Crawl-v0") == (
+        f"A3C_ENV_MODULES=my_envs PYTHONPATH='/home/me/envs dir' {plain}"
+    )
