@@ -220,18 +220,19 @@ class MasterClient:
         self, layout: wire.Layout, if_not_version: int | None = None
     ) -> Weights | None:
         """The global weights, or None when they are still at `if_not_version`."""
-        headers = {"If-None-Match": f'"{if_not_version}"'} if if_not_version is not None else {}
-        response = self._request("GET", "/global_model_weights", headers=headers)
-        if response.status_code == 304:
-            return None
-        return self._weights_reply(response, layout)
+        return self._versioned("/global_model_weights", layout, if_not_version)
 
     def get_target_weights(
         self, layout: wire.Layout, if_not_version: int | None = None
     ) -> Weights | None:
         """The run's target network (algo dqn), or None when it is still at `if_not_version`."""
+        return self._versioned("/target_model_weights", layout, if_not_version)
+
+    def _versioned(
+        self, path: str, layout: wire.Layout, if_not_version: int | None
+    ) -> Weights | None:
         headers = {"If-None-Match": f'"{if_not_version}"'} if if_not_version is not None else {}
-        response = self._request("GET", "/target_model_weights", headers=headers)
+        response = self._request("GET", path, headers=headers)
         if response.status_code == 304:
             return None
         return self._weights_reply(response, layout)
