@@ -78,28 +78,26 @@ class ApexLearner(Learner):
     ) -> None:
         super().__init__(config, model, device, optimizer_state)
         self.target = copy.deepcopy(self.model).requires_grad_(False)
-        self.target_version = 0  # the learner's step the target was taken at
-        self.steps = 0  # gradient steps taken
+        self.steps = 0  # gradient steps taken (since the learner started)
+        self.target_step = 0  # the step the target was taken at
         self.target_changed = False  # since the last `take_target`
         self.replay = Replay(config.buffer_size, config.prioritized_alpha)
         self.rng = np.random.default_rng(config.seed)
 
-    def restore_target(self, vector: torch.Tensor, version: int) -> None:
-        """Start from a saved target network (its weights as one vector in the global layout)
-        of step `version`."""
+    def restore_target(self, vector: torch.Tensor) -> None:
+        """Start from a saved target network (its weights as one vector in the global layout);
+        the next is taken `target_update` steps on."""
         layout = Layout.of(self.target)
         self.target.load_state_dict({k: v.to(self.device) for k, v in layout.views(vector).items()})
-        self.target_version = self.steps = version
 
-    def take_target(self) -> tuple[torch.Tensor, int] | None:
-        """The target network as a CPU vector (the global layout) and its step when it changed
-        since the last call, else None."""
+    def take_target(self) -> torch.Tensor | None:
+        """The target network as a CPU vector (the global layout) when it changed since the
+        last call, else None."""
         if not self.target_changed:
             return None
         self.target_changed = False
         layout = Layout.of(self.target)
-        state = {k: v.cpu() for k, v in self.target.state_dict().items()}
-        return layout.flatten(state), self.target_version
+        return layout.flatten({k: v.cpu() for k, v in self.target.state_dict().items()})
 
     def learn(
         self, rollouts: list[dict[str, torch.Tensor]], env_steps: int
@@ -132,9 +130,9 @@ class ApexLearner(Learner):
             losses.append(float(loss.detach()))
             errors.append(float(td.mean()))
             self.steps += 1
-            if self.steps - self.target_version >= cfg.target_update:
+            if self.steps - self.target_step >= cfg.target_update:
                 self.target.load_state_dict(self.model.state_dict())
-                self.target_version, self.target_changed = self.steps, True
+                self.target_step, self.target_changed = self.steps, True
         self.updates += 1
         return {
             "train/loss": float(np.mean(losses)),
@@ -143,7 +141,6 @@ class ApexLearner(Learner):
             "train/learning_rate": lr,
             "train/n_updates": float(self.steps),
             "train/importance_beta": beta,
-            "train/target_version": float(self.target_version),
             "replay/size": float(len(self.replay)),
             "replay/bytes": float(self.replay.nbytes),
         }

@@ -196,12 +196,11 @@ class Learner:
     def update(self, batch: Batch, env_steps: int) -> dict[str, float]:
         raise NotImplementedError
 
-    def restore_target(self, vector: torch.Tensor, version: int) -> None:
+    def restore_target(self, vector: torch.Tensor) -> None:
         """Start from a saved target network (learners that keep one: Ape-X's)."""
 
-    def take_target(self) -> tuple[torch.Tensor, int] | None:
-        """The target network and its version when it changed since the last call; None
-        without one."""
+    def take_target(self) -> torch.Tensor | None:
+        """The target network when it changed since the last call; None without one."""
         return None
 
     def step(self, loss: torch.Tensor) -> float:

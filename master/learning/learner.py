@@ -80,7 +80,8 @@ class Publication:
     used: int = 0
     dropped: int = 0
     nonfinite_steps: int = 0
-    # A learner's new target network (Ape-X's): a float32 vector as `weights`, and its version.
+    # A learner's new target network (Ape-X's): a float32 vector as `weights`, and the version of
+    # the weights it was taken in the update of.
     target: tuple[Any, int] | None = None
 
 
@@ -348,7 +349,7 @@ def _learn(start: _Start, inbox: Any, outbox: Any) -> None:
     model.load_state_dict(Layout.of(model).views(start.weights))
     learner = algorithm_class(config).learner(config, model, device, start.optimizer_state)
     if start.target is not None:
-        learner.restore_target(*start.target)
+        learner.restore_target(start.target[0])
     outbox.put(("ready",))
     parent = multiprocessing.parent_process()
     pending: list[tuple[dict[str, torch.Tensor], int, int]] = []  # tensors, version, env steps
@@ -395,6 +396,6 @@ def _learn(start: _Start, inbox: Any, outbox: Any) -> None:
             version, learner.weights().numpy(),
             learner.optimizer_state() if send_optimizer else None,
             metrics, len(batch), dropped, learner.nonfinite_steps - undone,
-            None if target is None else (target[0].numpy(), target[1]),
+            None if target is None else (target.numpy(), version),  # taken by this version
         )))  # fmt: skip
         dropped = 0

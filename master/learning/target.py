@@ -5,9 +5,9 @@ The parameter server keeps it under its lock, beside the global network. In a dq
 it itself: whenever an applied update takes the weights `target_update` versions past it, the
 target becomes those weights (`follow`); the workers fetch it by its own version
 (`GET /target_model_weights`, `If-None-Match`). In an apex run the learner keeps its own and sends
-each new one with its weights (`take`). Either way it is saved with the run (the run folder's
-`target` blob, its version in the state) and taken up again on resume (`restore`); a run saved
-without one starts from its weights.
+each new one with its weights (`take`), versioned by the update it was taken in. Either way it is
+saved with the run (the run folder's `target` blob, its version in the state) and taken up again
+on resume (`restore`); a run saved without one starts from its weights.
 """
 
 from __future__ import annotations
