@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from a3c_http.algos.dqn import epsilon_at, rollout_transitions
-from a3c_http.algos.dqn_loss import Transitions, dqn_loss, nstep_transitions
-from a3c_http.algos.experience import ExperienceAlgorithm, Learner
+from a3c_http.algos.dqn import AnnealedEpsilon, rollout_transitions
+from a3c_http.algos.dqn_loss import Transitions, dqn_loss
+from a3c_http.algos.experience import ExperienceAlgorithm, Learner, rollout_tensors
 from a3c_http.algos.replay import Replay
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import Rollout
-from a3c_http.models.q_network import EpsilonGreedy, QNetwork
+from a3c_http.models.q_network import QNetwork
 from a3c_http.optim.optimizers import learning_rate
 from a3c_http.wire.tensors import Layout
 
@@ -37,7 +37,7 @@ from a3c_http.wire.tensors import Layout
 def initial_priorities(model: QNetwork, rollout: Rollout, config: TrainConfig) -> torch.Tensor:
     """`[T, N]`: each valid step's absolute n-step TD error under `model` (the online network
     for both the value and the bootstrap, as Ape-X's actors), 0 on the autoreset steps."""
-    t = rollout_transitions(rollout, config)
+    t = rollout_transitions(rollout_tensors(rollout), config)
     with torch.no_grad():
         q = model(t.obs).gather(1, t.actions.unsqueeze(1)).squeeze(1)
         y = t.returns + t.discounts * model(t.next_obs).max(dim=1).values
@@ -55,12 +55,10 @@ class ApexActor(ExperienceAlgorithm):
     def __init__(self, config: TrainConfig, model: Any, policy: Any) -> None:
         # The worker's own config carries its epsilon as a constant schedule (exploration.py
         # `Exploration.config_for`); without one it anneals as a dqn worker's.
-        super().__init__(config, model, EpsilonGreedy(model, epsilon_at(config, 0)))
-        self.env_steps = 0
+        super().__init__(config, model, AnnealedEpsilon(model, config))
 
     def on_rollout(self, port: Any, rollout: Rollout) -> None:
-        self.env_steps += rollout.num_steps
-        self.policy.epsilon = epsilon_at(self.config, self.env_steps)
+        self.policy.observe(rollout)
         with port.learning():
             rollout.priorities = initial_priorities(self.model, rollout, self.config)
         port.push_experience(rollout)
@@ -106,10 +104,7 @@ class ApexLearner(Learner):
         learning_starts, `gradient_steps` steps (their metrics). None: no step yet."""
         cfg = self.config
         for r in rollouts:
-            t = nstep_transitions(
-                r["obs"], r["actions"], r["rewards"], r["terminated"], r["truncated"],
-                r["valid"], r["last_obs"], cfg.n_step, cfg.gamma,
-            )  # fmt: skip
+            t = rollout_transitions(r, cfg)
             self.replay.add(dataclasses.asdict(t), r["priorities"][r["valid"]])
         if len(self.replay) < max(cfg.learning_starts, 1):
             return None

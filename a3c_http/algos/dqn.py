@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -24,6 +25,7 @@ from torch import nn
 
 from a3c_http.algos.base import Algorithm, GradientUpdate, Sends, WorkerPort, gradients
 from a3c_http.algos.dqn_loss import Transitions, dqn_loss, nstep_transitions
+from a3c_http.algos.experience import rollout_tensors
 from a3c_http.algos.replay import Replay
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import Rollout
@@ -41,12 +43,27 @@ def epsilon_at(config: TrainConfig, env_steps: int) -> float:
     return start + (end - start) * env_steps / config.exploration_steps
 
 
-def rollout_transitions(rollout: Rollout, config: TrainConfig) -> Transitions:
-    """A rollout's n-step transitions (one per valid step)."""
+def rollout_transitions(r: Mapping[str, torch.Tensor], config: TrainConfig) -> Transitions:
+    """The n-step transitions (one per valid step) of a rollout's tensors (`rollout_tensors`,
+    as a worker has them and the learner receives them)."""
     return nstep_transitions(
-        rollout.obs, rollout.actions, rollout.rewards, rollout.terminated, rollout.truncated,
-        rollout.valid, rollout.last_obs, config.n_step, config.gamma,
+        r["obs"], r["actions"], r["rewards"], r["terminated"], r["truncated"], r["valid"],
+        r["last_obs"], config.n_step, config.gamma,
     )  # fmt: skip
+
+
+class AnnealedEpsilon(EpsilonGreedy):
+    """A worker's epsilon-greedy policy whose epsilon follows `epsilon_at` over the env steps
+    of its rollouts (`observe`)."""
+
+    def __init__(self, model: nn.Module, config: TrainConfig) -> None:
+        super().__init__(model, epsilon_at(config, 0))
+        self.config = config
+        self.env_steps = 0
+
+    def observe(self, rollout: Rollout) -> None:
+        self.env_steps += rollout.num_steps
+        self.epsilon = epsilon_at(self.config, self.env_steps)
 
 
 class AsyncDQN(Algorithm):
@@ -56,12 +73,11 @@ class AsyncDQN(Algorithm):
     sends = Sends.GRADIENTS
 
     def __init__(self, config: TrainConfig, model: nn.Module, policy: object) -> None:
-        super().__init__(config, model, EpsilonGreedy(model, config.exploration_initial_eps))
+        super().__init__(config, model, AnnealedEpsilon(model, config))
         self.replay = Replay(config.buffer_size)
         self.target = copy.deepcopy(model).requires_grad_(False)
         self._target_flat = bind(self.target, wire.Layout.of(self.target, config.wire_dtype))
         self.target_version: int | None = None
-        self.env_steps = 0
         self.rng = np.random.default_rng(torch.initial_seed())  # the worker's seed
 
     def pushes_in_flight(self) -> int:
@@ -69,10 +85,10 @@ class AsyncDQN(Algorithm):
 
     def on_rollout(self, port: WorkerPort, rollout: Rollout) -> None:
         cfg = self.config
-        self.env_steps += rollout.num_steps
-        self.policy.epsilon = epsilon_at(cfg, self.env_steps)
+        self.policy.observe(rollout)
         with port.learning():
-            self.replay.add(dataclasses.asdict(rollout_transitions(rollout, cfg)))
+            transitions = rollout_transitions(rollout_tensors(rollout), cfg)
+            self.replay.add(dataclasses.asdict(transitions))
         if len(self.replay) < max(cfg.learning_starts, 1):
             port.report_episodes(rollout.episodes)
             return

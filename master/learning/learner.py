@@ -80,8 +80,7 @@ class Publication:
     used: int = 0
     dropped: int = 0
     nonfinite_steps: int = 0
-    # A learner's new target network (Ape-X's): a float32 vector as `weights`, and the version of
-    # the weights it was taken in the update of.
+    # A new target network (Ape-X's learner): a vector as `weights`, and the update's version.
     target: tuple[Any, int] | None = None
 
 

@@ -72,11 +72,6 @@ class TargetNetwork:
     ) -> None:
         """Take up a saved run's target: the saved one, or (saved before targets were) the
         run's weights of `version`."""
-        self.kept, self.every, self._encoded = kept, every, None
-        self.version = self.vector = None
-        if not kept:
-            return
-        if saved is not None and saved_version is not None:
+        self.reset(net, version, kept, every)
+        if kept and saved is not None and saved_version is not None:
             self._set(saved, saved_version)
-        else:
-            self._set(net.snapshot(), version)
