@@ -20,6 +20,7 @@ from a3c_http.algos.exploration import Exploration
 from a3c_http.config.settings import WorkerSettings
 from a3c_http.config.training import TrainConfig
 from a3c_http.net.client import A3CError, MasterClient, MasterUnavailable
+from a3c_http.net.tls import TLSError
 from a3c_http.server import logs
 from a3c_http.server.service import JSON_BODY, conflict, install_common, protected_router
 from a3c_http.wire.protocol import METRICS_CONTENT_TYPE as METRICS_TYPE
@@ -72,6 +73,12 @@ class WorkerService:
         self._client: MasterClient | None = None
 
     def start(self, body: StartIn, own_url: str | None) -> None:
+        try:  # a worker with TLS configured sends nothing over plain HTTP
+            for url, source in ((body.master_url, "master_url"), (body.push_url, "push_url")):
+                if url:
+                    self.settings.tls.require_https(url, source)
+        except TLSError as exc:
+            raise HTTPException(422, str(exc)) from None
         with self._lock:
             if self.state in ("running", "stopping"):
                 raise HTTPException(

@@ -3,15 +3,20 @@ flags docs/http-api.md documents, the master on port 33333 and a worker on 8001 
 otherwise.
 
 Everything else is set as for uvicorn itself, through the A3C_* environment variables
-(docs/configuration.md, "Environment variables"). The app is imported from the installed
+(docs/configuration.md, "Environment variables"); with A3C_TLS_CERT and A3C_TLS_KEY they serve
+HTTPS, and with A3C_TLS_MUTUAL they require client certificates (a3c_http/net/tls.py): what
+`uvicorn` would need as its --ssl-* flags. The app is imported from the installed
 packages, never from the current directory (as `uvicorn` would with its default `--app-dir .`).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 import uvicorn
+
+from a3c_http.net import tls
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -60,6 +65,11 @@ def parser(prog: str, what: str, port: int) -> argparse.ArgumentParser:
 
 def serve(app: str, prog: str, what: str, port: int, argv: list[str] | None) -> int:
     args = parser(prog, what, port).parse_args(argv)
+    try:
+        served = tls.current()
+    except tls.TLSError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
     uvicorn.run(
         app,
         host=args.host,
@@ -68,6 +78,7 @@ def serve(app: str, prog: str, what: str, port: int, argv: list[str] | None) -> 
         http=args.http,
         forwarded_allow_ips=args.forwarded_allow_ips,
         timeout_graceful_shutdown=args.timeout_graceful_shutdown,
+        **served.uvicorn_kwargs(),  # HTTPS with A3C_TLS_CERT and A3C_TLS_KEY
     )
     return 0
 

@@ -39,6 +39,7 @@ from a3c_http.config import files as configfile
 from a3c_http.config.ending import how_it_ends
 from a3c_http.config.training import TrainConfig
 from a3c_http.config.workerlist import WorkerListError, normalize_url, read_workers_file
+from a3c_http.net import tls
 from a3c_http.server.edge import is_loopback
 from a3c_http.server.service import describe_error
 from a3c_http.testing.localcluster import LocalCluster
@@ -287,6 +288,12 @@ def on_master(
     """A run on the running master at `url`, followed until it finishes (`transport`: how to
     reach it, if not over the network)."""
     try:
+        served = tls.current()
+        served.require_https(url, "--master")
+    except tls.TLSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
         url = normalize_url(url, default_port=True) if "://" in url else ""
     except WorkerListError:
         url = ""
@@ -295,7 +302,10 @@ def on_master(
         return 2
     token = os.environ.get("A3C_TOKEN") or None
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    with httpx.Client(headers=headers, timeout=30, trust_env=False, transport=transport) as http:
+    verify = served.client_context()  # A3C_TLS_CA, and this host's certificate under mutual TLS
+    with httpx.Client(
+        headers=headers, timeout=30, trust_env=False, transport=transport, verify=verify
+    ) as http:
         return follow_on_master(http, url, body, time_cap, every)
 
 

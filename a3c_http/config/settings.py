@@ -13,7 +13,9 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from a3c_http.config.workerlist import PlainUnderTLS, WorkerListError, read_workers_file
 from a3c_http.net.outbound import environment_proxies
+from a3c_http.net.tls import TLS, TLSError
 from a3c_http.server.logs import LogFormat, LogLevel
 from a3c_http.wire.protocol import DEFAULT_MAX_BODY_BYTES, WORKER_ID_PATTERN
 
@@ -117,6 +119,45 @@ class _FromEnv(BaseSettings):
         "proxies (another stops the service at start). false: those variables are ignored and "
         "every call goes straight to its host.",
     )
+
+    # TLS (a3c_http/net/tls.py): every process reads the same four variables.
+    tls_cert: Path | None = Field(
+        None,
+        description="This host's certificate (PEM; a chain is allowed). With A3C_TLS_KEY, "
+        "a3c-master and a3c-worker serve HTTPS, and under A3C_TLS_MUTUAL it is also the client "
+        "certificate this service presents on its own calls. `a3c-certs` makes one.",
+    )
+    tls_key: Path | None = Field(None, description="The private key of A3C_TLS_CERT (PEM).")
+    tls_ca: Path | None = Field(
+        None,
+        description="The CA bundle (PEM) every call this service makes verifies its peer "
+        "against, and under A3C_TLS_MUTUAL the CA a client's certificate must be signed by. "
+        "Unset: the system's CAs (SSL_CERT_FILE may name them). With any A3C_TLS_* set, a "
+        "plain http:// URL (A3C_MASTER_URL, workers.txt, POST /train's body) is refused and a "
+        "URL without a scheme is https.",
+    )
+    tls_mutual: bool = Field(
+        False,
+        description="true: mutual TLS. The service accepts no connection without a client "
+        "certificate signed by A3C_TLS_CA (the handshake fails before any HTTP is read); the "
+        "token still applies. Needs A3C_TLS_CA, A3C_TLS_CERT and A3C_TLS_KEY.",
+    )
+
+    @property
+    def tls(self) -> TLS:
+        """The TLS settings (checked at start)."""
+        return TLS(self.tls_cert, self.tls_key, self.tls_ca, self.tls_mutual)
+
+    @model_validator(mode="after")
+    def _tls_works(self) -> Self:
+        try:
+            tls = self.tls.check()
+            url = getattr(self, "master_url", None)
+            if url:
+                tls.require_https(url, "A3C_MASTER_URL")
+        except TLSError as exc:
+            raise ValueError(str(exc)) from None
+        return self
 
     @classmethod
     def variables(cls, name: str) -> list[str]:
@@ -310,6 +351,18 @@ class Settings(_FromEnv):
         "master's own port; needed with A3C_RECEIVERS. Workers the master starts are told the "
         "master URL's host with this port (when this host is 0.0.0.0 or ::), or this host.",
     )
+
+    @model_validator(mode="after")
+    def _workers_over_tls(self) -> Settings:
+        # An http:// worker under TLS: said at start, not at the first POST /train.
+        if self.tls.configured:
+            try:
+                read_workers_file(self.workers_file, missing_ok=True, served=self.tls)
+            except PlainUnderTLS as exc:
+                raise ValueError(str(exc)) from None
+            except WorkerListError:
+                pass  # the file's other problems are POST /train's 422
+        return self
 
     @model_validator(mode="after")
     def _receivers_have_an_address(self) -> Settings:

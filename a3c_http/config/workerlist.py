@@ -1,5 +1,7 @@
 """The list of a run's workers: workers.txt (A3C_WORKERS_FILE), or the `workers` of POST /train,
-one `host:port` or `http(s)://host:port` an entry; blank lines and `#` comments are ignored. The
+one `host:port` or `http(s)://host:port` an entry (https where none is given and TLS is
+configured, where http:// is refused: a3c_http/net/tls.py); blank lines and `#` comments are
+ignored. The
 master reads it to start a run's workers, and `a3c-train` to know which of them to start on this
 host."""
 
@@ -8,17 +10,23 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from a3c_http.net import tls
+
 
 class WorkerListError(ValueError):
     """workers.txt, or the `workers` of POST /train, holds something that is not a worker URL."""
 
 
-def normalize_url(entry: str, default_port: bool = False) -> str:
-    """`host:port` or `http(s)://host:port` -> `http(s)://host:port`. With `default_port`, a URL
-    without a port gets its scheme's (80 or 443)."""
+class PlainUnderTLS(WorkerListError):
+    """A worker's URL is http:// while TLS is configured."""
+
+
+def normalize_url(entry: str, default_port: bool = False, scheme: str = "http") -> str:
+    """`host:port` or `http(s)://host:port` -> `http(s)://host:port`, `scheme` where it has none.
+    With `default_port`, a URL without a port gets its scheme's (80 or 443)."""
     text = entry.strip()
     if "://" not in text:
-        text = "http://" + text
+        text = f"{scheme}://{text}"
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https"):
         raise WorkerListError(f"{entry!r}: the scheme must be http or https")
@@ -36,16 +44,25 @@ def normalize_url(entry: str, default_port: bool = False) -> str:
     return f"{parts.scheme}://{host}:{port}"
 
 
-def parse_workers(entries: list[str], source: str, allow_none: bool = False) -> list[str]:
+def parse_workers(
+    entries: list[str], source: str, allow_none: bool = False, served: tls.TLS | None = None
+) -> list[str]:
     """The worker URLs of `entries` (lines, `#` comments); with `allow_none`, an empty list for
-    none (a run for workers that join), else a WorkerListError."""
+    none (a run for workers that join), else a WorkerListError. With TLS configured in `served`
+    (default: this process's, `tls.current()`), https where no scheme is given and http:// a
+    PlainUnderTLS."""
     urls: list[str] = []
+    served = served or tls.current()
     for number, raw in enumerate(entries, start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         try:
-            url = normalize_url(line)
+            served.require_https(line, "a worker")
+        except tls.TLSError as exc:
+            raise PlainUnderTLS(f"{source} entry {number}: {exc}") from None
+        try:
+            url = normalize_url(line, scheme=served.scheme)
         except WorkerListError as exc:
             raise WorkerListError(f"{source} entry {number}: {exc}") from None
         if url in urls:
@@ -56,7 +73,9 @@ def parse_workers(entries: list[str], source: str, allow_none: bool = False) -> 
     return urls
 
 
-def read_workers_file(path: Path, missing_ok: bool = False) -> list[str]:
+def read_workers_file(
+    path: Path, missing_ok: bool = False, served: tls.TLS | None = None
+) -> list[str]:
     """The worker URLs of a workers file; with `missing_ok`, none when the file does not exist
     or lists none (the master's default file: the run waits for workers that join)."""
     try:
@@ -73,4 +92,4 @@ def read_workers_file(path: Path, missing_ok: bool = False) -> list[str]:
             f"cannot read the workers file {path} ({exc.strerror}); set A3C_WORKERS_FILE or "
             'pass "workers": ["host:port", ...] in the body'
         ) from None
-    return parse_workers(text.splitlines(), str(path), allow_none=missing_ok)
+    return parse_workers(text.splitlines(), str(path), allow_none=missing_ok, served=served)

@@ -40,6 +40,7 @@ import httpcore
 import httpx
 
 from a3c_http import tuning
+from a3c_http.net import tls
 from a3c_http.server.coalesce import HeldWrites
 
 # How long a socket read waits before it looks at the deadline and the stop event again.
@@ -173,7 +174,9 @@ class _BoundedBody(httpx.SyncByteStream):
 
 
 def _http_transport(proxy: str | None) -> httpx.HTTPTransport:
-    transport = httpx.HTTPTransport(proxy=proxy)
+    # https:// peers verified against A3C_TLS_CA (or the system's CAs), this host's certificate
+    # presented where a peer asks for one (a3c_http/net/tls.py)
+    transport = httpx.HTTPTransport(proxy=proxy, verify=tls.current().client_context())
     # Every connection the pool opens later gets ours, where A3C_TUNING is on
     # (a3c_http/tuning/)
     tuning.install_network_backend(transport, _SlicedBackend())

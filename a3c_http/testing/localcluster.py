@@ -27,6 +27,8 @@ from typing import TypeVar
 
 import httpx
 
+from a3c_http.net import tls
+
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
@@ -151,8 +153,14 @@ class ServiceProcess:
         self.proc: subprocess.Popen | None = None
 
     @property
+    def tls(self) -> tls.TLS:
+        """The TLS settings of its environment (a3c_http/net/tls.py): https with A3C_TLS_CERT."""
+        return tls.from_environ(self.env)
+
+    @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{'https' if self.tls.serves else 'http'}://{host}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -176,6 +184,7 @@ class ServiceProcess:
             str(self.port),
             "--log-level",
             "warning",
+            *self.tls.uvicorn_args(),
             *self.uvicorn_args,
         ]
         self.proc = subprocess.Popen(
@@ -197,7 +206,9 @@ class ServiceProcess:
                 f"{self.app} on port {self.port} exited with code {self.proc.returncode}; "
                 f"see {self.log_path}:\n{self.log_tail()}"
             )
-        return httpx.get(f"{self.url}/healthz", timeout=2.0, trust_env=False).status_code == 200
+        verify = self.tls.client_context()
+        reply = httpx.get(f"{self.url}/healthz", timeout=2.0, trust_env=False, verify=verify)
+        return reply.status_code == 200
 
     def wait_healthy(self, timeout_s: float = 60.0) -> ServiceProcess:
         wait_for(self.healthy, timeout_s, f"{self.app} on port {self.port} to be healthy")
@@ -286,7 +297,7 @@ class LocalCluster:
         if workers_file is None:
             workers_file = logs / "workers.txt"
             workers_file.parent.mkdir(parents=True, exist_ok=True)
-            workers_file.write_text("".join(f"{w.host}:{w.port}\n" for w in self.workers))
+            workers_file.write_text("".join(f"{w.url}\n" for w in self.workers))
         self.master = ServiceProcess(
             "master.app:app",
             master_port or free_port(host),
@@ -300,7 +311,8 @@ class LocalCluster:
             },
         )
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(headers=headers, timeout=30, trust_env=False)
+        verify = self.master.tls.client_context()
+        self.http = httpx.Client(headers=headers, timeout=30, trust_env=False, verify=verify)
 
     @property
     def processes(self) -> list[ServiceProcess]:

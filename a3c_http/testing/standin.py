@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import http.server
 import json
+import ssl
 import threading
 import time
 from typing import Any
 
 import httpx
+
+from a3c_http.net.tls import TLS
 
 
 class StandInWorker:
@@ -25,7 +28,8 @@ class StandInWorker:
     `start_delay_s` makes it a slow host: its answer to `POST /start_worker` takes that long. With
     `beat_s` it then acts alive without training: `POST /worker_started` to the master it was
     given, and `POST /heartbeat` every `beat_s` (at most `max_beats`, until closed); `events`
-    keeps (monotonic time, what, HTTP status) of those."""
+    keeps (monotonic time, what, HTTP status) of those. With `tls` it serves HTTPS and calls
+    over it, as a worker with those settings."""
 
     def __init__(
         self,
@@ -34,8 +38,10 @@ class StandInWorker:
         start_delay_s: float = 0.0,
         beat_s: float | None = None,
         max_beats: int = 600,
+        tls: TLS | None = None,
     ) -> None:
         self.token = token
+        self.tls = tls or TLS()
         self.start_delay_s = start_delay_s
         self.beat_s = beat_s
         self.max_beats = max_beats
@@ -93,6 +99,12 @@ class StandInWorker:
                 pass
 
         self.server = http.server.ThreadingHTTPServer((host, 0), Handler)
+        if self.tls.serves:  # HTTPS as a worker with these TLS settings (a3c_http/net/tls.py)
+            context = self.tls.server_context()
+            if self.tls.mutual:
+                context.verify_mode = ssl.CERT_REQUIRED
+                context.load_verify_locations(str(self.tls.ca))
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         # A short poll interval: shutdown() waits for it (0.5 s by default, at every close).
         self.thread = threading.Thread(
             target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
@@ -102,7 +114,7 @@ class StandInWorker:
     @property
     def url(self) -> str:
         host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"{'https' if self.tls.serves else 'http'}://{host}:{port}"
 
     def _record(self, what: str, code: int) -> None:
         with self._lock:
@@ -115,7 +127,10 @@ class StandInWorker:
         master = str(start.get("master_url", "")).rstrip("/")
         worker_id = start.get("worker_id")
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        with httpx.Client(base_url=master, headers=headers, timeout=10, trust_env=False) as c:
+        verify = self.tls.client_context()
+        with httpx.Client(
+            base_url=master, headers=headers, timeout=10, trust_env=False, verify=verify
+        ) as c:
             try:
                 reply = c.post(
                     "/worker_started",

@@ -20,6 +20,7 @@ from a3c_http.config.workerlist import (
 )
 from a3c_http.envs.make import MissingDependency
 from a3c_http.models.actor_critic import UnsupportedSpace
+from a3c_http.net.tls import TLSError
 from a3c_http.server.edge import is_loopback
 from a3c_http.server.service import JSON_BODY, ErrorBody, conflict, protected_router
 from a3c_http.wire.protocol import METRICS_CONTENT_TYPE as METRICS_TYPE
@@ -86,9 +87,11 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
     default_file = "workers_file" not in settings.model_fields_set
     try:
         urls = (
-            parse_workers(body.workers, "workers", allow_none=True)
+            parse_workers(body.workers, "workers", allow_none=True, served=settings.tls)
             if body.workers is not None
-            else read_workers_file(settings.workers_file, missing_ok=default_file)
+            else read_workers_file(
+                settings.workers_file, missing_ok=default_file, served=settings.tls
+            )
         )
     except WorkerListError as exc:
         raise HTTPException(422, str(exc)) from None
@@ -104,6 +107,10 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
         master_url = normalize_url(master_url, default_port=True)
     except WorkerListError as exc:
         raise HTTPException(422, f"{source}: {exc}") from None
+    try:
+        settings.tls.require_https(master_url, source)
+    except TLSError as exc:
+        raise HTTPException(422, str(exc)) from None
     # Said before anything starts: else the workers retry that URL for A3C_MASTER_RETRY_S, the
     # master learns only after start_timeout_s that none runs, and a new POST /train gets 409.
     if source == REQUEST_URL and (problem := unreachable_master(master_url, urls)):

@@ -108,7 +108,8 @@ def main(listen_fd: int, channel_fd: int) -> None:
     listening = socket.socket(fileno=listen_fd)
     channel = Channel(socket.socket(fileno=channel_fd))
     config = uvicorn.Config(
-        create_app(settings, channel), log_level="warning", access_log=False, lifespan="on"
+        create_app(settings, channel), log_level="warning", access_log=False, lifespan="on",
+        **settings.tls.uvicorn_kwargs(),  # HTTPS, and client certificates, as the master's port
     )
     uvicorn.Server(config).run(sockets=[listening])
 
