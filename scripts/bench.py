@@ -8,6 +8,7 @@ section by section (scripts/benchlib/bar.py); with one, that benchmark:
     .venv/bin/python scripts/bench.py staleness [--workers 1,2,4,8,16] [--lags 1,2] ...
     .venv/bin/python scripts/bench.py http [--n 300]
     .venv/bin/python scripts/bench.py push_body [--workers 16] [--rounds 3]
+    .venv/bin/python scripts/bench.py tls [--workers 16] [--rounds 3]
 
 `scripts/bench.py COMMAND --help` gives each one's options. The code is scripts/benchlib/, one
 module per concern; this file only finds it and hands the arguments on.
@@ -30,6 +31,7 @@ COMMANDS = {
     "staleness": ("staleness", "what the staleness of W workers does to learning, in one process"),
     "http": ("exchanges", "latency of a worker's exchanges next to the compute they wrap"),
     "push_body": ("push_body", "the master's CPU a push by who wrote its body: a worker or not"),
+    "tls": ("tls_cost", "what TLS and mutual TLS cost the master: pushes/s and CPU a push"),
 }
 
 

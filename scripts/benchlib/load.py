@@ -17,6 +17,7 @@ import itertools
 import json
 import math
 import signal
+import ssl
 import statistics
 import time
 from collections import Counter
@@ -155,6 +156,7 @@ async def _level(
     tag: str,
     received: list[int],
     master_port: int,
+    tls: ssl.SSLContext | None,
 ) -> Level:
     level = Level(n)
     stop = asyncio.Event()
@@ -178,11 +180,11 @@ async def _level(
         try:
             # Only registered workers take part: each registers as a worker does, at the
             # master's own port (pushes may go to its receivers).
-            status = await _register(host, master_port, f"{tag}-{index}", run_id)
+            status = await _register(host, master_port, f"{tag}-{index}", run_id, tls)
             if status != 200:
                 level.errors[f"register {status}"] += 1
                 return
-            reader, writer = await asyncio.open_connection(host, port)
+            reader, writer = await asyncio.open_connection(host, port, ssl=tls)
             for seq in itertools.count(1):
                 if stop.is_set():
                     return
@@ -212,7 +214,7 @@ async def _level(
                             stop.set()
                 if headers.get("connection", "").lower() == "close":
                     writer.close()
-                    reader, writer = await asyncio.open_connection(host, port)
+                    reader, writer = await asyncio.open_connection(host, port, ssl=tls)
         except (OSError, asyncio.IncompleteReadError, TimeoutError, KeyError) as exc:
             level.errors[type(exc).__name__] += 1  # this simulated worker ends with it
         finally:
@@ -234,9 +236,11 @@ async def _level(
     return level
 
 
-async def _register(host: str, port: int, worker_id: str, run_id: str) -> int:
+async def _register(
+    host: str, port: int, worker_id: str, run_id: str, tls: ssl.SSLContext | None = None
+) -> int:
     """POST /worker_started on a connection of its own; the reply's status."""
-    reader, writer = await asyncio.open_connection(host, port)
+    reader, writer = await asyncio.open_connection(host, port, ssl=tls)
     try:
         hello = json.dumps({"worker_id": worker_id, "run_id": run_id}).encode()
         writer.write(
@@ -262,17 +266,18 @@ def push_level(
     max_count: int,
     tag: str,
     master_port: int | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> Level:
     """`n` simulated workers push `bodies` (in turn) to `port` as fast as the master answers:
     `warmup_s` unmeasured, then a window of `window_s` (or up to `max_count` replies); each then
     finishes its request in flight, so the master's counters are final when this returns. Each
     registers first at `master_port` (default: `port`; another when `port` is the master's
     receivers'). A SIGINT or SIGTERM meanwhile closes every connection and then goes to the
-    caller's own handler."""
+    caller's own handler. With `tls` (a client context), every connection is HTTPS."""
     received: list[int] = []
     coro = _level(
         host, port, n, bodies, run_id, version, warmup_s, window_s, max_count, tag, received,
-        master_port or port,
+        master_port or port, tls,
     )
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     wall, cpu = time.perf_counter(), time.process_time()

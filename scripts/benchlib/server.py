@@ -24,6 +24,7 @@ from a3c_http.config.training import TrainConfig
 from a3c_http.envs.make import MissingDependency, register_family
 from a3c_http.envs.rollout import RolloutCollector
 from a3c_http.models.actor_critic import ActorCritic, model_for
+from a3c_http.net import tls
 from a3c_http.net.client import MasterClient
 from a3c_http.testing.delayproxy import DelayProxy
 from a3c_http.testing.localcluster import LocalCluster, cpu_delta, free_port
@@ -50,14 +51,20 @@ MAX_STALENESS = 1_000_000
 
 
 @contextlib.contextmanager
-def standin_master(receivers: int = 0) -> Iterator[tuple[LocalCluster, StandInWorker]]:
-    """A master process (with `receivers` receivers, master/ingress/receivers.py) and no worker
-    process; the stand-in is the run's only worker host."""
-    env = {"A3C_RECEIVERS": str(receivers), "A3C_RECEIVERS_BIND": f"127.0.0.1:{free_port()}"}
-    with tempfile.TemporaryDirectory(prefix="a3c-bench-") as tmp, StandInWorker() as worker:
-        cluster = LocalCluster(
-            Path(tmp) / "run", Path(tmp) / "logs", workers=[], env=env if receivers else None
-        )
+def standin_master(
+    receivers: int = 0, env: dict[str, str] | None = None
+) -> Iterator[tuple[LocalCluster, StandInWorker]]:
+    """A master process (with `receivers` receivers, master/ingress/receivers.py; `env`: more of
+    its environment, e.g. A3C_TLS_*) and no worker process; the stand-in is the run's only worker
+    host (over TLS where `env` configures it)."""
+    env = dict(env or {})
+    if receivers:
+        env.update(A3C_RECEIVERS=str(receivers), A3C_RECEIVERS_BIND=f"127.0.0.1:{free_port()}")
+    with (
+        tempfile.TemporaryDirectory(prefix="a3c-bench-") as tmp,
+        StandInWorker(tls=tls.from_environ(env)) as worker,
+    ):
+        cluster = LocalCluster(Path(tmp) / "run", Path(tmp) / "logs", workers=[], env=env)
         try:
             say("  starting a master (its workers are played by this process)")
             cluster.start()

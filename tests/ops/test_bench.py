@@ -264,7 +264,8 @@ def test_each_command_of_bench_py_has_its_options_and_an_unknown_one_is_refused(
     from scripts import bench
 
     options = {"": "--sections", "scale": "--pin", "learn": "--learners", "solve": "--runs",
-               "staleness": "--lags", "http": "--n", "push_body": "--workers"}
+               "staleness": "--lags", "http": "--n", "push_body": "--workers",
+               "tls": "--connects"}
     assert set(options) == {"", *bench.COMMANDS}
     for command, option in options.items():
         with pytest.raises(SystemExit) as exit_:
