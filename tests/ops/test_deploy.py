@@ -3,7 +3,9 @@ runtime or a cluster (none works on the project's machines; docs/guide/container
 hadolint lints the Dockerfile, kubernetes-validate checks every manifest against the schemas
 of one Kubernetes version, kustomize renders the overlays where kubectl or kustomize is installed,
 and the names, ports, paths and users that the files share are checked to agree. The image's
-commands run as plain processes in the commands' own tests."""
+commands run as plain processes in the commands' own tests. The TLS overlays: the variables of
+the services' TLS, the Secrets they mount and cert-manager's Certificates that write them agree,
+and the healthcheck speaks mutual TLS with certificates made by a3c-certs."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import re
 import shlex
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -35,6 +38,16 @@ COMPOSE = ROOT / "compose.yaml"
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 BASE = KUBERNETES / "base"
 OVERLAY = KUBERNETES / "overlays" / "example"
+# TLS, mutual: each role's certificate from a Secret of type kubernetes.io/tls, made by hand
+# (overlays/tls) or by cert-manager (overlays/tls-cert-manager, whose certificates.yaml holds
+# custom resources that kubernetes-validate does not know).
+TLS_OVERLAY = KUBERNETES / "overlays" / "tls"
+CERT_MANAGER_OVERLAY = KUBERNETES / "overlays" / "tls-cert-manager"
+CERTIFICATES = CERT_MANAGER_OVERLAY / "certificates.yaml"
+TLS_SECRETS = {"a3c-master": "a3c-master-tls", "a3c-worker": "a3c-worker-tls"}
+# The services' variables (docs/guide/tls.md) and the keys of a kubernetes.io/tls Secret that
+# cert-manager writes, which they name.
+TLS_FILES = {"A3C_TLS_CERT": "tls.crt", "A3C_TLS_KEY": "tls.key", "A3C_TLS_CA": "ca.crt"}
 HEALTHCHECK = ROOT / "deploy" / "healthcheck.py"
 # The Kubernetes version whose schemas the manifests must match: the oldest release still in
 # wide use on managed clusters when this was written (kubernetes-validate ships 1.25 and later).
@@ -292,6 +305,7 @@ def test_the_build_context_holds_what_the_image_needs_and_nothing_else() -> None
         f"deploy/kubernetes/overlays/example/{TOKEN_FILE}",
         "compose.yaml",
         "scripts/quickstart.sh",
+        "certs/ca.key",  # a3c-certs's default folder
     ):
         assert ignored_by_docker(left_out), f".dockerignore lets {left_out} into the image"
 
@@ -300,11 +314,16 @@ def test_the_token_file_is_never_committed() -> None:
     assert TOKEN_FILE in (ROOT / ".gitignore").read_text().split()
 
 
+def test_a3c_certs_default_folder_is_never_committed() -> None:
+    """`a3c-certs` writes its keys into ./certs unless told --dir."""
+    assert "/certs/" in (ROOT / ".gitignore").read_text().split()
+
+
 # -- the healthcheck, run as the image runs it --------------------------------------------------
 
 
 @contextmanager
-def serving(status: int) -> Iterator[int]:
+def serving(status: int, context: ssl.SSLContext | None = None) -> Iterator[int]:
     class Health(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             self.send_response(status if self.path == "/healthz" else 404)
@@ -315,6 +334,8 @@ def serving(status: int) -> Iterator[int]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    if context is not None:  # the handshake runs as each connection is accepted
+        server.socket = context.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
     thread.start()
     try:
@@ -324,10 +345,17 @@ def serving(status: int) -> Iterator[int]:
         server.server_close()
 
 
-def healthcheck(*ports: int) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k.lower() not in ("no_proxy", "http_proxy")}
+def healthcheck(*ports: int, tls: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    proxies = ("no_proxy", "http_proxy", "https_proxy")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k.lower() not in proxies and not k.startswith("A3C_TLS_")
+    }
     # A proxy set for the container's other traffic must not be asked: this one answers nothing.
     env["HTTP_PROXY"] = env["http_proxy"] = "http://127.0.0.1:9"
+    env["HTTPS_PROXY"] = env["https_proxy"] = "http://127.0.0.1:9"
+    env.update(tls or {})
     return subprocess.run(
         # -S: the standard library is all it imports, and the venv's site hooks cost a start-up.
         [sys.executable, "-S", str(HEALTHCHECK), *map(str, ports)],
@@ -348,6 +376,56 @@ def test_the_healthcheck_passes_only_when_healthz_answers_200() -> None:
         sick = healthcheck(failing)
         assert sick.returncode == 1 and f"port {failing}" in sick.stderr
     assert healthcheck(closed).returncode == 1
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """certs/: a CA and the master's certificate (not naming 127.0.0.1: the healthcheck does not
+    check the host name), made by a3c-certs; other/: another CA and a host of it."""
+    pytest.importorskip("cryptography", reason="a3c-certs needs it (the tls extra)")
+    from a3c_http.cli import certs
+
+    folder = tmp_path_factory.mktemp("pki")
+    for name in ("certs", "other"):
+        assert certs.main(["ca", "--dir", str(folder / name)]) == 0
+        assert certs.main(["host", "a3c-master", "--dir", str(folder / name)]) == 0
+    return folder
+
+
+def tls_env(folder: Path) -> dict[str, str]:
+    return {
+        "A3C_TLS_CERT": str(folder / "a3c-master.crt"),
+        "A3C_TLS_KEY": str(folder / "a3c-master.key"),
+        "A3C_TLS_CA": str(folder / "ca.crt"),
+    }
+
+
+def mutual_tls(folder: Path) -> ssl.SSLContext:
+    """A server's context as the services' under A3C_TLS_MUTUAL=true."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(folder / "a3c-master.crt", folder / "a3c-master.key")
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.load_verify_locations(folder / "ca.crt")
+    return context
+
+
+def test_the_healthcheck_speaks_mutual_tls_with_the_services_own_certificate(pki: Path) -> None:
+    ours = tls_env(pki / "certs")
+    with serving(200, mutual_tls(pki / "certs")) as port:
+        assert healthcheck(port, tls=ours).returncode == 0
+        # Plain HTTP to an HTTPS service fails, and so does a service another CA vouches for.
+        assert healthcheck(port).returncode == 1
+        stranger = healthcheck(port, tls=tls_env(pki / "other"))
+        assert stranger.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in stranger.stderr
+        # Without A3C_TLS_CA, the system's CAs, which do not know ours.
+        assert healthcheck(port, tls={**ours, "A3C_TLS_CA": ""}).returncode == 1
+    with serving(503, mutual_tls(pki / "certs")) as sick:
+        answer = healthcheck(sick, tls=ours)
+        assert answer.returncode == 1 and f"port {sick}: 503" in answer.stderr
+    with serving(200) as plain:  # TLS set, the service speaks HTTP: not what it was told
+        assert healthcheck(plain, tls=ours).returncode == 1
+    unreadable = healthcheck(1, tls={**ours, "A3C_TLS_KEY": str(pki / "missing.key")})
+    assert unreadable.returncode == 1 and "cannot be used" in unreadable.stderr
 
 
 # -- Kubernetes ---------------------------------------------------------------------------------
@@ -411,16 +489,27 @@ def validate(doc: dict[str, Any]) -> str | None:
     return None
 
 
+def custom_resource(doc: dict[str, Any]) -> bool:
+    """A kind of cert-manager's, whose CRDs kubernetes-validate does not know (checked by
+    test_cert_managers_certificates_write_the_secrets_the_overlay_mounts)."""
+    return doc["apiVersion"].partition("/")[0] == "cert-manager.io"
+
+
 def test_every_manifest_matches_the_kubernetes_schemas() -> None:
-    checked, problems = 0, []
+    checked, custom, problems = 0, 0, []
     for path in manifests():
         for doc in documents(path):
+            if custom_resource(doc):
+                assert path == CERTIFICATES, f"{path}: cert-manager's kinds go in {CERTIFICATES}"
+                custom += 1
+                continue
             checked += 1
             problem = validate(doc)
             if problem:
                 problems.append(f"{path.relative_to(ROOT)}: {problem}")
     assert not problems, "\n".join(problems)
     assert checked == len(base()) + 1  # the base's resources and the overlay's namespace
+    assert custom == len(documents(CERTIFICATES)) == 5
 
 
 def test_the_schemas_refuse_a_misspelt_field() -> None:
@@ -532,6 +621,88 @@ def test_both_pods_take_the_token_probe_healthz_and_run_confined() -> None:
     assert pod(base()["Deployment", "a3c-master"])["securityContext"]["fsGroup"] == gid
 
 
+def tls_patches() -> dict[str, dict[str, Any]]:
+    """The tls overlay's strategic merge patches, by the Deployment each patches."""
+    found = {}
+    for patch in kustomization(TLS_OVERLAY)["patches"]:
+        doc = yaml.safe_load(patch["patch"])
+        assert doc["kind"] == patch["target"]["kind"] == "Deployment"
+        assert doc["metadata"]["name"] == patch["target"]["name"]
+        found[doc["metadata"]["name"]] = doc
+    return found
+
+
+def test_the_tls_overlay_mounts_each_roles_secret_and_sets_the_variables() -> None:
+    assert kustomization(TLS_OVERLAY)["resources"] == ["../../base"]
+    resources = base()
+    (service,) = [d for (k, _), d in resources.items() if k == "Service"]
+    patches = tls_patches()
+    assert patches.keys() == TLS_SECRETS.keys()
+    for name, patch in patches.items():
+        original = resources["Deployment", name]
+        c, patched = container(original), container(patch)
+        assert patched["name"] == c["name"], "a strategic merge patch finds the container by name"
+        variables = {n: e["value"] for n, e in env(patched).items()}
+        assert variables["A3C_TLS_MUTUAL"] == "true"
+        # The three files of the role's Secret, mounted read-only, as the variables name them.
+        ((volume, secret),) = [(v["name"], v["secret"]) for v in pod(patch)["volumes"]]
+        assert secret["secretName"] == TLS_SECRETS[name]
+        (mount,) = [m for m in patched["volumeMounts"] if m["name"] == volume]
+        assert mount["readOnly"] is True
+        for variable, key in TLS_FILES.items():
+            assert variables[variable] == f"{mount['mountPath']}/{key}", variable
+        assert not {v["name"] for v in pod(original)["volumes"]} & {volume}
+        # Keys readable by the pod's group only: that group must be the image's, as fsGroup.
+        if secret.get("defaultMode", 0o644) & 0o004 == 0:
+            groups = {**pod(original)["securityContext"], **pod(patch).get("securityContext", {})}
+            assert groups.get("fsGroup") == image_user()[1], name
+        # A kubelet's probe presents no client certificate: the probes run the healthcheck in
+        # the container, on the service's own port, and the base's httpGet is removed.
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert probe in c and patched[probe]["httpGet"] is None, (name, probe)
+            assert patched[probe]["exec"]["command"] == [
+                "a3c-healthcheck", str(port_of(c["command"]))
+            ], (name, probe)  # fmt: skip
+            # Python's start and a TLS handshake: more than the kubelet's default second.
+            timeout = patched[probe].get("timeoutSeconds", c[probe].get("timeoutSeconds", 1))
+            assert timeout >= 5, (name, probe)
+    # The workers reach the master by https:// at the same Service and port as the base's URL.
+    worker_env = {n: e["value"] for n, e in env(container(patches["a3c-worker"])).items()}
+    (port,) = service["spec"]["ports"]
+    assert worker_env["A3C_MASTER_URL"] == f"https://{service['metadata']['name']}:{port['port']}"
+    assert "A3C_MASTER_URL" in env(container(resources["Deployment", "a3c-worker"]))
+
+
+def test_cert_managers_certificates_write_the_secrets_the_overlay_mounts() -> None:
+    assert kustomization(CERT_MANAGER_OVERLAY)["resources"] == ["../tls", CERTIFICATES.name]
+    docs = documents(CERTIFICATES)
+    for doc in docs:
+        assert doc["apiVersion"] == "cert-manager.io/v1" and "namespace" not in doc["metadata"]
+    issuers = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "Issuer"}
+    certificates = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "Certificate"}
+    assert len(issuers) + len(certificates) == len(docs)
+    for name, spec in certificates.items():
+        assert spec["issuerRef"]["kind"] == "Issuer" and spec["issuerRef"]["name"] in issuers, name
+        assert spec["privateKey"]["algorithm"] in ("ECDSA", "RSA"), name
+    # The CA: self-signed, its Secret the CA Issuer's, which issues the hosts'.
+    ((ca_name, ca),) = [(n, s) for n, s in certificates.items() if s.get("isCA")]
+    assert "selfSigned" in issuers[ca["issuerRef"]["name"]]
+    (ca_issuer,) = [n for n, s in issuers.items() if s.get("ca", {}).get("secretName")]
+    assert issuers[ca_issuer]["ca"]["secretName"] == ca["secretName"]
+    hosts = {n: s for n, s in certificates.items() if n != ca_name}
+    assert {s["secretName"] for s in hosts.values()} == set(TLS_SECRETS.values())
+    for name, spec in hosts.items():
+        assert spec["issuerRef"]["name"] == ca_issuer, name
+        # One certificate for the service's HTTPS and for its calls under mutual TLS.
+        assert {"server auth", "client auth"} <= set(spec["usages"]), name
+    # The master's holds the names it is reached by: the workers' A3C_MASTER_URL, port-forward.
+    (master,) = [s for s in hosts.values() if s["secretName"] == TLS_SECRETS["a3c-master"]]
+    url = env(container(tls_patches()["a3c-worker"]))["A3C_MASTER_URL"]["value"]
+    host = url.removeprefix("https://").rpartition(":")[0]
+    assert host in master["dnsNames"] and "localhost" in master["dnsNames"]
+    assert master["ipAddresses"] == ["127.0.0.1"]
+
+
 def kustomize_command() -> list[str]:
     if shutil.which("kustomize"):
         return [shutil.which("kustomize") or "kustomize", "build"]
@@ -546,7 +717,7 @@ def test_kustomize_renders_the_base_and_the_overlay(tmp_path: Path) -> None:
     shutil.copytree(KUBERNETES, tree)
     (tree / "overlays" / "example" / TOKEN_FILE).write_text("A3C_TOKEN=not-a-real-token\n")
     rendered = {}
-    for folder in ("base", "overlays/example"):
+    for folder in ("base", "overlays/example", "overlays/tls", "overlays/tls-cert-manager"):
         run = subprocess.run(
             [*command, str(tree / folder)], capture_output=True, text=True, timeout=60
         )
@@ -554,7 +725,9 @@ def test_kustomize_renders_the_base_and_the_overlay(tmp_path: Path) -> None:
         rendered[folder] = {
             (d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(run.stdout) if d
         }
-        problems = [p for d in rendered[folder].values() if (p := validate(d))]
+        problems = [
+            p for d in rendered[folder].values() if not custom_resource(d) and (p := validate(d))
+        ]
         assert not problems, "\n".join(problems)
     assert rendered["base"].keys() == base().keys()
     overlay = rendered["overlays/example"]
@@ -571,6 +744,25 @@ def test_kustomize_renders_the_base_and_the_overlay(tmp_path: Path) -> None:
         d["metadata"].get("namespace") for (k, _), d in overlay.items() if k != "Namespace"
     }
     assert namespaces == {"a3c"}
+    # The TLS overlays: the base's resources, the Deployments patched as their patches say (the
+    # probes' httpGet gone, not merged with the exec), and cert-manager's five resources.
+    tls = rendered["overlays/tls"]
+    assert tls.keys() == base().keys()
+    for name, patch in tls_patches().items():
+        c, patched = container(tls["Deployment", name]), container(patch)
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert "httpGet" not in c[probe] and c[probe]["exec"] == patched[probe]["exec"]
+        assert {n: e.get("value") for n, e in env(c).items() if n in env(patched)} == {
+            n: e["value"] for n, e in env(patched).items()
+        }
+        assert "A3C_TOKEN" in env(c)  # the token still applies
+        assert pod(patch)["volumes"][0] in pod(tls["Deployment", name])["volumes"]
+    with_cert_manager = rendered["overlays/tls-cert-manager"]
+    assert with_cert_manager.keys() - tls.keys() == {
+        (d["kind"], d["metadata"]["name"]) for d in documents(CERTIFICATES)
+    }
+    for key in tls:
+        assert with_cert_manager[key] == tls[key]
 
 
 # -- compose ------------------------------------------------------------------------------------
@@ -644,3 +836,26 @@ def test_the_readme_section_names_what_the_files_name() -> None:
     ):
         assert text in section, f"docs/guide/containers.md and kubernetes.md lack {text!r}"
     assert ("Deployment", "a3c-worker") in resources
+
+
+def test_the_tls_guide_names_what_the_files_name() -> None:
+    guide = (ROOT / "docs" / "guide" / "tls.md").read_text()
+    for variable, key in TLS_FILES.items():
+        assert variable in guide and key in guide, variable
+    for text in (
+        "A3C_TLS_MUTUAL=true",
+        "a3c-certs ca",
+        "a3c-certs host a3c-master",
+        f"kubectl apply -k {TLS_OVERLAY.relative_to(ROOT)}",
+        f"kubectl apply -k {CERT_MANAGER_OVERLAY.relative_to(ROOT)}",
+        "--cacert",
+        "Authorization: Bearer",
+        *(
+            f"kubectl create secret generic {secret} --type=kubernetes.io/tls"
+            for secret in TLS_SECRETS.values()
+        ),
+    ):
+        assert text in guide, f"docs/guide/tls.md lacks {text!r}"
+    overlay = (TLS_OVERLAY / "kustomization.yaml").read_text()
+    for secret in TLS_SECRETS.values():
+        assert f"kubectl create secret generic {secret} --type=kubernetes.io/tls" in overlay
