@@ -11,7 +11,7 @@ FROM ${PYTHON_IMAGE} AS build
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # The torch of scripts/constraints.txt (tests/ops/test_deploy.py keeps them equal).
 ARG TORCH_VERSION=2.13.0
-# Optional extras of pyproject.toml, comma-separated (atari, minatar, box2d, tensorboard).
+# Optional extras of pyproject.toml, comma-separated (atari, minatar, box2d, tensorboard, wandb).
 ARG EXTRAS=""
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv

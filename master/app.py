@@ -29,6 +29,8 @@ from master.ingress import experience
 from master.ingress.gradients import GradientRoute, push, take_push
 from master.ingress.receivers import Receivers
 from master.persistence import tensorboard
+from master.persistence.scalars import Sink
+from master.persistence.wandb_sink import WandB
 from master.state import ClusterState, StateConflict
 
 # How long a stopping master waits for a save in progress before its own last save.
@@ -47,9 +49,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         stop = threading.Event()
-        board = tensorboard.TensorBoard(settings.run_dir) if tensorboard.available() else None
+        # Where the run's scalars go (master/persistence/scalars.py).
+        sinks: list[Sink] = []
+        if tensorboard.available():
+            sinks.append(tensorboard.TensorBoard(settings.run_dir))
+        if settings.wandb_project:
+            ledger = state.ledger  # a run over before this master started gets no W&B run
+            over = ledger.run_id if ledger.run_state == "finished" else None
+            sinks.append(WandB(settings.run_dir, settings.wandb_project, over))
         thread = threading.Thread(
-            target=housekeeping.run, args=(state, stop, board), daemon=True, name="a3c-housekeeping"
+            target=housekeeping.run, args=(state, stop, sinks), daemon=True, name="a3c-housekeeping"
         )
         thread.start()
         state.evaluator.start()

@@ -5,6 +5,7 @@ them (docs/hooks/reference.py)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from pathlib import Path
@@ -351,6 +352,29 @@ class Settings(_FromEnv):
         "master's own port; needed with A3C_RECEIVERS. Workers the master starts are told the "
         "master URL's host with this port (when this host is 0.0.0.0 or ::), or this host.",
     )
+    # The run's scalars to Weights & Biases too (master/persistence/wandb_sink.py).
+    wandb_project: str | None = Field(
+        None,
+        max_length=128,
+        pattern=r"^[^/\\#?%:\s]+$",
+        description="The Weights & Biases project (a name without spaces or `/\\#?%:`) the "
+        "master logs each run's TensorBoard scalars to, under the same names and env steps: one "
+        "W&B run per run, its id and name the run's id, its config the run's; unset: none. Needs "
+        "the `wandb` extra (without it the master does not start). W&B's own variables apply: "
+        "WANDB_MODE=offline (files only, for `wandb sync`), WANDB_API_KEY, WANDB_ENTITY, "
+        "WANDB_DIR (unset: the files go into `<run folder>/wandb/`). A failure of W&B is a "
+        "warning; training goes on.",
+    )
+
+    @field_validator("wandb_project")
+    @classmethod
+    def _wandb_installed(cls, v: str | None) -> str | None:
+        if v is not None and importlib.util.find_spec("wandb") is None:
+            raise ValueError(
+                "the wandb package is not installed: install the `wandb` extra "
+                "(./scripts/setup_venv.sh wandb, or pip install 'a3c-http[wandb]')"
+            )
+        return v
 
     @model_validator(mode="after")
     def _workers_over_tls(self) -> Settings:

@@ -258,14 +258,18 @@ def resume_failed(message: str, run_id: str | None, file: str) -> None:
 
 class Failures:
     """A task that is retried until it works (a save of the run folder, a housekeeping chore):
-    its first failure in a row is logged as an error with what went wrong, each further one at
-    DEBUG, and the first success after them at INFO with how long it failed (events
-    `<event>_failed`, `<event>_recovered`). `public()` is what /status shows. The caller
-    serialises `failed` and `succeeded`; `public` may be read from any thread."""
+    its first failure in a row is logged as an error (at `level`: a warning for an optional task
+    such as logging to Weights & Biases) with what went wrong, each further one at DEBUG, and the
+    first success after them at INFO with how long it failed (events `<event>_failed`,
+    `<event>_recovered`). `public()` is what /status shows. The caller serialises `failed` and
+    `succeeded`; `public` may be read from any thread."""
 
-    def __init__(self, what: str, event: str, traceback: bool = False, **fields: Any) -> None:
+    def __init__(
+        self, what: str, event: str, traceback: bool = False, level: int = ERROR, **fields: Any
+    ) -> None:
         self.what = what
         self.event = event
+        self.level = level
         self.traceback = traceback  # the first failure's: for tasks that are not expected to fail
         self.fields = fields
         # (error, since: wall clock, since: monotonic, failures), replaced whole, so a reader
@@ -279,7 +283,7 @@ class Failures:
             self._now = (error, time.time(), time.monotonic(), 1)
             emit(
                 logger,
-                ERROR,
+                self.level,
                 f"{self.event}_failed",
                 f"{self.what} failed; retrying at every tick",
                 run_id,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ SETTINGS_VARS = (
     "A3C_BODY_TIMEOUT_S",
     "A3C_PROXY_FROM_ENV",
     "A3C_MAX_WORKERS",
+    "A3C_WANDB_PROJECT",
 )
 
 
@@ -212,6 +214,27 @@ def test_a_bad_token_stops_the_worker_with_one_line(clean_env: pytest.MonkeyPatc
         "a3c-http worker: A3C_TOKEN: Value error, must be printable ASCII without spaces "
         "(it travels in a header)"
     )
+
+
+def test_a_wandb_project_without_the_wandb_package_stops_the_master_with_one_line(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    clean_env.setenv("A3C_RUN_DIR", str(tmp_path / "run"))
+    clean_env.setenv("A3C_WANDB_PROJECT", "a3c")
+    clean_env.setitem(sys.modules, "wandb", None)  # what an import finds of a missing package
+    import master.app
+
+    with pytest.raises(SystemExit) as info:
+        master.app.__getattr__("app")
+    assert str(info.value) == (
+        "a3c-http master: A3C_WANDB_PROJECT='a3c': Value error, the wandb package is not "
+        "installed: install the `wandb` extra (./scripts/setup_venv.sh wandb, or pip install "
+        "'a3c-http[wandb]')"
+    )
+    assert not (tmp_path / "run").exists()
+    clean_env.setenv("A3C_WANDB_PROJECT", "team/a3c")
+    with pytest.raises(ValueError, match="A3C_WANDB_PROJECT='team/a3c': String should match"):
+        Settings.from_env()
 
 
 def test_every_bad_setting_is_named_at_once(clean_env: pytest.MonkeyPatch) -> None:

@@ -288,7 +288,7 @@ def test_housekeeping_survives_failing_chores_and_saves_at_a_later_tick(
     state.report_episode("w1", 5.0, 10)
     (tmp_path / "run" / store_module.LOCK).unlink()  # a hand tidies the folder
     stop = threading.Event()
-    thread = threading.Thread(target=housekeeping.run, args=(state, stop, None))
+    thread = threading.Thread(target=housekeeping.run, args=(state, stop, ()))
     thread.start()
     saved = RunStore(tmp_path / "run")
     try:
