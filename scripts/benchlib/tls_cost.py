@@ -6,13 +6,13 @@ TLS and over mutual TLS, side by side.
 
 Certificates are made for 127.0.0.1 by `a3c-certs`'s functions (a3c_http/cli/certs.py, the `tls`
 extra) in a temporary folder. One master per way (scripts/benchlib/server.py `standin_master`,
-with A3C_TLS_* for two of them) runs the model; per round, for each way in turn (alternating, so
-that the machine's other load falls on each), --workers simulated workers push as fast as the
-master answers over connections they keep (scripts/benchlib/load.py `push_level`, as a worker
-keeps its connection: the handshake is paid once). The master's CPU over the level divided by the
-pushes it answered is that round's figure; the medians over the rounds are printed. Then what a
-new connection costs: the median time of --connects connections to the master opened, with their
-handshake, and closed, by way.
+with A3C_TLS_* for two of them) runs the model. Per round, for each way in turn (alternating, so
+that the machine's other load falls on each, and each way first in one round of three),
+--workers simulated workers push as fast as the master answers over connections they keep
+(scripts/benchlib/load.py `push_level`; a worker keeps its connection, so the handshake is paid
+once). The master's CPU over the level divided by the pushes it answered is that round's figure;
+the medians over the rounds are printed. Then what a new connection costs: the median time of
+--connects connections to the master opened, with their handshake, and closed, by way.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                 layout = wire.Layout.of(model_for(config), dtype)
                 runs[way] = (cluster, run_id, ready_bodies(layout), tls.from_environ(envs[way]))
             for i in range(args.rounds):
-                for way in WAYS:
+                for way in WAYS[i % 3:] + WAYS[:i % 3]:  # each way first in one round of three
                     cluster, run_id, bodies, served = runs[way]
                     row = _round(cluster, run_id, bodies, served, args, f"{way[0]}{i}")
                     rounds[way].append(row)
