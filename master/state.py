@@ -310,6 +310,7 @@ class ClusterState(LearnerRuns):
             "save_error": persister.failures.public(),
             "last_saved_at": persister.last_saved_at,
             "resume_error": self.resume_error.public() if self.resume_error else None,
+            "run_dir": str(self.store.dir.resolve()),
             "fronts": self.receivers.status() if self.receivers is not None else None,
             "learner": self._learner_status(),
         }

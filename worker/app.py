@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import torch
 from fastapi import FastAPI, HTTPException, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from a3c_http import tuning
 from a3c_http.algos.exploration import Exploration
@@ -22,10 +22,16 @@ from a3c_http.config.training import TrainConfig
 from a3c_http.net.client import A3CError, MasterClient, MasterUnavailable
 from a3c_http.net.tls import TLSError
 from a3c_http.server import logs
-from a3c_http.server.service import JSON_BODY, conflict, install_common, protected_router
+from a3c_http.server.service import (
+    JSON_BODY,
+    conflict,
+    describe_error,
+    install_common,
+    protected_router,
+)
 from a3c_http.wire.protocol import METRICS_CONTENT_TYPE as METRICS_TYPE
 from a3c_http.wire.protocol import WORKER_ID_PATTERN
-from worker.joiner import Joiner
+from worker.joiner import CannotTrain, Joiner
 from worker.metrics import exposition
 from worker.trainer import Progress, Trainer
 
@@ -129,7 +135,8 @@ class WorkerService:
 
     def take(self, run: dict[str, Any], master_url: str, own_url: str | None) -> bool:
         """Train in `run`, as a master's POST /join gave it (worker/joiner.py); whether it
-        started (not when the slot is taken, or the run is not one this worker can train)."""
+        started (not when the slot is taken). CannotTrain: a run this worker cannot train (its
+        config does not validate here: an environment whose module is not importable, ...)."""
         try:
             body = StartIn(
                 master_url=master_url,
@@ -139,10 +146,11 @@ class WorkerService:
                 config=run["config"],
                 exploration=run.get("exploration") or None,
             )
+        except ValidationError as exc:  # e.g. an environment whose module is not here
+            why = "; ".join(describe_error(e, "run") for e in exc.errors())
+            raise CannotTrain(f"this worker cannot train run {run.get('run_id')}: {why}") from None
         except (KeyError, TypeError, ValueError) as exc:
-            logging.getLogger("a3c.worker").error("the master's run cannot be trained here: %s",
-                                                  exc)
-            return False
+            raise CannotTrain(f"the master's run cannot be trained here: {exc}") from None
         try:
             self.start(body, own_url)
         except HTTPException:  # a POST /start_worker took the slot first

@@ -8,6 +8,11 @@ lost after `heartbeat_timeout_s`).
 After a restart of the master the worker's trainer goes on with the run the master resumed (its
 calls are retried for A3C_MASTER_RETRY_S); past that, the trainer ends and the worker joins again
 under the id it had, which the resumed run still holds.
+
+A run this worker cannot train (its config does not validate here: most often an environment whose
+module is not importable on this host) is reported to the master (`POST /worker_done` with the
+reason, which /status shows as the worker's `error`), and the worker asks again only after
+MAX_PAUSE_S, under the same id.
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ def default_name() -> str:
     """The host's name and the process id: unique on a host, and a pod's host name is the pod's
     name."""
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class CannotTrain(Exception):
+    """The run a master gave cannot be trained by this worker; `str()` says why."""
 
 
 class Slot(Protocol):
@@ -72,6 +81,7 @@ class Joiner:
         )
         self._thread = threading.Thread(target=self._loop, name="a3c-joiner", daemon=True)
         self.last: tuple[str | None, str | None] = (None, None)  # run id, worker id there
+        self.refused = False  # the last run given could not be trained here
 
     def start(self) -> None:
         self._thread.start()
@@ -115,10 +125,27 @@ class Joiner:
                 pause = float(reply.get("retry_s") or 2.0)
             else:
                 ours = self._train(run)
+                if self.refused:  # an error of this host: told, and not in a tight loop
+                    self.refused, pause = False, MAX_PAUSE_S
 
     def _train(self, run: dict[str, Any]) -> bool:
-        """Start the trainer on the run the master gave; whether it started."""
-        if not self.service.take(run, self.master_url, self.url):
+        """Start the trainer on the run the master gave; whether it started. One it cannot
+        train is reported to the master, and the next ask waits (`self.refused`)."""
+        try:
+            started = self.service.take(run, self.master_url, self.url)
+        except CannotTrain as exc:
+            log.error("%s", exc)
+            self.last = (run.get("run_id"), run.get("worker_id"))
+            self.refused = True
+            self._client.run_id = run.get("run_id")  # not a worker of another run the master began
+            try:
+                self._client.worker_done(run["worker_id"], str(exc))
+            except (A3CError, KeyError):
+                pass  # the master is gone, or the run is over: this asks again later anyway
+            finally:
+                self._client.run_id = None
+            return False
+        if not started:
             return False
         self.last = (run["run_id"], run["worker_id"])
         log.info("joined run %s of %s as %s", run["run_id"], self.master_url, run["worker_id"])

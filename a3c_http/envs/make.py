@@ -19,12 +19,23 @@ Observations keep their own dtype: uint8 frames stay uint8 until the network sca
 The families of environments that live in packages of their own are registered here on first use
 (`register_family`): `ALE/...` (the `atari` extra), `MinAtar/...` (the `minatar` extra), and this
 project's own small tasks (`a3c_http/...`, a3c_http/envs/tasks.py).
+
+An environment of a user's module is named `module:Name`. Importing `module` registers `Name`
+(gymnasium's own convention), or, where it registers no such id, `module` defines `Name`: a
+gymnasium.Env subclass or a function that returns an environment (an entry point), which
+`register_entry_point` registers under `Name` (no time limit, no reward_threshold) in every process
+that validates or makes the environment: the master, the workers, the master's evaluation process,
+a3c-evaluate, a3c-export and a3c_http.api. The module is imported only when it is allowed: listed in
+A3C_ENV_MODULES, or by this process itself (`allow_modules`, what a3c_http.api's `load_policy` is
+told).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import gymnasium as gym
@@ -49,6 +60,8 @@ FAMILIES = {
     "a3c_http": ("a3c_http.envs.tasks", "register"),
 }
 _registered: set[str] = set()
+# Modules this process allows to register environments beside A3C_ENV_MODULES (`allow_modules`).
+_allowed_here: set[str] = set()
 
 
 class MissingDependency(gym.error.DependencyNotInstalled):
@@ -67,6 +80,12 @@ def make_env(
     """`gymnasium.make(env_id, **env_kwargs, **options)` with the wrappers asked for (the
     module's docstring); a missing package raises MissingDependency with what to install."""
     register_family(env_id)
+    module, _, name = env_id.rpartition(":")
+    if module and name not in gym.registry:
+        # gymnasium.make imports the module itself; an entry point is registered here first (a
+        # process that never validated a config, e.g. the master's evaluation process).
+        importlib.import_module(module)
+        register_entry_point(module, name)
     try:
         if preprocess == "atari":
             env = AtariPreprocessing(gym.make(env_id, **{"frameskip": 1, **env_kwargs}, **options))
@@ -152,7 +171,10 @@ def unknown_env(name: str, module: str | None = None) -> str:
     """Why `name` is not a registered environment, and what the user may have meant."""
     message = f"unknown gymnasium environment {name!r}"
     if module:
-        message += f" (importing {module!r} did not register it)"
+        message += (
+            f" (importing {module!r} did not register it, and {module!r} defines no "
+            "gymnasium.Env class or function of that name)"
+        )
     matches = close_matches(name, gym.registry, n=1, cutoff=0.8)
     if matches:
         return f"{message}; {did_you_mean(matches)}"
@@ -165,14 +187,42 @@ def unknown_env(name: str, module: str | None = None) -> str:
     )
 
 
+def allowed_modules() -> list[str]:
+    """The modules allowed to register environments here: A3C_ENV_MODULES (comma-separated), and
+    those this process allowed itself (`allow_modules`)."""
+    listed = [m.strip() for m in os.environ.get("A3C_ENV_MODULES", "").split(",")]
+    return [m for m in listed if m] + sorted(_allowed_here.difference(listed))
+
+
+def allow_modules(modules: Iterable[str]) -> None:
+    """Allow `modules` to register environments in this process, as if A3C_ENV_MODULES listed
+    them (for a caller that names them itself: a3c_http.api's `load_policy`)."""
+    _allowed_here.update(m.strip() for m in modules if m.strip())
+
+
+def register_entry_point(module: str, name: str) -> bool:
+    """Register `name` with the attribute `name` of the imported `module` as its entry point,
+    when that attribute is a gymnasium.Env subclass or a function (that makes an environment) and
+    `name` is not registered yet; whether `name` is registered now. Nothing else is registered:
+    no time limit, no reward_threshold (a module that registers its id itself gives them)."""
+    if name in gym.registry:
+        return True
+    target = getattr(importlib.import_module(module), name, None)
+    is_env = inspect.isclass(target) and issubclass(target, gym.Env)
+    if not is_env and not (callable(target) and not inspect.isclass(target)):
+        return False
+    gym.register(name, entry_point=f"{module}:{name}")
+    return True
+
+
 def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     """The registered spec of `env_id`. An id of the form `module:EnvName-v0` first imports
-    `module` (which registers the environment, as `gymnasium.make` does), but only when the module
-    is listed in A3C_ENV_MODULES: a training request must not import arbitrary code."""
+    `module` (which registers the environment, as `gymnasium.make` does, or defines it:
+    `register_entry_point`), but only when the module is allowed (`allowed_modules`:
+    A3C_ENV_MODULES): a training request must not import arbitrary code."""
     module, _, name = env_id.rpartition(":")
     if module:
-        allowed = [m.strip() for m in os.environ.get("A3C_ENV_MODULES", "").split(",")]
-        if module not in allowed:
+        if module not in allowed_modules():
             raise ValueError(
                 f"module {module!r} is not in A3C_ENV_MODULES, the comma-separated list of modules "
                 "allowed to register environments (set it on the master and every worker)"
@@ -181,6 +231,7 @@ def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
             importlib.import_module(module)
         except ImportError as exc:
             raise ValueError(f"cannot import {module!r}: {exc}") from None
+        register_entry_point(module, name)
     try:
         register_family(name)
     except MissingDependency as exc:

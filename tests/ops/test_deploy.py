@@ -158,10 +158,13 @@ def lint(dockerfile: Path, home: Path) -> list[dict[str, Any]]:
     return json.loads(run.stdout)
 
 
-def test_hadolint_finds_nothing_in_the_dockerfile(tmp_path: Path) -> None:
-    findings = lint(DOCKERFILE, tmp_path)
+# The image, and the worked example's image extended with its environment (examples/webcrawl).
+@pytest.mark.parametrize("dockerfile", [DOCKERFILE, ROOT / "examples" / "webcrawl" / "Dockerfile"])
+def test_hadolint_finds_nothing_in_the_dockerfile(dockerfile: Path, tmp_path: Path) -> None:
+    findings = lint(dockerfile, tmp_path)
     assert findings == [], "\n".join(
-        f"Dockerfile:{f['line']} {f['code']} {f['level']}: {f['message']}" for f in findings
+        f"{dockerfile.name}:{f['line']} {f['code']} {f['level']}: {f['message']}"
+        for f in findings
     )
 
 

@@ -70,3 +70,98 @@ def test_stack_frames_gives_what_gymnasiums_frame_stack_gives() -> None:
             b = theirs.step(step % 2)[0]
     ours.close()
     theirs.close()
+
+
+# -- environments of a user's module: `module:Name` ---------------------------------------------
+
+USER_MODULE = '''
+import gymnasium as gym
+import numpy as np
+
+
+class Corridor(gym.Env):
+    """Walk right: +1 at the end, 3 steps."""
+
+    observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, length=3):
+        self.length = length
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += int(action)
+        done = self.t >= self.length
+        return np.full(1, self.t / self.length, np.float32), float(done), done, False, {}
+
+
+def make_corridor(length=5):
+    return Corridor(length)
+
+
+NOT_AN_ENV = 3
+'''
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """A module of the user's, `user_envs`, importable and allowed; the ids it gets registered are
+    removed afterwards."""
+    (tmp_path / "user_envs.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("A3C_ENV_MODULES", "user_envs")
+    before = set(gym.registry)
+    yield "user_envs"
+    for name in set(gym.registry) - before:
+        del gym.registry[name]
+    sys.modules.pop("user_envs", None)
+
+
+def test_a_class_of_a_module_that_registers_nothing_is_its_entry_point(user_module: str) -> None:
+    config = TrainConfig(env_id="user_envs:Corridor", max_steps=None)
+    env = env_for(config)
+    try:
+        assert type(env.unwrapped).__name__ == "Corridor" and env.unwrapped.length == 3
+        assert env.spec.max_episode_steps is None  # nothing but the class itself
+    finally:
+        env.close()
+    assert envs.env_spec("user_envs:make_corridor").entry_point == "user_envs:make_corridor"
+    env = envs.make_env("user_envs:make_corridor", {"length": 7})
+    assert env.unwrapped.length == 7
+    env.close()
+
+
+def test_a_process_that_never_validated_the_config_registers_the_entry_point_when_it_makes_it(
+    user_module: str,
+) -> None:
+    """The master's evaluation process (spawned) makes the environment of a config it was given:
+    make_env registers the entry point there too."""
+    assert "Corridor" not in gym.registry
+    env = envs.make_env("user_envs:Corridor", {})
+    assert type(env.unwrapped).__name__ == "Corridor"
+    env.close()
+
+
+def test_an_entry_point_must_be_an_env_class_or_a_function(user_module: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        TrainConfig(env_id="user_envs:NOT_AN_ENV")
+    message = str(caught.value)
+    assert "importing 'user_envs' did not register it" in message
+    assert "defines no gymnasium.Env class or function of that name" in message
+    assert "NOT_AN_ENV" not in gym.registry
+
+
+def test_an_entry_point_of_a_module_not_allowed_is_not_imported(
+    user_module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("A3C_ENV_MODULES", "")
+    with pytest.raises(ValidationError, match="'user_envs' is not in A3C_ENV_MODULES"):
+        TrainConfig(env_id="user_envs:Corridor")
+    assert "user_envs" not in sys.modules
+    monkeypatch.setattr(envs, "_allowed_here", set())
+    envs.allow_modules(["user_envs"])  # what a process allows itself (a3c_http.api)
+    assert TrainConfig(env_id="user_envs:Corridor", max_steps=None).env_id == "user_envs:Corridor"

@@ -117,7 +117,7 @@ def test_the_library_and_the_services_keep_apart() -> None:
             assert not others, f"{module} imports a service: {others}"
         else:
             assert others <= {"a3c_http"}, f"{module} imports another service: {others}"
-        if not module.startswith(("a3c_http.testing", "a3c_http.cli")):
+        if not module.startswith(("a3c_http.testing", "a3c_http.cli", "a3c_http.api")):
             assert not any(m.startswith("a3c_http.testing") for m in imports_of(path)), module
 
 
