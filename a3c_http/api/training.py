@@ -27,6 +27,7 @@ from a3c_http.config.hints import unknown_field
 from a3c_http.config.training import TrainConfig
 from a3c_http.config.workerlist import WorkerListError, normalize_url
 from a3c_http.envs.make import allow_modules
+from a3c_http.net import tls
 from a3c_http.server.service import describe_error
 from a3c_http.testing.localcluster import LocalCluster, free_port
 
@@ -41,10 +42,20 @@ NOT_INHERITED = ("A3C_MASTER_URL", "A3C_WORKER_URL", "A3C_WORKER_NAME")
 
 
 def _client(url: str, token: str | None) -> httpx.Client:
-    """The one place the API makes an HTTP client: to the master at `url`, with `token` (where
-    TLS settings would give `verify=` its SSL context)."""
+    """The one place the API makes an HTTP client: to the master at `url`, with `token`, over
+    TLS as this process's A3C_TLS_* say (a3c_http/net/tls.py: the peer verified against
+    A3C_TLS_CA, this host's certificate presented under mutual TLS; an http:// URL refused while
+    they are set)."""
+    try:
+        served = tls.current()
+        served.require_https(url, "master")
+    except tls.TLSError as exc:
+        raise TrainError(str(exc)) from None
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.Client(base_url=url, headers=headers, timeout=30.0, trust_env=False)
+    return httpx.Client(
+        base_url=url, headers=headers, timeout=30.0, trust_env=False,
+        verify=served.client_context(),
+    )
 
 
 def train(

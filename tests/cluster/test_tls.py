@@ -1,7 +1,8 @@
 """A cluster over mutual TLS, on real processes: a master with a receiver and two workers, each
 serving HTTPS and calling the others over it (start, registration, pushes through the receiver's
-port and the push process, weights), started and followed by `a3c-train --master https://...`,
-trains CartPole-v1 to solved; meanwhile no one but a holder of a certificate of the cluster's CA
+port and the push process, weights), started and followed by the Python API
+(`a3c_http.train(master="https://...")`), trains CartPole-v1 to solved, and takes a short run of
+`a3c-train --master https://...`; meanwhile no one but a holder of a certificate of the cluster's CA
 gets a connection, and the token still applies on top."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import a3c_http
 from a3c_http.testing.localcluster import LocalCluster, free_port
 from tests.support.common import TOKEN
 from tests.support.tls import make_files
@@ -39,25 +41,25 @@ def _refused(url: str, verify: ssl.SSLContext | bool) -> bool:
     return False
 
 
-def test_a_mutual_tls_cluster_trains_and_lets_in_only_its_own(tmp_path: Path) -> None:
+def test_a_mutual_tls_cluster_trains_and_lets_in_only_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     files = make_files(tmp_path / "certs")
     receivers = {"A3C_RECEIVERS": "1", "A3C_RECEIVERS_BIND": f"127.0.0.1:{free_port()}"}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("A3C_")}
-    env.update(files.env(), A3C_TOKEN=TOKEN)
+    for name in [n for n in os.environ if n.startswith("A3C_")]:
+        monkeypatch.delenv(name)
     cluster = LocalCluster(
         tmp_path / "run", tmp_path / "logs",
         [("127.0.0.1", free_port()), ("127.0.0.1", free_port())],
         token=TOKEN, env={**files.env(), **receivers},
     )
-    train = None
     try:
         cluster.start(timeout_s=120)
         assert cluster.master.url.startswith("https://")
-        train = subprocess.Popen(
-            [str(Path(sys.executable).with_name("a3c-train")), "--master", cluster.master.url,
-             "--env", "CartPole-v1", "--every", "2"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
+        for name, value in files.env().items():  # this process: a client of the cluster
+            monkeypatch.setenv(name, value)
+        run = a3c_http.train("CartPole-v1", master=cluster.master.url, token=TOKEN,
+                             wait=False, progress=False)
         ours = _context(files.ca, files.cert, files.key)
         receiver = f"https://127.0.0.1:{receivers['A3C_RECEIVERS_BIND'].rsplit(':', 1)[1]}"
         for base in (cluster.master.url, cluster.workers[0].url, receiver):
@@ -74,14 +76,19 @@ def test_a_mutual_tls_cluster_trains_and_lets_in_only_its_own(tmp_path: Path) ->
                 assert client.get(health).status_code == 200
         with httpx.Client(verify=ours, trust_env=False, timeout=10) as client:
             assert client.get(f"{cluster.master.url}/status").status_code == 401  # no token
-        out, _ = train.communicate(timeout=240)
-        assert train.returncode == 0, out
+        run.wait(timeout_s=240)
+        assert run.solved, run.status()
         status = cluster.status()
-        assert status["solved"], out
         assert status["fronts"]["pushes"] > 0  # the workers' pushes took the receiver's port
         assert all(w["url"].startswith("https://") for w in status["workers"])
+        # a3c-train --master over the same TLS: a short run, followed to its end
+        env = {**os.environ, "A3C_TOKEN": TOKEN}
+        done = subprocess.run(
+            [str(Path(sys.executable).with_name("a3c-train")), "--master", cluster.master.url,
+             "--config", '{"max_episodes": 5}', "--every", "1"],
+            env=env, capture_output=True, text=True, timeout=120,
+        )
+        assert "run finished: max_episodes=5 reached" in done.stdout, done.stdout + done.stderr
+        assert done.returncode == 1  # followed to its end over TLS, and not solved
     finally:
-        if train is not None and train.poll() is None:
-            train.kill()
-            train.wait()
         cluster.close()
