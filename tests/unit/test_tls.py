@@ -1,6 +1,6 @@
 """The TLS settings (a3c_http/net/tls.py): what they refuse at start, in one line, and the
 https:// they make of URLs. That the services serve and call over TLS and mutual TLS is shown on
-real processes (tests/cluster/test_tls.py)."""
+real processes (tests/cluster/test_mutual_tls.py)."""
 
 from __future__ import annotations
 
