@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from a3c_http.api.environments import EnvChoice, EnvChoiceError, EnvLike, resolve
 from a3c_http.api.errors import TrainError
 from a3c_http.api.run import Progress, Run
+from a3c_http.cli.progress import why_refused
 from a3c_http.config.ending import how_it_ends
 from a3c_http.config.files import BODY_FIELDS
 from a3c_http.config.hints import unknown_field
@@ -250,7 +251,7 @@ def _start(
             "master's"
         )
     if reply.status_code != 202:
-        raise TrainError(_refusal(reply))
+        raise TrainError(why_refused(reply))
     data = reply.json()["data"]
     refused = [
         w for w in data.get("workers", [])
@@ -262,17 +263,3 @@ def _start(
         why = "; ".join(f"{w['worker_id']} at {w['url']}: {w['error']}" for w in refused)
         raise TrainError(f"run {data['run_id']} stopped: a worker cannot train it ({why})")
     return data
-
-
-def _refusal(reply: httpx.Response) -> str:
-    try:
-        detail = reply.json().get("detail")
-    except ValueError:
-        detail = None
-    if not isinstance(detail, str):
-        return f"POST /train answered {reply.status_code}: {reply.text[:500]}"
-    if reply.status_code == 422:
-        return f"the master refused the config: {detail}"
-    return detail
-
-

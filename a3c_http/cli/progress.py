@@ -36,16 +36,22 @@ def progress_line(status: dict, previous: dict | None) -> str:
 
 
 def refusal(reply: httpx.Response) -> str:
-    """The line to print when POST /train started no run: the master's `detail`, readable."""
+    """The line to print when POST /train started no run: `error: ` and `why_refused`."""
+    return f"error: {why_refused(reply)}"
+
+
+def why_refused(reply: httpx.Response) -> str:
+    """Why POST /train started no run: the master's `detail`, readable (and what a reply without
+    one said, its first 500 characters)."""
     try:
         detail = reply.json().get("detail")
     except ValueError:
         detail = None
     if not isinstance(detail, str):
-        return f"error: POST /train answered {reply.status_code}: {reply.text}"
+        return f"POST /train answered {reply.status_code}: {reply.text[:500]}"
     if reply.status_code == 422:
-        return f"error: the master refused the config: {detail}"
-    return f"error: {detail}"
+        return f"the master refused the config: {detail}"
+    return detail
 
 
 def resume_note(status: dict) -> str | None:
