@@ -158,6 +158,15 @@ def _check_days(days: int) -> None:
         raise CertError(f"--days must be from 1 to {MAX_DAYS}, not {days}")
 
 
+def _key_usage(signs: bool) -> Any:
+    """Digital signatures, and with `signs` the signing of certificates and CRLs (a CA)."""
+    from cryptography import x509
+
+    no = dict.fromkeys(("content_commitment", "key_encipherment", "data_encipherment",
+                        "key_agreement", "encipher_only", "decipher_only"), False)
+    return x509.KeyUsage(digital_signature=True, key_cert_sign=signs, crl_sign=signs, **no)
+
+
 def make_ca(directory: Path, days: int = CA_DAYS, name: str = CA_NAME) -> Written:
     """DIR/ca.crt and DIR/ca.key; CertError if either exists already."""
     _require_cryptography()
@@ -189,20 +198,7 @@ def make_ca(directory: Path, days: int = CA_DAYS, name: str = CA_NAME) -> Writte
         .not_valid_after(not_after)
         # A CA that signs hosts only, never another CA.
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(signs=True), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(public), critical=False)
         .sign(key, hashes.SHA256())
@@ -299,20 +295,7 @@ def make_host(
         .not_valid_before(now - BACKDATE)
         .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(signs=False), critical=True)
         # One certificate for both ends: the service's HTTPS and, under mutual TLS, its calls.
         .add_extension(
             x509.ExtendedKeyUsage(

@@ -103,8 +103,8 @@ def test_json_is_one_object_per_line_with_the_events_fields(
 # -- the settings and the set-up ------------------------------------------------------------------
 
 
-# Each service's start once (the settings they share, a3c_http/config/training.py `_FromEnv`, judge
-# both).
+# Each service's start once (the settings they share, a3c_http/config/environment.py
+# `FromEnv`, judge both).
 @pytest.mark.parametrize(
     ("service", "name", "raw"),
     [(master.app, "A3C_LOG_LEVEL", "loud"), (worker.app, "A3C_LOG_FORMAT", "xml")],
