@@ -19,9 +19,10 @@ and per settings (`current().client_context()`), and handed to httpx as `verify`
 
 from __future__ import annotations
 
+import functools
 import os
 import ssl
-import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -94,9 +95,13 @@ class TLS:
         return context
 
     def server_context(self) -> ssl.SSLContext:
-        """What uvicorn will make of `uvicorn_kwargs`, to check the files at start."""
+        """A server's context as uvicorn makes it of `uvicorn_kwargs`: this host's certificate
+        and, under mutual TLS, client certificates of A3C_TLS_CA required."""
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self._load_pair(context)
+        if self.mutual:
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(str(self.ca))
         return context
 
     def _load_pair(self, context: ssl.SSLContext) -> None:
@@ -140,26 +145,22 @@ class TLS:
         return [name for name, value in zip(VARIABLES, values, strict=True) if value]
 
 
-def from_environ(environ: dict[str, str] | os._Environ[str] | None = None) -> TLS:
-    """The TLS settings of an environment (this process's by default), checked."""
+def from_environ(environ: Mapping[str, str] | None = None) -> TLS:
+    """The TLS settings of an environment (this process's by default), checked; made and checked
+    once for the same values (the files are read then)."""
     env = os.environ if environ is None else environ
-    paths = [Path(env[n]) if env.get(n, "").strip() else None for n in VARIABLES[:3]]
-    mutual = env.get("A3C_TLS_MUTUAL", "").strip().lower()
-    if mutual not in _TRUE + _FALSE:
+    return _checked(tuple(env.get(name, "").strip() for name in VARIABLES))
+
+
+@functools.lru_cache(maxsize=16)
+def _checked(values: tuple[str, ...]) -> TLS:
+    cert, key, ca, mutual = values
+    if mutual.lower() not in _TRUE + _FALSE:
         raise TLSError(f"A3C_TLS_MUTUAL={mutual!r}: expected true or false")
-    return TLS(*paths, mutual=mutual in _TRUE).check()
-
-
-_lock = threading.Lock()
-_current: tuple[tuple[str, ...], TLS] | None = None
+    paths = [Path(v) if v else None for v in (cert, key, ca)]
+    return TLS(*paths, mutual=mutual.lower() in _TRUE).check()
 
 
 def current() -> TLS:
-    """This process's TLS settings, read from its environment again only when it changed (the
-    contexts are made once)."""
-    global _current
-    key = tuple(os.environ.get(name, "") for name in VARIABLES)
-    with _lock:
-        if _current is None or _current[0] != key:
-            _current = (key, from_environ())
-        return _current[1]
+    """This process's TLS settings (read again only when its environment changed)."""
+    return from_environ()

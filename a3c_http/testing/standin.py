@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import ssl
 import threading
 import time
 from typing import Any
@@ -101,9 +100,6 @@ class StandInWorker:
         self.server = http.server.ThreadingHTTPServer((host, 0), Handler)
         if self.tls.serves:  # HTTPS as a worker with these TLS settings (a3c_http/net/tls.py)
             context = self.tls.server_context()
-            if self.tls.mutual:
-                context.verify_mode = ssl.CERT_REQUIRED
-                context.load_verify_locations(str(self.tls.ca))
             self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         # A short poll interval: shutdown() waits for it (0.5 s by default, at every close).
         self.thread = threading.Thread(
