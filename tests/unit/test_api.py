@@ -21,13 +21,10 @@ import a3c_http
 from a3c_http.api import environments, training
 from a3c_http.api.environments import EnvChoiceError, resolve
 from a3c_http.api.policy import Policy
-from a3c_http.config.training import TrainConfig
 from a3c_http.envs import make as envs
-from a3c_http.models.actor_critic import model_for
 from a3c_http.policy import evaluation
 from a3c_http.policy.evaluation import eval_seed
-from a3c_http.store.runstore import RunStore, Snapshot
-from a3c_http.wire import tensors as wire
+from tests.support.run_folders import make_run
 
 ROOT = Path(__file__).resolve().parents[2]
 WEBCRAWL = ROOT / "examples" / "webcrawl"
@@ -163,28 +160,6 @@ CASES = {
 }
 
 
-def make_run(folder: Path, **fields: Any) -> TrainConfig:
-    """A run folder as a master saves it, with random weights: the output layer scaled up so
-    that actions differ from step to step, statistics far from the identity."""
-    config = TrainConfig(seed=5, max_steps=None, **fields).resolved()
-    torch.manual_seed(0)
-    model = model_for(config)
-    with torch.no_grad():
-        (model.q_head if config.value_based else model.policy_head).weight.mul_(300.0)
-        if config.normalize_obs:
-            n = model.obs_rms.mean.numel()
-            model.obs_rms.mean.copy_(torch.linspace(-0.3, 0.4, n))
-            model.obs_rms.var.copy_(torch.linspace(0.2, 4.0, n))
-    store = RunStore.acquire(folder)
-    store.save(Snapshot(
-        config={**config.model_dump(), "run_id": "r1"},
-        state={"run_id": "r1", "model_version": 3},
-        weights=wire.encode(model.state_dict()),
-    ))  # fmt: skip
-    store.close()
-    return config
-
-
 def played(policy: Policy, episodes: int) -> list[float]:
     """The returns of a user's loop: raw observations in, the state carried, episode i reset
     with the evaluation's seed of episode i."""
@@ -207,7 +182,7 @@ def played(policy: Policy, episodes: int) -> list[float]:
 def test_a_loaded_policy_plays_raw_observations_as_the_projects_evaluation(
     case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = make_run(tmp_path, **CASES[case])
+    config, _ = make_run(tmp_path, **CASES[case])
     policy = a3c_http.load_policy(tmp_path)
     assert policy.run_id == "r1" and policy.recurrent == (case == "lstm")
     monkeypatch.setattr(evaluation, "MAX_PARALLEL_ENVS", 1)  # one episode a batch, as played here
