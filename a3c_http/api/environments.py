@@ -20,7 +20,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-import os
 import site
 import types
 from collections.abc import Callable, Iterable
@@ -30,7 +29,13 @@ from typing import Any
 
 import gymnasium as gym
 
-from a3c_http.envs.make import FAMILIES, MissingDependency, register_family, unknown_env
+from a3c_http.envs.make import (
+    FAMILIES,
+    MissingDependency,
+    listed_modules,
+    register_family,
+    unknown_env,
+)
 
 # The packages whose environments every host registers by itself (gymnasium's own, the families
 # of a3c_http/envs/make.py): their ids travel as they are.
@@ -115,7 +120,7 @@ def _packages(module: str) -> list[str]:
 
 def _allowed(modules: list[str]) -> list[str]:
     """The modules the caller names, then those of A3C_ENV_MODULES here."""
-    return [*modules, *(m.strip() for m in os.environ.get("A3C_ENV_MODULES", "").split(","))]
+    return [*modules, *listed_modules()]
 
 
 def _preferred(module: str, modules: list[str]) -> str:

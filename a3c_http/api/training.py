@@ -27,7 +27,7 @@ from a3c_http.config.files import BODY_FIELDS
 from a3c_http.config.hints import unknown_field
 from a3c_http.config.training import TrainConfig
 from a3c_http.config.workerlist import WorkerListError, normalize_url
-from a3c_http.envs.make import allow_modules
+from a3c_http.envs.make import allow_modules, listed_modules
 from a3c_http.net import tls
 from a3c_http.server.service import describe_error
 from a3c_http.testing.localcluster import LocalCluster, free_port
@@ -202,7 +202,7 @@ def _process_env(choice: EnvChoice) -> dict[str, str]:
     """A3C_ENV_MODULES and PYTHONPATH for the processes of a local cluster: the environment's
     modules allowed, the folders they import from here first (the processes run in another
     folder: relative entries of PYTHONPATH are made absolute)."""
-    listed = [m.strip() for m in os.environ.get("A3C_ENV_MODULES", "").split(",") if m.strip()]
+    listed = listed_modules()
     inherited = [
         str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p
     ]

@@ -84,7 +84,6 @@ def make_env(
     if module and name not in gym.registry:
         # gymnasium.make imports the module itself; an entry point is registered here first (a
         # process that never validated a config, e.g. the master's evaluation process).
-        importlib.import_module(module)
         register_entry_point(module, name)
     try:
         if preprocess == "atari":
@@ -187,11 +186,16 @@ def unknown_env(name: str, module: str | None = None) -> str:
     )
 
 
+def listed_modules() -> list[str]:
+    """The modules A3C_ENV_MODULES lists (comma-separated) in this process's environment."""
+    return [m.strip() for m in os.environ.get("A3C_ENV_MODULES", "").split(",") if m.strip()]
+
+
 def allowed_modules() -> list[str]:
-    """The modules allowed to register environments here: A3C_ENV_MODULES (comma-separated), and
-    those this process allowed itself (`allow_modules`)."""
-    listed = [m.strip() for m in os.environ.get("A3C_ENV_MODULES", "").split(",")]
-    return [m for m in listed if m] + sorted(_allowed_here.difference(listed))
+    """The modules allowed to register environments here: A3C_ENV_MODULES's (`listed_modules`),
+    and those this process allowed itself (`allow_modules`)."""
+    listed = listed_modules()
+    return listed + sorted(_allowed_here.difference(listed))
 
 
 def allow_modules(modules: Iterable[str]) -> None:

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from a3c_http.config.files import saved_config
 from a3c_http.config.training import TrainConfig
+from a3c_http.envs.make import listed_modules
 from a3c_http.models.actor_critic import ActorCritic, model_for
 from a3c_http.optim.flatnet import non_finite_optimizer_state
 from a3c_http.store.runstore import DB, RunStore, Snapshot, find_non_finite
@@ -264,7 +265,6 @@ def _fix(exc: ValidationError) -> str:
         value = error.get("input")
         if "A3C_ENV_MODULES" in str(error.get("msg")) and isinstance(value, str):
             module = value.rpartition(":")[0]
-            now = [m.strip() for m in os.environ.get("A3C_ENV_MODULES", "").split(",")]
-            listed = ",".join([m for m in now if m] + [module])
+            listed = ",".join([*listed_modules(), module])
             return f"Set A3C_ENV_MODULES={listed} on the master and every worker"
     return "Fix that"
