@@ -1,16 +1,16 @@
 """The Python API on real processes, with the worked example of an environment of one's own
-(examples/webcrawl, on PYTHONPATH as a user's folder would be): `a3c_http.train` on a cluster it
-starts here, until solved, then the policy loaded from the run folder plays it to the threshold;
+(examples/webcrawl, on sys.path as a user's folder would be): its script trains it through
+`a3c_http.train` on a cluster it starts here, until solved, then plays the policy loaded from the
+run folder to the threshold;
 and on a running master (`master=`): a worker that cannot import the module is one TrainError
 that says so, and the run on the workers that can is solved and played from the master's
 weights."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import statistics
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,10 +42,26 @@ def user(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> float:
     return float(gym.spec("WebCrawl-v0").reward_threshold)
 
 
-def test_train_a_custom_environment_here_and_play_the_policy(user: float, tmp_path: Path) -> None:
-    run = a3c_http.train(ENV_ID, config={"seed": 3}, timeout_s=90, progress=False)
-    assert run.solved, run.result
-    assert run.folder.parent == tmp_path / "runs" and (run.folder / "run.db").is_file()
+def test_the_example_trains_here_and_plays(
+    user: float, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """examples/webcrawl/train.py as a user runs it, from a folder of their own: the run it
+    gets from `a3c_http.train` on a cluster started here is solved and kept in ./runs, its
+    processes ended, its history read from the folder, its policy loaded from there."""
+    runs: list[a3c_http.Run] = []
+    real = a3c_http.train
+    monkeypatch.setattr(a3c_http, "train", lambda *a, **k: runs.append(real(*a, **k)) or runs[-1])
+    spec = importlib.util.spec_from_file_location("webcrawl_train", WEBCRAWL / "train.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.main(["--seed", "5", "--episodes", "50"]) == 0  # solved, played at threshold
+    out = capsys.readouterr().out
+    assert "solved: run " in out and "found 5 on-topic pages" in out
+
+    (run,) = runs
+    assert run.folder.parent == tmp_path / "runs" and run.folder.name.startswith("WebCrawl-v0-")
+    assert (run.folder / "run.db").is_file()
     assert not any(p.running() for p in run._cluster.processes)  # ended, by their pids
     assert run.status()["finish_reason"].startswith("solved")
     history = run.history()  # from the folder: the master is gone
@@ -54,32 +70,7 @@ def test_train_a_custom_environment_here_and_play_the_policy(user: float, tmp_pa
     returns = history.returns
     best = max(statistics.fmean(returns[i - 100 : i]) for i in range(100, len(returns) + 1))
     assert best >= user - 1e-6  # the window that solved it
-
-    policy = a3c_http.load_policy(run.folder, env_modules=["webcrawl"])
-    assert policy.run_id == run.id
-    env = policy.make_env()
-    obs, _ = env.reset(seed=0)
-    state, done = None, False
-    while not done:
-        action, state = policy.act(obs, state)
-        obs, _, terminated, truncated, info = env.step(action)
-        done = terminated or truncated
-    assert terminated and info["found"] == 5  # the crawl found what it was after
-    env.close()
-    assert statistics.fmean(policy.play(50, seed=0)) >= user
-
-
-def test_the_examples_script_trains_and_plays(user: float, tmp_path: Path) -> None:
-    """examples/webcrawl/train.py as a user runs it, from a folder of their own."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("A3C_")}
-    env["PYTHONPATH"] = str(ROOT)  # this checkout's a3c_http, as installed
-    done = subprocess.run(
-        [sys.executable, str(WEBCRAWL / "train.py"), "--seed", "5", "--episodes", "50"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "solved: run " in done.stdout and "found 5 on-topic pages" in done.stdout
-    assert [p.name for p in (tmp_path / "runs").iterdir()][0].startswith("WebCrawl-v0-")
+    assert a3c_http.load_policy(run.folder, env_modules=["webcrawl"]).run_id == run.id
 
 
 @pytest.fixture
