@@ -275,12 +275,24 @@ class RunStore:
             self._db = None
 
     def _read(self) -> sqlite3.Connection | None:
+        """The database to read, or None where the folder holds no run: no database, or one
+        without the `meta` table (a master killed while it first made its tables, before its
+        first save)."""
         if self._db is not None:
             return self._db
         if not self.path(DB).exists():
             return None
         # Read-write but never created: a reader rolls back the journal of a killed save.
-        return sqlite3.connect(f"file:{self.path(DB)}?mode=rw", uri=True)
+        db = sqlite3.connect(f"file:{self.path(DB)}?mode=rw", uri=True)
+        try:
+            made = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone()
+        except BaseException:
+            db.close()
+            raise
+        if made is None:
+            db.close()
+            return None
+        return db
 
     def load(self) -> Snapshot | None:
         """The last saved state, or None for a folder that holds no run."""

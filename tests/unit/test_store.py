@@ -46,6 +46,30 @@ def test_a_folder_without_a_run_loads_as_none(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists(), "reading must not create the folder"
 
 
+@pytest.mark.parametrize("tables", [(), (1, 2)], ids=["empty-database", "half-a-schema"])
+def test_a_master_killed_before_its_first_save_leaves_a_folder_without_a_run(
+    tmp_path: Path, tables: tuple[int, ...]
+) -> None:
+    """A kill while the database is first made leaves it empty or with part of its tables: the
+    folder reads as one without a run, and its next owner saves and loads in it."""
+    run = tmp_path / "run"
+    run.mkdir()
+    db = sqlite3.connect(run / store.DB)
+    for i in tables:  # meta is the first
+        db.execute(store.SCHEMA.split(";")[i])
+    db.close()
+    assert (run / store.DB).exists()
+    assert RunStore(run).load() is None
+    assert RunStore(run).saved_meta() == {}
+    assert RunStore(run).read_episodes() == []
+    owner = RunStore.acquire(run)
+    try:
+        owner.save(numbered(1))
+    finally:
+        owner.close()
+    assert numbers_in(run) == {1}
+
+
 def test_a_snapshot_round_trips_and_users_get_copies(owned: RunStore) -> None:
     owned.save(
         Snapshot(
