@@ -9,4 +9,6 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # project's modules again (about 3 s of the unit tests alone on a 2-core machine).
 unset PYTHONDONTWRITEBYTECODE
 .venv/bin/ruff check .
-exec .venv/bin/python -m pytest "$@"
+# Every core runs tests (pytest-xdist; each test takes its own free loopback ports and folders),
+# a free core taking the next test as it finishes. `-n 0` among the arguments runs them in one process.
+exec .venv/bin/python -m pytest -n auto --dist worksteal "$@"
