@@ -156,9 +156,9 @@ class Run:
         """The run's policy as it is now (a3c_http/api/policy.py): a local run's from its folder
         (the last saved weights), a remote one's from its master (GET /global_model_weights).
         The environment's module must be importable here."""
-        allow_modules(self._modules)
         if self.local:
             return load_policy(self.folder, self._modules)
+        allow_modules(self._modules)
         before = self.status()
         reply = self._call("GET", "/global_model_weights")
         after = self.status()
