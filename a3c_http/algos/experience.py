@@ -134,6 +134,22 @@ class Batch:
             state=tuple(joined(f"state.{i}", 0) for i in range(parts)),
         )
 
+    def split(self, parts: int) -> list[Batch]:
+        """The batch's environments in `parts` groups of nearly equal size (at most as many
+        groups as environments), each a Batch of whole rollouts in time order."""
+        if parts == 1:
+            return [self]
+        groups = torch.arange(self.obs.shape[1]).tensor_split(min(parts, self.obs.shape[1]))
+        return [
+            Batch(
+                **{name: getattr(self, name)[:, envs] for name in STEP_TENSORS},
+                last_obs=self.last_obs[envs],
+                last_start=self.last_start[envs],
+                state=tuple(part[envs] for part in self.state),
+            )
+            for envs in groups
+        ]
+
     def unroll(self, model: ActorCritic) -> tuple[Any, torch.Tensor]:
         """The policy's distributions over the batch's steps `[T, N]` and its values over them
         and the observation after them (`[T + 1, N]`), in time order from the batch's state."""

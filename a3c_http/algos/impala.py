@@ -27,15 +27,18 @@ def vtrace(
     gamma: float,
     rho_bar: float = 1.0,
     c_bar: float = 1.0,
+    lam: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """V-trace targets `vs` and the policy gradient's advantages, `[T, N]` each (zero where
     `valid` is False), from the log importance ratios log(pi/mu) of the actions taken, the
     learner's values `[T, N]` and the value after the last step `[N]` (Espeholt et al. 2018,
-    section 4.1). With ratios of 1 (on-policy) and c_bar >= 1, `vs` are the n-step returns."""
+    section 4.1), each trace decayed by `lam` (SEED RL's `lambda_`). With ratios of 1
+    (on-policy) and c_bar >= 1, `vs` are the lambda-returns (GAE's returns at `lam`; the
+    n-step returns at 1)."""
     valid_f = valid.float()
     rhos = torch.exp(log_rhos) * valid_f
     clipped_rhos = rhos.clamp(max=rho_bar)
-    cs = rhos.clamp(max=c_bar)
+    cs = rhos.clamp(max=c_bar) * lam
     term = terminated.float()
     done = torch.maximum(term, truncated.float())
     next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
@@ -55,10 +58,12 @@ def vtrace(
 
 class ImpalaLearner(Learner):
     def update(self, batch: Batch, env_steps: int) -> dict[str, float]:
-        """`n_epochs` optimizer steps on the whole batch (RLlib's IMPALA `num_epochs`), each
-        with V-trace targets from the network as it is then; the metrics of the last."""
+        """`n_epochs` passes over the batch (RLlib's IMPALA `num_epochs`), each an optimizer
+        step on every one of its `minibatches` (groups of its environments), with V-trace
+        targets from the network as it is then; the metrics of the last."""
         for _ in range(self.config.n_epochs):
-            metrics = self._step_on(batch)
+            for part in batch.split(self.config.minibatches):
+                metrics = self._step_on(part)
         return metrics
 
     def _step_on(self, batch: Batch) -> dict[str, float]:
@@ -72,7 +77,7 @@ class ImpalaLearner(Learner):
             log_rhos = log_prob - batch.log_probs
             vs, advantages = vtrace(
                 log_rhos, batch.rewards, values, last_value, batch.terminated, batch.truncated,
-                batch.valid, cfg.gamma, cfg.vtrace_rho_bar, cfg.vtrace_c_bar,
+                batch.valid, cfg.gamma, cfg.vtrace_rho_bar, cfg.vtrace_c_bar, cfg.vtrace_lambda,
             )  # fmt: skip
         mask = batch.valid.float()
         count = mask.sum().clamp(min=1)

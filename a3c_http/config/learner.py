@@ -34,6 +34,14 @@ class LearnerFields(BaseModel):
         "batch of rollouts (RLlib's num_epochs; V-trace corrects each for how far the policy "
         "has moved since it acted).",
     )
+    minibatches: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="impala: optimizer steps each pass over a batch takes, each on an equal "
+        "share of its environments (RLlib's IMPALA minibatches, as a count); V-trace corrects "
+        "each for the steps before it. 1: the paper's one step on the whole batch.",
+    )
     batch_size: int = Field(
         64,
         ge=1,
@@ -64,6 +72,14 @@ class LearnerFields(BaseModel):
     vtrace_c_bar: float = Field(
         1.0, gt=0, description="impala: V-trace's truncation of the traces (c bar)."
     )
+    vtrace_lambda: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="impala: the traces' decay within V-trace (SEED RL's lambda_: each trace "
+        "is lambda x min(c_bar, ratio)); on-policy, the targets are then TD(lambda)'s returns, "
+        "as gae_lambda makes A3C's. 1: the paper's n-step targets.",
+    )
     device: str = Field(
         "auto",
         pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$",
@@ -78,6 +94,16 @@ class LearnerFields(BaseModel):
             raise ValueError(
                 f"sync_mode {self.sync_mode!r} is A3C's: algo {self.algo!r} has a data flow of "
                 "its own; leave sync_mode out"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _minibatches_fit(self) -> LearnerFields:
+        environments = self.num_envs * self.queue_size
+        if self.algo == "impala" and self.minibatches > environments:
+            raise ValueError(
+                f"minibatches {self.minibatches} is more than the {environments} environments "
+                "of a batch (num_envs x queue_size): each minibatch takes whole environments"
             )
         return self
 

@@ -338,7 +338,7 @@ class TrainConfig(ValueFields, LearnerFields):
 
     @field_validator(
         "lr", "gamma", "gae_lambda", "entropy_coef", "value_coef", "max_grad_norm", "target_return",
-        "clip_range", "clip_range_vf", "vtrace_rho_bar", "vtrace_c_bar",
+        "clip_range", "clip_range_vf", "vtrace_rho_bar", "vtrace_c_bar", "vtrace_lambda",
     )
     @classmethod
     def _finite(cls, v: float | None) -> float | None:

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from a3c_http.algos.a3c import compute_advantages
 from a3c_http.algos.experience import Batch, expected_tensors, rollout_tensors
-from a3c_http.algos.impala import vtrace
+from a3c_http.algos.impala import ImpalaLearner, vtrace
 from a3c_http.algos.ppo import PPOLearner, clip_range, ppo_loss
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import RolloutCollector
@@ -41,17 +41,19 @@ def _episode_ends(steps: int = 6, n: int = 3) -> dict[str, torch.Tensor]:
     }
 
 
-def test_on_policy_vtrace_targets_are_the_n_step_returns() -> None:
+@pytest.mark.parametrize("lam", [1.0, 0.9])
+def test_on_policy_vtrace_targets_are_the_lambda_returns(lam: float) -> None:
     """With the behaviour policy the learner's (ratios of 1) and c_bar >= 1, V-trace's targets are
-    the n-step returns, A3C's targets at lambda 1, across terminations and truncations."""
+    A3C's returns at gae_lambda = vtrace_lambda (the n-step returns at 1), across terminations
+    and truncations."""
     r = _episode_ends()
     _, returns = compute_advantages(
         r["rewards"], r["values"], r["last_value"], r["terminated"], r["truncated"], r["valid"],
-        0.9, 1.0,
+        0.9, lam,
     )  # fmt: skip
     vs, advantages = vtrace(
         torch.zeros_like(r["rewards"]), r["rewards"], r["values"], r["last_value"],
-        r["terminated"], r["truncated"], r["valid"], 0.9,
+        r["terminated"], r["truncated"], r["valid"], 0.9, lam=lam,
     )  # fmt: skip
     torch.testing.assert_close(vs, returns)
     assert bool((advantages[~r["valid"]] == 0).all())
@@ -150,6 +152,23 @@ def test_a_collected_rollout_is_what_the_master_expects(overrides: dict) -> None
         assert metrics["train/behaviour_ratio"] == pytest.approx(1.0, abs=1e-5)
     assert {"train/clip_fraction", "train/approx_kl", "train/explained_variance"} <= set(metrics)
     assert Batch.of([decoded, decoded], torch.device("cpu")).obs.shape[1] == 2 * cfg.num_envs
+
+
+def test_impala_takes_a_step_on_each_minibatch_of_whole_environments(monkeypatch) -> None:
+    """n_epochs passes, each a step on every one of `minibatches` groups of the batch's
+    environments, which together are the whole batch; too many minibatches are refused."""
+    cfg = TrainConfig(algo="impala", num_envs=3, t_max=4, queue_size=2, n_epochs=2, minibatches=4)
+    tensors, model = _rollout(cfg)
+    learner = ImpalaLearner(cfg, model, torch.device("cpu"))
+    seen: list[torch.Tensor] = []
+    step_on = learner._step_on
+    monkeypatch.setattr(learner, "_step_on", lambda part: seen.append(part.obs) or step_on(part))
+    learner.learn([tensors, tensors], env_steps=24)
+    assert [obs.shape[1] for obs in seen] == [2, 2, 1, 1] * 2
+    both = Batch.of([tensors, tensors], torch.device("cpu")).obs
+    torch.testing.assert_close(torch.cat(seen[:4], dim=1), both)
+    with pytest.raises(ValidationError, match="minibatches 7 is more than the 6 environments"):
+        TrainConfig(algo="impala", num_envs=3, queue_size=2, minibatches=7)
 
 
 @pytest.mark.parametrize(
