@@ -135,11 +135,12 @@ class Batch:
         )
 
     def split(self, parts: int) -> list[Batch]:
-        """The batch's environments in `parts` groups of nearly equal size (at most as many
-        groups as environments), each a Batch of whole rollouts in time order."""
+        """The batch's environments in `parts` groups of nearly equal size, each a Batch of
+        whole rollouts in time order. `parts` is at most the environments (the config's
+        `minibatches` check); 1 is the batch itself, not a copy."""
         if parts == 1:
             return [self]
-        groups = torch.arange(self.obs.shape[1]).tensor_split(min(parts, self.obs.shape[1]))
+        groups = torch.arange(self.obs.shape[1]).tensor_split(parts)
         return [
             Batch(
                 **{name: getattr(self, name)[:, envs] for name in STEP_TENSORS},
