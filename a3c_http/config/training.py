@@ -276,7 +276,8 @@ class TrainConfig(ValueFields, LearnerFields):
         ge=1,
         description="Play the global weights deterministically on the master's own environment "
         "copies whenever the model version has advanced by at least this many since the last "
-        "evaluation started; unset: no evaluation.",
+        "evaluation started, and once more for the final weights when the run finishes; unset: no "
+        "evaluation.",
     )
     eval_episodes: int = Field(
         10, ge=1, le=1000, description="Episodes each evaluation plays (their mean is reported)."

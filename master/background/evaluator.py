@@ -6,7 +6,8 @@ holds the GIL that the request handlers need. The parameter server only hands ov
 weights bytes: no lock is held while they play.
 
 The evaluator's own thread decides when an evaluation is due (the model version advanced by
-`eval_every_updates` since the last one started), sends the weights to the child and waits for
+`eval_every_updates` since the last one started; once more when the run finishes, for the final
+weights, unless the last evaluation took them), sends the weights to the child and waits for
 the result, which goes to the run ledger (the `eval_*` fields of /status, the run folder's
 `evaluations` table, `solved_on=eval`). So at most one evaluation is in flight, and one that falls
 due meanwhile starts when it ends: none queue up. A failed evaluation never stops the run: its
@@ -132,10 +133,14 @@ class Evaluator:
         ledger, params = self.ledger, self.params
         with ledger.lock, params.lock:
             config, run_id = ledger.config, ledger.run_id
-            if ledger.run_state != "running" or config is None or not config.eval_every_updates:
+            if config is None or not config.eval_every_updates:
                 return None
-            if params.version - self._last_started(run_id) < config.eval_every_updates:
-                return None
+            since = params.version - self._last_started(run_id)
+            if ledger.run_state == "running":
+                if since < config.eval_every_updates:
+                    return None
+            elif ledger.run_state != "finished" or since <= 0:
+                return None  # a finished run's final weights are played once
             weights, version = params.stored_weights()
             taken = {
                 "model_version": version,

@@ -26,6 +26,9 @@ from a3c_http.testing.localcluster import LocalCluster, ServiceProcess, free_por
 from scripts.benchlib.procs import receivers_cores
 from scripts.benchlib.report import PROGRESS_S, say
 
+# How long a finished run's final evaluation may take (MinAtar's 30 greedy episodes take seconds).
+FINAL_EVAL_S = 600
+
 STEADY_FROM = 0.1  # the share of the budget left out as start-up
 # Nothing stops early: the target return is out of reach.
 UNREACHABLE = 1e9
@@ -234,6 +237,21 @@ def latency(budget: int, cap_s: float, delays_ms: list[float], solve_cap_s: floa
     return out
 
 
+def _final_evaluation(cluster: LocalCluster, status: dict) -> dict:
+    """/status once the master has evaluated the finished run's final weights (as SB3's
+    evaluation at the end of its budget); as it stands if that takes over FINAL_EVAL_S."""
+
+    def evaluated() -> dict | None:
+        now = cluster.status()
+        return now if now["eval_model_version"] == now["model_version"] else None
+
+    try:
+        return wait_for(evaluated, FINAL_EVAL_S, "the final evaluation", interval_s=1.0)
+    except TimeoutError:
+        say(f"    no final evaluation within {FINAL_EVAL_S} s: the latest is reported")
+        return cluster.status()
+
+
 def fresh_run(index: int, n_workers: int, overrides: dict, cap_s: float) -> dict:
     """Run `index` (its seed, unless `overrides` gives one) on a fresh cluster of `n_workers`
     workers, for at most `cap_s` seconds once started: how it ended, and what staleness shows
@@ -258,6 +276,8 @@ def fresh_run(index: int, n_workers: int, overrides: dict, cap_s: float) -> dict
                     limits.append(cluster.worker_status(w)["exchanges"]["in_flight_limit"])
                 time.sleep(1.0)  # the sampling interval, not a synchronisation
             wall = time.monotonic() - started
+            if status["state"] == "finished" and status["config"]["eval_every_updates"]:
+                status = _final_evaluation(cluster, status)
             workers = [cluster.worker_status(w) for w in cluster.workers]
         finally:
             cluster.close()
@@ -272,7 +292,7 @@ def fresh_run(index: int, n_workers: int, overrides: dict, cap_s: float) -> dict
         "steps": status["global_steps"],
         "env_steps": status["env_steps"],
         "mean_return_100": status["mean_return_100"],
-        "eval_return": status["eval_mean_return"],  # the latest evaluation's, if any
+        "eval_return": status["eval_mean_return"],  # the final weights' (latest), if any
         "updates": status["updates_applied"],
         "rejected": status["updates_rejected"],
         "rejected_by": {k: v for k, v in status["updates_rejected_by"].items() if v},

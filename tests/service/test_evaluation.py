@@ -165,7 +165,7 @@ def push(state: ClusterState, n: int) -> int:
     return state.params.version
 
 
-def test_an_evaluation_is_due_every_n_versions_and_plays_the_global_weights(
+def test_an_evaluation_is_due_every_n_versions_and_once_for_the_final_weights(
     state: ClusterState, child: type[StandInChild]
 ) -> None:
     config = CONFIG.model_copy(update={"eval_every_updates": 3})
@@ -198,10 +198,17 @@ def test_an_evaluation_is_due_every_n_versions_and_plays_the_global_weights(
     state.evaluator._step()
     assert len(child.made[0].played) == 2 and state.status()["eval_model_version"] == 6
     assert not child.made[0].closed
+    child.script = [ok(30.0)]
+    push(state, 1)
     state.finish("stopped")
     state.evaluator._step()
+    assert len(child.made[0].played) == 3, "the final weights are played once the run is over"
+    status = state.status()
+    assert (status["evaluations"], status["eval_model_version"]) == (3, 7)
+    assert status["eval_mean_return"] == 30.0
+    state.evaluator._step()
     assert child.made[0].closed, "the child is ended with the run"
-    assert len(child.made) == 1 and len(child.made[0].played) == 2
+    assert len(child.made) == 1 and len(child.made[0].played) == 3
 
 
 def test_a_failed_evaluation_is_shown_and_the_run_goes_on(
