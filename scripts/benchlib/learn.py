@@ -11,8 +11,8 @@ their target: a run is solved when the mean return of its last 100 training epis
 (with --algo dqn or apex, against SB3's DQN: that of greedy episodes on both sides, tasks.py
 GREEDY), and the summary compares env steps and wall time. A task marked "at budget"
 (MinAtar/Breakout-v1) trains every learner to the same budget of env steps (--budget changes it
-for all) and reports the mean return of the last 100 episodes there (dqn, apex: of their last
-greedy evaluation); the summary compares mean returns and wall time.
+for all) and reports the mean return of the last 100 episodes there (dqn, apex: of the greedy
+evaluation of their final weights); the summary compares mean returns and wall time.
 On the other tasks SB3 trains for the RL Zoo's budget of env steps (its n_timesteps, also the
 horizon of its linear learning-rate schedules), RecurrentPPO and the cluster for the task's budget
 below (the cluster's max_steps); every learner stops at a cap of seconds.
