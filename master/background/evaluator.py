@@ -135,12 +135,11 @@ class Evaluator:
             config, run_id = ledger.config, ledger.run_id
             if config is None or not config.eval_every_updates:
                 return None
-            since = params.version - self._last_started(run_id)
-            if ledger.run_state == "running":
-                if since < config.eval_every_updates:
-                    return None
-            elif ledger.run_state != "finished" or since <= 0:
-                return None  # a finished run's final weights are played once
+            # Versions needed since the last one: while it runs, eval_every_updates; once it has
+            # finished, any, so that its final weights are played once.
+            needed = {"running": config.eval_every_updates, "finished": 1}.get(ledger.run_state)
+            if needed is None or params.version - self._last_started(run_id) < needed:
+                return None
             weights, version = params.stored_weights()
             taken = {
                 "model_version": version,

@@ -237,7 +237,7 @@ def latency(budget: int, cap_s: float, delays_ms: list[float], solve_cap_s: floa
     return out
 
 
-def _final_evaluation(cluster: LocalCluster, status: dict) -> dict:
+def _final_evaluation(cluster: LocalCluster) -> dict:
     """/status once the master has evaluated the finished run's final weights (as SB3's
     evaluation at the end of its budget); as it stands if that takes over FINAL_EVAL_S."""
 
@@ -277,7 +277,7 @@ def fresh_run(index: int, n_workers: int, overrides: dict, cap_s: float) -> dict
                 time.sleep(1.0)  # the sampling interval, not a synchronisation
             wall = time.monotonic() - started
             if status["state"] == "finished" and status["config"]["eval_every_updates"]:
-                status = _final_evaluation(cluster, status)
+                status = _final_evaluation(cluster)
             workers = [cluster.worker_status(w) for w in cluster.workers]
         finally:
             cluster.close()
