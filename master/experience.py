@@ -1,8 +1,8 @@
-"""The facade's part for runs that learn from experience (`algo` ppo and impala): starting the
-learner beside the master (master/learning/learner.py) and taking the workers' rollouts
-(`POST /experience`, master/ingress/experience.py). A mixin of `ClusterState`
-(master/state.py), whose ledger, parameter server and learner host it uses; the facade's lock
-order holds (a part never calls another while it holds its own lock)."""
+"""The facade's part for runs that learn from experience (`algo` ppo, impala and apex): starting
+the learner beside the master (master/learning/learner.py), starting it again when it fails, and
+taking the workers' rollouts (`POST /experience`, master/ingress/experience.py). A mixin of
+`ClusterState` (master/state.py), whose ledger, parameter server and learner host it uses; the
+facade's lock order holds (a part never calls another while it holds its own lock)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,12 @@ from a3c_http.wire.experience import Expected, decode_tensors
 from a3c_http.wire.protocol import ROLLOUT_METADATA
 from master.api.schemas import RolloutReport
 from master.errors import Invalid, StateConflict
-from master.learning.learner import LearnerHost, Publication, resolve_device
+from master.learning.learner import (
+    MAX_FAILURES_IN_A_ROW,
+    LearnerHost,
+    Publication,
+    resolve_device,
+)
 from master.learning.parameter_server import ParameterServer
 from master.run.events import WARNING
 from master.run.ledger import RunLedger
@@ -49,17 +54,23 @@ class LearnerRuns:
     def finish(self, reason: str) -> bool: ...  # ClusterState's
     def _after_change(self, result: Any) -> Any: ...  # ClusterState's
 
-    def _start_learner(self, resumed: bool = False) -> None:
+    def _start_learner(self, resumed: bool = False, restart: bool = False) -> None:
         """For a run that learns from experience: what its rollouts hold, and, while it runs,
-        its learner from the parameter server's weights, optimizer state and version. A resumed
-        run whose device this host lacks learns on the CPU (logged)."""
+        its learner from the parameter server's weights, optimizer state, target network and
+        version (`restart`: the newest it published, after its learner failed). A resumed or
+        restarted run whose device this host lacks learns on the CPU (logged)."""
+        with self.learner.lifecycle:  # a finish that stops the learner waits, or comes first
+            self._start_learner_held(resumed, restart)
+
+    def _start_learner_held(self, resumed: bool, restart: bool) -> None:
         config = self.ledger.config
         if config is None or not config.learns_from_experience:
             return
-        self._expected = expected_tensors(config, self.params.net.model)
+        if not restart:
+            self._expected = expected_tensors(config, self.params.net.model)
         if self.ledger.run_state != "running":
             return
-        if resumed:
+        if resumed or restart:
             try:
                 resolve_device(config.device)
             except ValueError as exc:
@@ -70,12 +81,13 @@ class LearnerRuns:
         target = self.params.target
         saved_target = (
             (target.vector, target.version)
-            if resumed and target.vector is not None and target.version is not None
+            if (resumed or restart) and target.vector is not None and target.version is not None
             else None
         )
         self.learner.start(
-            config, net.snapshot(), net.optimizer_state(), self.params.version, saved_target
-        )
+            config, net.snapshot(), net.optimizer_state(), self.params.version, saved_target,
+            restart=restart,
+        )  # fmt: skip
 
     def _publish(self, publication: Publication) -> None:
         self.params.publish(
@@ -86,7 +98,29 @@ class LearnerRuns:
         )
 
     def _learner_failed(self, error: str) -> None:
-        self.finish(f"the learner failed: {error}")
+        """The learner process ended on `error` (called from the thread that read it): started
+        again from the newest weights it published, with a warning in the master's log; the
+        run ends only after MAX_FAILURES_IN_A_ROW failures with no update between them."""
+        failures = self.learner.failures_in_a_row
+        if self.ledger.run_state != "running":  # it ended meanwhile
+            return
+        if failures >= MAX_FAILURES_IN_A_ROW:
+            self.finish(
+                f"the learner failed {failures} times in a row with no update between: {error}"
+            )
+            return
+        version = self.params.version
+        message = (
+            f"the learner failed ({error}); started again from version {version}, the rollouts "
+            "in its queue lost"
+        )
+        self.ledger.events.add(WARNING, "learner_restarted", message, failures=failures)
+        self.ledger.events.flush()
+        try:
+            self._start_learner(restart=True)
+        except Exception as exc:  # whatever stops a learner from starting ends the run, named
+            # (where letting it pass would leave a run that neither learns nor ends)
+            self.finish(f"the learner failed ({error}) and could not be started again: {exc}")
 
     def apply_experience(
         self,
@@ -96,17 +130,16 @@ class LearnerRuns:
         run_id: str | None = None,
         seq: int | None = None,
     ) -> tuple[tuple[bytes, int] | int, bool, dict[str, Any]]:
-        """Take one worker's rollout (ppo and impala runs): checked (the worker registered in
-        the running run, every tensor's name, dtype, shape and finiteness, the statistics, the
-        report), its finished episodes counted, and queued for the learner; a retry of one taken
-        (its X-A3C-Seq) is answered without being taken again. `version` is the weights that
-        acted. Returns the newest weights and their version when they are newer than `version`,
-        else the current version alone; whether it was a retry; and the run's summary. Raises
-        WireError or Invalid (422) with nothing counted; StateConflict (409) with nothing
-        queued (a registered worker's report of a run that refuses rollouts, a finished one, is
-        counted as a gradient push's is); LearnerBusy (503) with nothing counted when the
-        learner's queue stayed full for EXPERIENCE_HOLD_S (the worker counts as alive while it
-        waits)."""
+        """Take one worker's rollout (ppo, impala and apex runs): checked (the worker registered in
+        the running run, every tensor's name, dtype, shape, finiteness and range, the statistics,
+        the report), its finished episodes counted, and queued for the learner; a retry of one taken
+        (its X-A3C-Seq) is answered without being taken again. `version` is the weights that acted.
+        Returns the newest weights and their version when they are newer than `version`, else the
+        current version alone; whether it was a retry; and the run's summary. Raises WireError or
+        Invalid (422) with nothing counted; StateConflict (409) with nothing queued (a registered
+        worker's report of a run that refuses rollouts, a finished one, is counted as a gradient
+        push's is); LearnerBusy (503) with nothing counted when the learner's queue stayed full for
+        EXPERIENCE_HOLD_S (the worker counts as alive while it waits)."""
         refusal, config, _ = self.ledger.admit_update(worker_id, run_id)
         if not config.learns_from_experience:
             raise StateConflict(
@@ -186,7 +219,7 @@ class LearnerRuns:
         return tensors, metadata
 
     def _learner_status(self) -> dict[str, Any] | None:
-        """The learner's figures in a run that has one (ppo, impala), else None."""
+        """The learner's figures in a run that has one (ppo, impala, apex), else None."""
         config = self.ledger.config
         if config is None or not config.learns_from_experience:
             return None

@@ -70,39 +70,67 @@ def rollout_tensors(rollout: Rollout) -> dict[str, torch.Tensor]:
 def expected_tensors(config: TrainConfig, model: ActorCritic) -> dict[str, Expected]:
     """What a rollout of `config`'s workers must hold: each tensor's shape and dtype, from one
     throwaway environment (its observations' shape and dtype, its actions') and the model (its
-    recurrent state, its statistics)."""
+    recurrent state, its statistics); and what the run can produce: discrete actions that index
+    the action space, log-probabilities of a discrete policy at most 0, observations inside the
+    observation space where it is bounded, priorities at least 0."""
     env = make_env(config.env_id, config.env_kwargs, config.preprocess, config.frame_stack)
     try:
         obs = obs_tensor(env.observation_space.sample()[None])
-        action_space = env.action_space
+        observation_space, action_space = env.observation_space, env.action_space
     finally:
         env.close()
     steps, n = config.t_max, config.num_envs
     obs_shape = tuple(obs.shape[1:])
     if isinstance(action_space, gym.spaces.Discrete):
-        actions = Expected((steps, n), (torch.int64,))
-    else:
+        space = f"the action space {action_space}"
+        actions = Expected((steps, n), (torch.int64,), 0, int(action_space.n) - 1, space)
+        policy = "a discrete policy's log-probabilities"
+        log_probs = Expected((steps, n), _FLOATS, None, 0.0, policy)
+    else:  # a Gaussian policy's actions go past the bounds (the env clips), its densities past 1
         actions = Expected((steps, n, *action_space.shape), _FLOATS)
+        log_probs = Expected((steps, n), _FLOATS)
+    low, high = _bounds(observation_space, obs)
+    within = f"the observation space, a Box of shape {observation_space.shape}"
     flags = Expected((steps, n), (torch.bool,))
     expected = {
-        "obs": Expected((steps, n, *obs_shape), (obs.dtype,)),
+        "obs": Expected((steps, n, *obs_shape), (obs.dtype,), low, high, within),
         "actions": actions,
-        "log_probs": Expected((steps, n), _FLOATS),
+        "log_probs": log_probs,
         "rewards": Expected((steps, n), _FLOATS),
         "terminated": flags,
         "truncated": flags,
         "valid": flags,
         "starts": flags,
-        "last_obs": Expected((n, *obs_shape), (obs.dtype,)),
+        "last_obs": Expected((n, *obs_shape), (obs.dtype,), low, high, within),
         "last_start": Expected((n,), (torch.bool,)),
     }
     for i, part in enumerate(model.initial_state(n)):
         expected[f"state.{i}"] = Expected(tuple(part.shape), _FLOATS)
     if config.algo == "apex":  # the actors' initial priorities
-        expected["priorities"] = Expected((steps, n), _FLOATS)
+        expected["priorities"] = Expected((steps, n), _FLOATS, 0.0, None, "the priorities")
     for name, buffer in model.named_buffers():
         expected[name] = Expected(tuple(buffer.shape), _FLOATS)
     return expected
+
+
+def _bounds(
+    space: gym.Space, obs: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """A Box observation space's bounds as tensors of the observations' dtype and shape (rounded
+    as the observations are: a value inside stays inside), or None where the space or its dtype
+    bounds nothing."""
+    if not isinstance(space, gym.spaces.Box) or tuple(space.shape) != tuple(obs.shape[1:]):
+        return None, None
+    if obs.dtype == torch.bool:
+        return None, None
+    low = torch.as_tensor(space.low).to(obs.dtype)
+    high = torch.as_tensor(space.high).to(obs.dtype)
+    if obs.is_floating_point():
+        bounded = bool(torch.isfinite(low).any() or torch.isfinite(high).any())
+    else:  # an integer dtype bounds its values itself
+        info = torch.iinfo(obs.dtype)
+        bounded = bool((low > info.min).any() or (high < info.max).any())
+    return (low, high) if bounded else (None, None)
 
 
 @dataclass
@@ -199,7 +227,9 @@ class Learner:
     ) -> dict[str, float] | None:
         """One update from `rollouts` (as `rollout_tensors` made them), `env_steps` into the run
         (the schedules' progress). Returns the training metrics under SB3's names, or None when
-        the weights did not change (a replay still filling)."""
+        the weights did not change (a replay still filling, or no valid step to learn from)."""
+        if not any(bool(r["valid"].any()) for r in rollouts):
+            return None
         if self._statistics:  # every rollout's observations count, as SB3's VecNormalize
             for rollout in rollouts:
                 merge_moments(self.model, {k: v.to(self.device) for k, v in rollout.items()})

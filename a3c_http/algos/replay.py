@@ -7,12 +7,19 @@ probability p_i^alpha / sum_j p_j^alpha from a sum tree (alpha 0: uniform) and w
 (N P(i))^-beta / max_j (N P(j))^-beta, the importance weights that correct the bias (beta annealed
 towards 1 by the caller). New rows without a priority get the highest seen so far, so each is
 sampled at least once soon; `update` sets the priorities of sampled rows from their TD errors.
+A TD error beyond `MAX_PRIORITY` or not finite (no learning network's: a crafted or broken
+transition, whose step was clipped to nothing or undone) gives its row the lowest priority, so
+no value can overflow the tree's sums, and no such row can take over the sampling.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+# The largest TD error taken as one: above any of a learning Q-network's, far below what could
+# overflow the sum of a full replay's priorities.
+MAX_PRIORITY = 1e6
 
 
 class SumTree:
@@ -130,7 +137,9 @@ class Replay:
         return batch, index, torch.as_tensor(weights, dtype=torch.float32)
 
     def update(self, index: np.ndarray, priorities: torch.Tensor) -> None:
-        """New priorities (such as absolute TD errors) of rows `index` that `sample` gave."""
-        p = priorities.detach().double().abs().cpu().numpy() + self.eps
+        """New priorities (such as absolute TD errors) of rows `index` that `sample` gave:
+        the lowest (`eps`) where one is beyond MAX_PRIORITY or not finite."""
+        p = priorities.detach().double().abs().cpu().numpy()
+        p = np.where(p <= MAX_PRIORITY, p + self.eps, self.eps)  # NaN compares false
         self.max_priority = max(self.max_priority, float(p.max()))
         self.tree.set(index, p**self.alpha)

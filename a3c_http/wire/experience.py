@@ -6,13 +6,15 @@ the rollout's report. Unlike a model's tensors (a3c_http/wire/tensors.py `Layout
 have their own dtypes (uint8 frames, int64 actions, bool flags) and shapes that depend on the run,
 so the reader takes what to expect per name (`Expected`) and checks the body against it before a
 tensor is used: safetensors' own parser validates the file (no code runs), then every name, dtype
-and shape, and every floating value's finiteness. `WireError` names the first problem.
+and shape, every floating value's finiteness, and every value's range where the run's spaces bound
+it (an action inside the action space, an observation inside a bounded observation space).
+`WireError` names the first problem.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from pydantic_core import from_json
@@ -25,10 +27,16 @@ from a3c_http.wire.tensors import WireError, is_metadata
 
 @dataclass(frozen=True)
 class Expected:
-    """What one named tensor must be: its shape and one of `dtypes`."""
+    """What one named tensor must be: its shape, one of `dtypes`, and with bounds every value in
+    `[low, high]` (a number, or a tensor that broadcasts over the trailing dimensions: one bound
+    per element of an observation, of the tensor's dtype; -inf or inf where that side is open).
+    `within` names the range in the refusal, such as "the action space Discrete(2)"."""
 
     shape: tuple[int, ...]
     dtypes: tuple[torch.dtype, ...]
+    low: float | torch.Tensor | None = field(default=None, compare=False)
+    high: float | torch.Tensor | None = field(default=None, compare=False)
+    within: str = ""
 
 
 def encode_tensors(
@@ -45,8 +53,8 @@ def decode_tensors(
     body: bytes, expected: Mapping[str, Expected]
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """The tensors of a safetensors `body` and its metadata, checked against `expected`: the same
-    names, each of its shape and one of its dtypes, every floating value finite. Raises
-    `WireError` naming the first problem."""
+    names, each of its shape and one of its dtypes, every floating value finite and every value
+    within its bounds. Raises `WireError` naming the first problem."""
     if not body:
         raise WireError("empty body: expected a safetensors file")
     try:
@@ -78,4 +86,32 @@ def decode_tensors(
             )
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise WireError(f"tensor {name!r} holds NaN or infinite values")
+        _check_bounds(name, tensor, want)
     return tensors, metadata
+
+
+def _check_bounds(name: str, tensor: torch.Tensor, want: Expected) -> None:
+    """WireError naming the first value of `tensor` outside `want`'s bounds, if one is, and the
+    bounds of its element."""
+    outside = torch.zeros(tensor.shape, dtype=torch.bool)
+    for bound, beyond in ((want.low, torch.lt), (want.high, torch.gt)):
+        if bound is not None:
+            outside |= beyond(tensor, bound)
+    if not bool(outside.any()):
+        return
+    at = [int(i) for i in outside.nonzero()[0]]
+
+    def side(bound: float | torch.Tensor | None) -> float | None:
+        if isinstance(bound, torch.Tensor):  # the bound of the value's element
+            bound = bound[tuple(at[len(at) - bound.dim() :])].item()
+        return None if bound is None or abs(bound) == float("inf") else bound
+
+    low, high = side(want.low), side(want.high)
+    span = (
+        f"from {low:g} to {high:g}" if low is not None and high is not None
+        else f"at least {low:g}" if low is not None else f"at most {high:g}"
+    )  # fmt: skip
+    raise WireError(
+        f"tensor {name!r} holds {tensor[tuple(at)].item():g} at {at}, outside "
+        f"{want.within or 'its bounds'} ({span})"
+    )

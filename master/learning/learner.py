@@ -15,13 +15,16 @@ The learner process (`_learner_main`) keeps the rollouts it took in arrival orde
 `max_policy_lag` versions older than its weights is dropped and counted. When `queue_size` are
 there it learns (a3c_http/algos/experience.py `Learner.learn`; an update that only filled a
 replay publishes no version). It ends when told to, when the master's process is gone, or on an
-error, which it reports (the master then ends the run with it). A kill loses the queue (and
-Ape-X's replay), never the weights, optimizer state, target network or counters of the last save.
+error, which it reports: the master then starts it again from the newest weights it published
+(master/experience.py), and ends the run only after MAX_FAILURES_IN_A_ROW failures with no update
+between them. A kill or a failure loses the queue (and Ape-X's replay), never the weights,
+optimizer state, target network or counters of the last save.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import multiprocessing
 import os
 import queue
@@ -45,6 +48,9 @@ log = logging.getLogger("a3c.master")
 
 # How long a stopping learner may take to send its last weights before it is killed.
 STOP_WAIT_S = 10.0
+# A learner that fails this many times with no update in between ends the run: it would only
+# fail again (a device that is gone, a bug), where one failure is started again.
+MAX_FAILURES_IN_A_ROW = 3
 
 
 class DeviceUnavailable(ValueError):
@@ -97,12 +103,16 @@ class LearnerHost:
         hold_s: float = EXPERIENCE_HOLD_S,
     ) -> None:
         """`publish` takes each publication (the parameter server's); `failed` the learner's
-        error when it ends on one."""
+        error when it ends on one (from the thread that reads the learner: the process is gone,
+        and `start` may be called from there)."""
         self._publish = publish
         self._failed = failed
         self.optimizer_every_s = optimizer_every_s
         self.hold_s = hold_s
         self._cond = threading.Condition()
+        # Held by start and stop: a learner started while another call stops one is stopped
+        # after it, never left running. Taken before `_cond`, never while it is held.
+        self.lifecycle = threading.RLock()
         self._process: Any = None
         self._inbox: Any = None
         self._reader: threading.Thread | None = None
@@ -116,7 +126,9 @@ class LearnerHost:
         self.dropped_stale = 0
         self.nonfinite_steps = 0
         self.metrics: dict[str, float] = {}
-        self.error: str | None = None
+        self.error: str | None = None  # why the last learner of this run failed
+        self.restarts = 0  # learners of this run started again after a failure
+        self.failures_in_a_row = 0  # failures since the last published update
         self._stopping = False
         self._ready = False  # the process has built its learner and reads its inbox
 
@@ -131,10 +143,24 @@ class LearnerHost:
         optimizer_state: dict[str, Any] | None,
         version: int,
         target: tuple[torch.Tensor, int] | None = None,
+        restart: bool = False,
     ) -> None:
         """Start the learner of a run from these weights, optimizer state and version (a new
-        run's, or a resumed one's), and a resumed run's target network (with its version). The
-        device is checked before (DeviceUnavailable)."""
+        run's, a resumed one's, or with `restart` the newest of one whose learner failed: its
+        counters and metrics go on), and the target network (with its version) to go on from.
+        The device is checked before (DeviceUnavailable)."""
+        with self.lifecycle:
+            self._start(config, weights, optimizer_state, version, target, restart)
+
+    def _start(
+        self,
+        config: TrainConfig,
+        weights: torch.Tensor,
+        optimizer_state: dict[str, Any] | None,
+        version: int,
+        target: tuple[torch.Tensor, int] | None,
+        restart: bool,
+    ) -> None:
         self.stop()
         device = resolve_device(config.device)
         context = multiprocessing.get_context("spawn")
@@ -157,11 +183,14 @@ class LearnerHost:
             self._capacity = learner.queue_capacity(config)
             self._batch = config.queue_size
             self._waits_for_update = learner.waits_for_update and config.max_in_flight == 0
-            self._waiting = 0
-            self.device, self.error, self._stopping = str(device), None, False
-            self._ready = False
-            self.updates = self.used = self.dropped_stale = self.nonfinite_steps = 0
-            self.metrics = {}
+            self._waiting = 0  # a failed learner's queue is lost with it
+            self.device, self._stopping, self._ready = str(device), False, False
+            if restart:
+                self.restarts += 1
+            else:
+                self.error, self.restarts, self.failures_in_a_row = None, 0, 0
+                self.updates = self.used = self.dropped_stale = self.nonfinite_steps = 0
+                self.metrics = {}
         self._reader = threading.Thread(
             target=self._read, args=(process, outbox), name="a3c-learner-reader", daemon=True
         )
@@ -230,6 +259,10 @@ class LearnerHost:
     def stop(self, wait_s: float = STOP_WAIT_S) -> None:
         """Stop the learner, taking its last weights and optimizer state first if it sends them
         within `wait_s`; one that has not begun to read its inbox ends at once."""
+        with self.lifecycle:
+            self._stop(wait_s)
+
+    def _stop(self, wait_s: float) -> None:
         with self._cond:
             process, inbox, reader = self._process, self._inbox, self._reader
             if process is None:
@@ -264,6 +297,7 @@ class LearnerHost:
                 "nonfinite_steps": self.nonfinite_steps,
                 "metrics": dict(self.metrics),
                 "error": self.error,
+                "restarts": self.restarts,
             }
 
     def _read(self, process: Any, outbox: Any) -> None:
@@ -290,10 +324,15 @@ class LearnerHost:
                     stopping = self._stopping
                     if not stopping:
                         self.error = message[1]
-                        self._process = None  # reserve() refuses from now on
+                        self.failures_in_a_row += 1
+                        self._process = self._inbox = None  # reserve() refuses from now on
                     self._cond.notify_all()
                 if not stopping:
                     log.error("learner failed: %s", message[1])
+                    process.join(STOP_WAIT_S)  # it has reported and is ending
+                    if process.is_alive():
+                        process.kill()
+                        process.join(5)
                     self._failed(message[1])
                 return
 
@@ -306,7 +345,9 @@ class LearnerHost:
         with self._cond:
             if publication.weights is not None:
                 self.updates += 1
-                self.metrics = publication.metrics
+                self.failures_in_a_row = 0
+                # JSON has no NaN or infinity: a figure that is not finite is left out.
+                self.metrics = {k: v for k, v in publication.metrics.items() if math.isfinite(v)}
             self.used += publication.used
             self.dropped_stale += publication.dropped
             self.nonfinite_steps += publication.nonfinite_steps

@@ -5,6 +5,8 @@ refused with nothing counted, and the reply brings newer weights (docs/http-api.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 from typing import Any
 
@@ -18,6 +20,8 @@ from a3c_http.config.training import TrainConfig
 from a3c_http.models.actor_critic import model_for
 from a3c_http.testing.localcluster import wait_for
 from a3c_http.wire.experience import encode_tensors
+from master import experience as master_experience
+from tests.support.log_capture import CapturedEvents
 from tests.support.master_api import OCTET, gradients_like, push_gradients, start_run, status
 from tests.support.master_api import _clean_env as _clean_env
 from tests.support.master_api import client as client
@@ -128,16 +132,21 @@ def _non_finite(t: dict) -> None:
     t["log_probs"][0, 0] = float("inf")
 
 
+def _no_such_action(t: dict) -> None:
+    t["actions"][3, 1] = 99
+
+
 @pytest.mark.parametrize(
     ("spoil", "worker_id", "version_delta", "code", "words"),
     [
         (_missing, "w1", 0, 422, "missing tensors ['obs']"),
         (_wrong_shape, "w1", 0, 422, "'rewards' has shape [8, 1], expected [8, 2]"),
         (_non_finite, "w1", 0, 422, "'log_probs' holds NaN or infinite values"),
+        (_no_such_action, "w1", 0, 422, "holds 99 at [3, 1], outside the action space Discrete(2)"),
         (None, "w1", 5, 422, "newer than the master's weights"),
         (None, "nobody", 0, 409, "nobody"),
     ],
-    ids=["missing", "shape", "non-finite", "future-version", "unregistered"],
+    ids=["missing", "shape", "non-finite", "action", "future-version", "unregistered"],
 )
 def test_what_does_not_fit_is_refused_and_nothing_counted(
     client: TestClient, launched: list, spoil, worker_id: str, version_delta: int, code: int,
@@ -159,6 +168,59 @@ def test_what_does_not_fit_is_refused_and_nothing_counted(
     if worker_id == "w1" and version_delta == 0:
         fixed = push(client, rollout(), before["model_version"], seq=1, episodes=[[10.0, 10]])
         assert fixed.status_code == 204 and "X-A3C-Duplicate" not in fixed.headers
+
+
+def test_an_update_of_extreme_values_is_undone_and_leaves_status_readable(
+    client: TestClient, launched: list
+) -> None:
+    """Rewards of 3e38 pass every check (finite float32) and make PPO's value loss infinite:
+    its steps are undone and counted, the figures that are not finite left out of /status
+    (JSON has no infinity), and the run goes on."""
+    start_run(client, **PPO, queue_size=1, n_epochs=1, batch_size=16)
+    version = status(client)["model_version"]
+    extreme = rollout()
+    extreme["rewards"][:] = 3e38
+    assert push(client, extreme, version).status_code == 204
+    wait_for(lambda: learner(client)["updates"] == 1, 60, "the learner's update")
+    seen = status(client)  # a 200: nothing infinite in it
+    assert seen["state"] == "running" and seen["learner"]["nonfinite_steps"] >= 1
+    assert "train/value_loss" not in seen["learner"]["metrics"]
+    assert "train/clip_range" in seen["learner"]["metrics"]
+
+
+def test_a_failed_learner_starts_again_from_the_newest_weights_until_it_fails_in_a_row(
+    client: TestClient, launched: list, monkeypatch: pytest.MonkeyPatch,
+    captured_events: CapturedEvents,
+) -> None:  # fmt: skip
+    """A learner process that dies is started again from the version it last published, and the
+    run learns on from there; only failures with no update between them end the run."""
+    monkeypatch.setattr(master_experience, "MAX_FAILURES_IN_A_ROW", 2)
+    start_run(client, **PPO, queue_size=1)
+    version = status(client)["model_version"]
+    assert push(client, rollout(), version).status_code == 204
+    wait_for(lambda: learner(client)["updates"] == 1, 60, "the learner's first update")
+
+    def kill_learner() -> None:
+        pid = learner(client)["pid"]
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: learner(client)["pid"] not in (pid, None) or
+                 status(client)["state"] != "running", 60, "the learner started again")  # fmt: skip
+
+    kill_learner()
+    again = learner(client)
+    assert (again["restarts"], again["updates"]) == (1, 1)
+    assert "exit code -9" in again["error"]
+    restarted = captured_events.one("learner_restarted")
+    assert f"started again from version {version + 1}" in restarted.message
+    assert push(client, rollout(), version + 1).status_code == 204
+    wait_for(lambda: learner(client)["updates"] == 2, 60, "the restarted learner's update")
+    assert status(client)["model_version"] == version + 2  # on from the newest, not the start
+    kill_learner()  # a failure after an update: started again
+    kill_learner()  # a second in a row: the run ends
+    ended = status(client)
+    assert ended["state"] == "finished", ended["learner"]
+    assert ended["finish_reason"].startswith("the learner failed 2 times in a row")
+    assert ended["model_version"] == version + 2
 
 
 def test_a_learner_run_takes_neither_gradients_nor_global_weights(

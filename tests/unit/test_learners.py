@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from a3c_http.algos.a3c import compute_advantages
 from a3c_http.algos.experience import Batch, expected_tensors, rollout_tensors
 from a3c_http.algos.impala import ImpalaLearner, vtrace
 from a3c_http.algos.ppo import PPOLearner, clip_range, ppo_loss
+from a3c_http.algos.registry import algorithm_class
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import RolloutCollector
 from a3c_http.models.actor_critic import model_for
@@ -179,15 +181,96 @@ def test_impala_takes_a_step_on_each_minibatch_of_whole_environments(monkeypatch
         (lambda t: t.update(actions=t["actions"].float()), "'actions' has dtype float32"),
         (lambda t: t.update(rewards=t["rewards"][:-1]), "'rewards' has shape"),
         (lambda t: t["rewards"].__setitem__((0, 0), math.nan), "'rewards' holds NaN"),
+        (lambda t: t["actions"].__setitem__((1, 0), -1),
+         "'actions' holds -1 at [1, 0], outside the action space Discrete(2) (from 0 to 1)"),
+        (lambda t: t["log_probs"].__setitem__((0, 1), 0.5),
+         "'log_probs' holds 0.5 at [0, 1], outside a discrete policy's log-probabilities "
+         "(at most 0)"),
+        (lambda t: t["obs"].__setitem__((2, 1, 2), 7.0),  # the pole's angle, at most 0.42 rad
+         "'obs' holds 7 at [2, 1, 2], outside the observation space, a Box of shape (4,) "
+         "(from -0.418879 to 0.418879)"),
+        (lambda t: t["last_obs"].__setitem__((1, 0), -5.0),  # the cart's position
+         "'last_obs' holds -5 at [1, 0], outside the observation space"),
     ],
-    ids=["missing", "unexpected", "dtype", "shape", "nan"],
+    ids=["missing", "unexpected", "dtype", "shape", "nan", "action", "log-prob", "obs", "last-obs"],
 )
 def test_a_rollout_that_does_not_fit_is_named(change, message: str) -> None:
     cfg = TrainConfig(algo="ppo", num_envs=2, t_max=4)
     tensors, model = _rollout(cfg)
     change(tensors)
-    with pytest.raises(WireError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(WireError, match=re.escape(message)):
         decode_tensors(encode_tensors(tensors, None), expected_tensors(cfg, model))
+
+
+def test_negative_priorities_are_refused() -> None:
+    cfg = TrainConfig(algo="apex", num_envs=2, t_max=4)
+    tensors = _crafted(cfg)
+    tensors["priorities"][1, 1] = -2.0
+    message = "'priorities' holds -2 at [1, 1], outside the priorities (at least 0)"
+    with pytest.raises(WireError, match=re.escape(message)):
+        decode_tensors(encode_tensors(tensors, None), expected_tensors(cfg, model_for(cfg)))
+
+
+def _crafted(cfg: TrainConfig) -> dict[str, torch.Tensor]:
+    """A rollout of `cfg`'s shapes that no environment made: every step valid, a uniform
+    policy's log-probabilities, rewards of 1."""
+    tensors = {
+        name: torch.zeros(e.shape, dtype=e.dtypes[0])
+        for name, e in expected_tensors(cfg, model_for(cfg)).items()
+    }
+    tensors["valid"][:] = True
+    tensors["log_probs"][:] = math.log(0.5)
+    tensors["rewards"][:] = 1.0
+    return tensors
+
+
+_HUGE = 3e38  # finite in float32 (whose largest is 3.4e38); a sum of two is not
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        lambda t: t["rewards"].fill_(_HUGE),
+        lambda t: t["rewards"][::2].fill_(-_HUGE),
+        lambda t: t["obs"][..., 1].fill_(_HUGE),  # the cart's velocity: CartPole does not bound it
+        lambda t: t["log_probs"].fill_(-_HUGE),
+        lambda t: t["valid"].fill_(False),
+        lambda t: "priorities" in t and t["priorities"].fill_(_HUGE),
+    ],
+    ids=["rewards", "rewards-both-ways", "obs", "log-probs", "no-valid-step", "priorities"],
+)
+@pytest.mark.parametrize(
+    "algo",
+    [
+        {"algo": "ppo", "n_epochs": 2, "batch_size": 8},
+        {"algo": "ppo", "core": "lstm", "n_epochs": 1, "batch_size": 8},
+        {"algo": "impala"},
+        {"algo": "apex", "learning_starts": 1, "batch_size": 8, "gradient_steps": 4},
+    ],
+    ids=["ppo", "ppo-lstm", "impala", "apex"],
+)
+def test_finite_extremes_that_pass_the_checks_never_make_a_learner_raise(spoil, algo) -> None:
+    """What passes `expected_tensors` a learner takes without raising: its weights stay finite
+    (a step that would leave one non-finite is undone and counted), so do the replay's
+    priorities, a rollout with no valid step changes nothing; and a plain rollout after it
+    still moves the weights. (A figure of such an update may be infinite: the master leaves
+    it out of /status.)"""
+    cfg = TrainConfig(num_envs=2, t_max=8, **algo)
+    tensors = _crafted(cfg)
+    spoil(tensors)
+    expected = expected_tensors(cfg, model_for(cfg))
+    decoded, _ = decode_tensors(encode_tensors(tensors, None), expected)  # admitted
+    learner = algorithm_class(cfg).learner(cfg, model_for(cfg), torch.device("cpu"))
+    before = learner.weights()
+    metrics = learner.learn([decoded, decoded], env_steps=32)
+    assert bool(torch.isfinite(learner.weights()).all())
+    if metrics is None:  # nothing to learn from: nothing changed
+        assert torch.equal(before, learner.weights())
+    if cfg.algo == "apex":
+        assert learner.replay.tree.total < math.inf
+    moved = learner.weights()
+    learner.learn([_crafted(cfg)], env_steps=48)
+    assert not torch.equal(moved, learner.weights())
 
 
 def test_a_body_that_is_not_safetensors_is_refused() -> None:

@@ -3,6 +3,8 @@ exploration, n-step transitions across episode ends, the DQN loss, the replay an
 
 from __future__ import annotations
 
+import math
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ import torch
 from a3c_http.algos.dqn import epsilon_at
 from a3c_http.algos.dqn_loss import Transitions, dqn_loss, nstep_transitions
 from a3c_http.algos.exploration import derive
-from a3c_http.algos.replay import Replay, SumTree
+from a3c_http.algos.replay import MAX_PRIORITY, Replay, SumTree
 from a3c_http.config.training import TrainConfig
 from a3c_http.models.encoders import UnsupportedSpace
 from a3c_http.models.q_network import EpsilonGreedy, QNetwork
@@ -192,6 +194,18 @@ def test_uniform_replay_samples_every_row_alike_and_new_rows_get_the_highest_pri
     prioritized.add({"x": torch.zeros(2)}, priorities=torch.tensor([5.0, 1.0]))
     prioritized.add({"x": torch.ones(1)})  # no priority: the highest so far (5)
     assert prioritized.tree.get(np.array([2])).item() == pytest.approx(5.0, rel=1e-5)
+
+
+def test_a_td_error_no_network_makes_gives_its_row_the_lowest_priority() -> None:
+    """Beyond MAX_PRIORITY or not finite (a crafted transition's): the row is sampled least,
+    and the tree's total stays finite, where such a priority would make sampling raise."""
+    replay = Replay(capacity=8, alpha=0.6)
+    replay.add({"x": torch.arange(4.0)}, priorities=torch.ones(4))
+    replay.update(np.arange(4), torch.tensor([math.inf, math.nan, 3e38, MAX_PRIORITY]))
+    assert replay.tree.get(np.arange(3)).tolist() == [replay.eps**0.6] * 3
+    assert replay.max_priority == pytest.approx(MAX_PRIORITY)
+    batch, _, weights = replay.sample(64, beta=1.0, generator=np.random.default_rng(0))
+    assert (batch["x"] == 3.0).all() and bool(torch.isfinite(weights).all())
 
 
 def test_settings_a_q_network_does_not_take_are_refused_by_name() -> None:
