@@ -40,8 +40,8 @@ from a3c_http.store.runstore import RunStore
 from a3c_http.wire import tensors as wire
 from master.background.evaluator import Evaluator
 from master.errors import Invalid, StateConflict
-from master.experience import LearnerRuns, rollout_report
-from master.learning.learner import LearnerBusy, LearnerHost, resolve_device
+from master.learner_runs import LearnerRuns, rollout_report
+from master.learning.learner_process import LearnerBusy, LearnerProcess, resolve_device
 from master.learning.parameter_server import ParameterServer
 from master.learning.rounds import Outcome
 from master.persistence.resume import (
@@ -104,10 +104,10 @@ class ClusterState(LearnerRuns):
         self.ledger = RunLedger(self.settings.queue_max, self.settings.max_workers)
         self.params = ParameterServer()
         self.persister = Persister(self.store, self.ledger, self.params)
-        self.learner = LearnerHost(
+        self.learner = LearnerProcess(
             self._publish, self._learner_failed, self.settings.persist_interval_s / 2
         )
-        self._expected = {}  # what a rollout of the run holds (master/experience.py)
+        self._expected = {}  # what a rollout of the run holds (master/learner_runs.py)
 
     def close(self) -> None:
         """Stop the learner, if one runs, and give up the run folder (the caller saved what it

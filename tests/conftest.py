@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from a3c_http.local.cluster import LocalCluster, free_port
 from a3c_http.server import logs
-from a3c_http.testing.localcluster import LocalCluster, free_port
 from a3c_http.testing.standin import StandInWorker
 from tests.support.common import MAX_BODY, TOKEN
 from tests.support.log_capture import CapturedEvents

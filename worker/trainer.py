@@ -1,9 +1,11 @@
 """The worker's training loop: collect a rollout, hand it to the run's algorithm, repeat.
 
 What the worker does with each rollout is its algorithm's (a3c_http/algos/: A3C, sync A2C, the
-original design's best weights); this module is the port they do it through (`WorkerPort`): pushes
-of gradients with the rollout's finished episodes and the worker's statistics, whose replies bring
-the new weights and the run's summary; episode reports; weights pushed and pulled. Up to the
+original design's best weights, asynchronous DQN, and the actors of PPO, IMPALA and Ape-X); this
+module is the port they do it through (`WorkerPort`): pushes of gradients, or of the rollout itself
+for a learner beside the master, with the rollout's finished episodes and the worker's statistics,
+whose replies bring the new weights and the run's summary; episode reports; weights pushed and
+pulled; the target network fetched. Up to the
 algorithm's `pushes_in_flight` pushes are in flight while the worker collects its next rollouts
 (worker/pipeline.py). A heartbeat goes only when no reply came for `heartbeat_interval_s`.
 """
@@ -23,8 +25,8 @@ from typing import Any
 import torch
 
 from a3c_http.algos.base import Algorithm, GradientUpdate
-from a3c_http.algos.experience import rollout_tensors
 from a3c_http.algos.exploration import widened
+from a3c_http.algos.learner import rollout_tensors
 from a3c_http.algos.registry import algorithm_for
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import Episode, Rollout, RolloutCollector

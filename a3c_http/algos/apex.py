@@ -2,16 +2,16 @@
 one learner.
 
 Workers only act, each with its own epsilon (apex_epsilon^(1 + apex_epsilon_alpha * s(k)),
-a3c_http/algos/exploration.py), and push their rollouts through the experience path with the
-initial priority of each step's n-step transition: its absolute TD error under the actor's own
-network (`initial_priorities`). The learner beside the master (master/learning/learner.py) cuts
-the same transitions (a3c_http/algos/dqn_loss.py), keeps them in a prioritized replay
-(a3c_http/algos/replay.py, `buffer_size`, `prioritized_alpha`) and, once it holds
-`learning_starts`, takes `gradient_steps` double-DQN steps on each `queue_size` rollouts, sampling
-by priority with importance weights whose exponent rises from `prioritized_beta` to 1 over the
-run, and setting the sampled rows' priorities from their new TD errors. Its target network is
-refreshed every `target_update` of its steps and sent to the master with the weights, so that it is
-saved with the run; the replay is not (a kill loses it, as it loses the learner's queue).
+a3c_http/algos/exploration.py), and push their rollouts through the experience path with the initial
+priority of each step's n-step transition: its absolute TD error under the actor's own network
+(`initial_priorities`). The learner beside the master (master/learning/learner_process.py) cuts the
+same transitions (a3c_http/algos/dqn_loss.py), keeps them in a prioritized replay
+(a3c_http/algos/replay.py, `buffer_size`, `prioritized_alpha`) and, once it holds `learning_starts`,
+takes `gradient_steps` double-DQN steps on each `queue_size` rollouts, sampling by priority with
+importance weights whose exponent rises from `prioritized_beta` to 1 over the run, and setting the
+sampled rows' priorities from their new TD errors. Its target network is refreshed every
+`target_update` of its steps and sent to the master with the weights, so that it is saved with the
+run; the replay is not (a kill loses it, as it loses the learner's queue).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 
 from a3c_http.algos.dqn import AnnealedEpsilon, rollout_transitions
 from a3c_http.algos.dqn_loss import Transitions, dqn_loss
-from a3c_http.algos.experience import ExperienceAlgorithm, Learner, rollout_tensors
+from a3c_http.algos.learner import ExperienceAlgorithm, Learner, rollout_tensors
 from a3c_http.algos.replay import Replay
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import Rollout

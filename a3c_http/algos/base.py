@@ -19,7 +19,7 @@ What an algorithm sends (`Sends`) decides which of the cluster's two data flows 
 - EXPERIENCE (the learner's algorithms: PPO, IMPALA): a worker only acts and sends its rollouts,
   with the behaviour policy's log-probabilities and the version that acted (both on every
   `Rollout`), through `WorkerPort.push_experience`, to a learner beside the master
-  (a3c_http/algos/experience.py); Ape-X's actors add their transitions' priorities.
+  (a3c_http/algos/learner.py); Ape-X's actors add their transitions' priorities.
 
 A worker's algorithm object lives as long as the worker's run (it may keep state: an optimizer,
 a replay); the master's side is stateless (`apply` is a class method), since what persists is the

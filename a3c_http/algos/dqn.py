@@ -25,7 +25,7 @@ from torch import nn
 
 from a3c_http.algos.base import Algorithm, GradientUpdate, Sends, WorkerPort, gradients
 from a3c_http.algos.dqn_loss import Transitions, dqn_loss, nstep_transitions
-from a3c_http.algos.experience import rollout_tensors
+from a3c_http.algos.learner import rollout_tensors
 from a3c_http.algos.replay import Replay
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import Rollout

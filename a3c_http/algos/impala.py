@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from a3c_http.algos.experience import Batch, ExperienceAlgorithm, Learner, explained_variance
+from a3c_http.algos.learner import Batch, ExperienceAlgorithm, Learner, explained_variance
 
 
 def vtrace(

@@ -11,7 +11,7 @@ for the next batch (PPO's trust region bounds how far one update moves the polic
 collected stays usable). The ratio is always taken against the behaviour policy, whose
 log-probabilities each rollout carries (SB3's PPO exactly for a rollout of the current weights),
 and rollouts more than `max_policy_lag` versions old are dropped before they reach here
-(master/learning/learner.py). Clipping around the policy at the update's start instead, each
+(master/learning/learner_process.py). Clipping around the policy at the update's start instead, each
 step weighted by its importance to the behaviour policy (decoupled PPO, Hilton, Cobbe and
 Schulman 2021), solved CartPole in more env steps here (docs/performance.md).
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from a3c_http.algos.a3c import compute_advantages
-from a3c_http.algos.experience import Batch, ExperienceAlgorithm, Learner, explained_variance
+from a3c_http.algos.learner import Batch, ExperienceAlgorithm, Learner, explained_variance
 from a3c_http.config.training import TrainConfig
 
 

@@ -19,8 +19,8 @@ from a3c_http.api.errors import TrainError
 from a3c_http.api.policy import Policy, load_policy, policy_of
 from a3c_http.cli.progress import progress_line
 from a3c_http.envs.make import allow_modules
+from a3c_http.local.cluster import LocalCluster
 from a3c_http.store.runstore import RunStore
-from a3c_http.testing.localcluster import LocalCluster
 
 __all__ = ["History", "Progress", "Run"]
 

@@ -28,9 +28,9 @@ from a3c_http.config.hints import unknown_field
 from a3c_http.config.training import TrainConfig
 from a3c_http.config.workerlist import WorkerListError, normalize_url
 from a3c_http.envs.make import allow_modules, listed_modules
+from a3c_http.local.cluster import LocalCluster, free_port
 from a3c_http.net import tls
 from a3c_http.server.service import describe_error
-from a3c_http.testing.localcluster import LocalCluster, free_port
 
 __all__ = ["train"]
 

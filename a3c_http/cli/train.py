@@ -39,10 +39,10 @@ from a3c_http.config import files as configfile
 from a3c_http.config.ending import how_it_ends
 from a3c_http.config.training import TrainConfig
 from a3c_http.config.workerlist import WorkerListError, normalize_url, read_workers_file
+from a3c_http.local.cluster import LocalCluster
 from a3c_http.net import tls
 from a3c_http.server.edge import is_loopback
 from a3c_http.server.service import describe_error
-from a3c_http.testing.localcluster import LocalCluster
 
 # Without a workers file: what the checkout's workers.txt lists.
 DEFAULT_WORKERS = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]

@@ -5,10 +5,13 @@ after an episode end only resets that sub-environment. Those steps are marked `v
 earn nothing; see `a3c_http.algos.a3c` for how the loss uses the mask. The observation after such a
 step begins an episode: `starts` marks it, and a recurrent policy's state is zeroed there.
 
-Episodes are reported with the return and length `RecordEpisodeStatistics` measured (a3c_http/
-envs.py): the true ones, whatever the loss learns from (`clip_reward`: the sign of each reward;
-`life_loss`: a lost life counted as an episode end in `terminated`, for the loss only).
-Observations keep their own dtype (uint8 frames stay uint8); float ones become float32.
+Episodes are reported with the return and length `RecordEpisodeStatistics` measured
+(a3c_http/envs/make.py): the true ones, whatever the loss learns from (`clip_reward`: the sign of
+each reward; `life_loss`: a lost life counted as an episode end in `terminated`, for the loss only).
+Observations keep their own dtype (uint8 frames stay uint8); float ones become float32. A rollout
+also keeps what the algorithms that learn from experience send (a3c_http/algos/learner.py): the
+behaviour policy's log-probabilities, the version of the weights that acted, the observation after
+its last step and, for Ape-X, its transitions' initial priorities.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from a3c_http.net.transport import (
 )
 from a3c_http.server.logs import Events
 from a3c_http.wire import tensors as wire
-from a3c_http.wire.experience import encode_tensors
+from a3c_http.wire.named_tensors import encode_tensors
 from a3c_http.wire.protocol import (
     CONTENT_TYPE,
     DEFAULT_MAX_BODY_BYTES,
@@ -324,7 +324,7 @@ class MasterClient:
         layout: wire.Layout,
         report: Mapping[str, Any] | None = None,
     ) -> Weights:
-        """Send a rollout (`tensors`: a3c_http/algos/experience.py `rollout_tensors`) acted by
+        """Send a rollout (`tensors`: a3c_http/algos/learner.py `rollout_tensors`) acted by
         the weights of `version`, with its `report` in the body's metadata, to the learner
         beside the master (`POST /experience`). Returns the newest weights when the master's
         are newer than `version`, else `Weights` without a vector (the master's version and the

@@ -1,5 +1,6 @@
 """A network whose parameters and buffers live in one float32 vector, and the optimizer that steps
-it: the master's global network, and the in-process learner's.
+it: the master's global network (the parameter server's), and every learner's: the learner
+process beside the master (a3c_http/algos/learner.py) and the single-process learner.
 
 The model's tensors become views of `flat`, laid out as `wire.Layout` says (parameters first), so
 a weights body is the layout's header and one copy of `flat` (`layout`: float32, the run folder's;
@@ -14,7 +15,8 @@ the weights while updates were still counted. A step whose result is not known t
 copies the vector and the optimizer's state aside first (into reused buffers) and is undone if it
 leaves any value non-finite (`NonFiniteStep`). A step is known finite when the weights and state
 are finite and the gradient was checked by the master (finite, its norm within max_grad_norm, its
-statistics mergeable: master/learning/admission.py): it then moves each weight by at most
+statistics mergeable: master/learning/admission.py; a learner's own gradients are never taken as
+checked): it then moves each weight by at most
 `STEP_BOUND` learning rates (RMSprop: lr / sqrt(1 - alpha); Adam about 32 lr at the default
 betas). So the network keeps a bound on its largest weight (`weight_bound`, exact when weights are
 loaded, raised by that much at every step) and skips the copies and the check while the bound

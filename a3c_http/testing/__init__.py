@@ -1,3 +1,3 @@
-"""Running the services as a user does, for the tests, the benchmarks, the quickstart and the
-Python API (a3c_http.train's local clusters): local clusters of uvicorn processes, a stand-in
-worker host and a delaying proxy. The services never import it."""
+"""Running the services as a user does, for the tests and the benchmarks: a stand-in worker
+host and a delaying proxy (the local clusters themselves: a3c_http/local/cluster.py). The
+services never import it."""

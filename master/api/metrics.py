@@ -109,7 +109,7 @@ class StatusCollector(Collector):
                 value=s["last_saved_at"],
             )
         learner = s.get("learner")
-        if learner is not None:  # ppo, impala and apex runs (master/learning/learner.py)
+        if learner is not None:  # ppo, impala and apex runs (master/learning/learner_process.py)
             yield _counter("a3c_learner_updates", "Updates of the learner.", learner["updates"])
             yield _counter(
                 "a3c_learner_dropped_stale",

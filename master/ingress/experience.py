@@ -1,7 +1,7 @@
-"""`POST /experience`: a worker's rollout for the learner beside the master (`algo` ppo and
-impala; master/learning/learner.py).
+"""`POST /experience`: a worker's rollout for the learner beside the master (`algo` ppo, impala
+and apex; master/learning/learner_process.py).
 
-The body is one safetensors file of the rollout's tensors (a3c_http/algos/experience.py
+The body is one safetensors file of the rollout's tensors (a3c_http/algos/learner.py
 `rollout_tensors`, docs/http-api.md), its metadata the rollout's report as a gradient push's. The
 headers are a gradient push's (master/api/schemas.py `PushHeaders`): `X-Model-Version` is the
 version of the weights that acted. The master checks it all before anything is counted

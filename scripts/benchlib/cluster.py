@@ -21,8 +21,8 @@ from pathlib import Path
 
 from a3c_http.algos.single_process import train
 from a3c_http.config.training import TrainConfig
+from a3c_http.local.cluster import LocalCluster, ServiceProcess, free_port, wait_for
 from a3c_http.testing.delayproxy import DelayProxy
-from a3c_http.testing.localcluster import LocalCluster, ServiceProcess, free_port, wait_for
 from scripts.benchlib.procs import receivers_cores
 from scripts.benchlib.report import PROGRESS_S, say
 

@@ -21,9 +21,9 @@ from a3c_http.algos.a3c import rollout_loss
 from a3c_http.algos.base import gradients
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import RolloutCollector
+from a3c_http.local.cluster import LocalCluster
 from a3c_http.models.actor_critic import model_for
 from a3c_http.net.client import MasterClient
-from a3c_http.testing.localcluster import LocalCluster
 from a3c_http.testing.standin import StandInWorker
 from a3c_http.wire import tensors as wire
 

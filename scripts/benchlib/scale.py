@@ -5,7 +5,7 @@
         [--pin] [--quick] [--json runs/bench_scale.json]
 
 A master and as many workers as the largest N of --workers, each its own uvicorn process on a free
-loopback port (a3c_http.testing.localcluster), started once; for each model and each N, one after
+loopback port (a3c_http.local.cluster), started once; for each model and each N, one after
 another (never two at once), runs that name N of the workers (the others sit idle):
 
 - a steady-state window of a run of the default config (with the model's hidden_sizes, and the
@@ -53,7 +53,7 @@ import torch
 
 from a3c_http.config.settings import Settings
 from a3c_http.config.training import TrainConfig
-from a3c_http.testing.localcluster import (
+from a3c_http.local.cluster import (
     LocalCluster,
     ServiceProcess,
     cpu_delta,

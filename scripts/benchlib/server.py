@@ -23,11 +23,11 @@ from a3c_http.algos.base import gradients
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.make import MissingDependency, register_family
 from a3c_http.envs.rollout import RolloutCollector
+from a3c_http.local.cluster import LocalCluster, cpu_delta, free_port
 from a3c_http.models.actor_critic import ActorCritic, model_for
 from a3c_http.net import tls
 from a3c_http.net.client import MasterClient
 from a3c_http.testing.delayproxy import DelayProxy
-from a3c_http.testing.localcluster import LocalCluster, cpu_delta, free_port
 from a3c_http.testing.standin import StandInWorker
 from a3c_http.wire import tensors as wire
 from scripts.benchlib.cluster import UNREACHABLE

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from a3c_http.local.cluster import LocalCluster, wait_for
 from a3c_http.store.runstore import RunStore
-from a3c_http.testing.localcluster import LocalCluster, wait_for
 
 pytestmark = pytest.mark.integration
 

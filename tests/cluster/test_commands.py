@@ -23,7 +23,7 @@ from fastapi.testclient import TestClient
 
 from a3c_http.cli import plot, servers, train
 from a3c_http.config.workerlist import WorkerListError
-from a3c_http.testing.localcluster import free_port, wait_for
+from a3c_http.local.cluster import free_port, wait_for
 from tests.support.master_api import _clean_env as _clean_env
 from tests.support.master_api import client as client
 from tests.support.master_api import launched as launched

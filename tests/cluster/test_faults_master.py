@@ -12,8 +12,8 @@ import time
 
 import pytest
 
+from a3c_http.local.cluster import LocalCluster, free_port, wait_for
 from a3c_http.store.runstore import RunStore
-from a3c_http.testing.localcluster import LocalCluster, free_port, wait_for
 from master.state import versions_to_skip
 from tests.support.common import ENDLESS_RUN, IMPATIENT, SHORT_RUN, patient
 

@@ -22,8 +22,8 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from a3c_http.local.cluster import ServiceProcess, free_port
 from a3c_http.store.runstore import RunStore
-from a3c_http.testing.localcluster import ServiceProcess, free_port
 from a3c_http.testing.standin import StandInWorker
 from tests.support.common import AUTH, OCTET, STAND_IN_RUN, TOKEN, registry, snapshot
 

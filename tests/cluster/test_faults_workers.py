@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from a3c_http.testing.localcluster import LocalCluster, ServiceProcess, free_port, wait_for
+from a3c_http.local.cluster import LocalCluster, ServiceProcess, free_port, wait_for
 from a3c_http.testing.standin import StandInWorker
 from tests.support.common import ENDLESS_RUN, SHORT_RUN, TOKEN, patient, registry
 from tests.support.faultproxy import FaultProxy

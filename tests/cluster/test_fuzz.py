@@ -40,7 +40,7 @@ import torch
 from safetensors.torch import load, save
 from schemathesis import Case
 
-from a3c_http.testing.localcluster import ServiceProcess, free_port
+from a3c_http.local.cluster import ServiceProcess, free_port
 from a3c_http.testing.standin import StandInWorker
 from tests.support.common import AUTH, TOKEN, bad_tensor_bodies
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from a3c_http.testing.localcluster import ServiceProcess, free_port, wait_for
+from a3c_http.local.cluster import ServiceProcess, free_port, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from a3c_http.config.training import TrainConfig
+from a3c_http.local.cluster import LocalCluster, ServiceProcess, free_port, wait_for
 from a3c_http.models.actor_critic import build_model
 from a3c_http.store.runstore import RunStore
-from a3c_http.testing.localcluster import LocalCluster, ServiceProcess, free_port, wait_for
 from a3c_http.testing.standin import StandInWorker
 from a3c_http.wire import tensors as wire
 from tests.support.common import (

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from a3c_http.local.cluster import LocalCluster, stat_fields, wait_for, with_descendants
 from a3c_http.store.runstore import RunStore
-from a3c_http.testing.localcluster import LocalCluster, stat_fields, wait_for, with_descendants
 
 pytestmark = pytest.mark.integration
 

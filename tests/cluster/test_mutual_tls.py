@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 import a3c_http
-from a3c_http.testing.localcluster import LocalCluster, free_port
+from a3c_http.local.cluster import LocalCluster, free_port
 from tests.support.common import TOKEN
 from tests.support.tls import make_files
 

@@ -15,8 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
+from a3c_http.local.cluster import free_port, wait_for
 from a3c_http.net.client import Conflict, MasterClient, MasterUnavailable, ProtocolError, Stopped
-from a3c_http.testing.localcluster import free_port, wait_for
 from a3c_http.wire import tensors as wire
 from tests.support.badpeer import BadPeer
 from tests.support.client import LAYOUT, SPEC, TENSORS

@@ -18,7 +18,7 @@ import gymnasium as gym
 import pytest
 
 import a3c_http
-from a3c_http.testing.localcluster import LocalCluster, free_port
+from a3c_http.local.cluster import LocalCluster, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -18,14 +18,14 @@ import pytest
 import torch
 
 from a3c_http.config.training import TrainConfig
-from a3c_http.models.actor_critic import model_for
-from a3c_http.testing.localcluster import (
+from a3c_http.local.cluster import (
     LocalCluster,
     ServiceProcess,
     free_port,
     stat_fields,
     wait_for,
 )
+from a3c_http.models.actor_critic import model_for
 from a3c_http.testing.standin import StandInWorker
 from a3c_http.wire.tensors import Layout
 from tests.support.common import AUTH, OCTET, SHORT_RUN, STAND_IN_RUN, TOKEN

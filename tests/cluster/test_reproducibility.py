@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from a3c_http.testing.localcluster import LocalCluster
+from a3c_http.local.cluster import LocalCluster
 from tests.support.common import PATIENT
 
 pytestmark = pytest.mark.integration

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from a3c_http.local.cluster import ROOT, free_port
 from a3c_http.store.runstore import RunStore
-from a3c_http.testing.localcluster import ROOT, free_port
 from tests.support.store import numbers_in
 
 KILL_LOOP = """

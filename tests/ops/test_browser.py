@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from a3c_http.testing.localcluster import LocalCluster, wait_for
+from a3c_http.local.cluster import LocalCluster, wait_for
 from tests.support.browser import Browser, chromium_or_skip
 from tests.support.common import ENDLESS_RUN, TOKEN
 

@@ -37,7 +37,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from a3c_http.testing.localcluster import ServiceProcess, wait_for
+from a3c_http.local.cluster import ServiceProcess, wait_for
 from tests.support.common import SHORT_RUN
 
 pytestmark = pytest.mark.integration

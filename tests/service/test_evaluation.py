@@ -19,11 +19,11 @@ from safetensors.torch import load as st_load
 
 from a3c_http.config.settings import Settings
 from a3c_http.config.training import TrainConfig
+from a3c_http.local.cluster import wait_for
 from a3c_http.models.actor_critic import model_for
 from a3c_http.policy import evaluation
 from a3c_http.policy.evaluation import EvalResult, evaluate
 from a3c_http.store.runstore import RunStore
-from a3c_http.testing.localcluster import wait_for
 from a3c_http.testing.standin import StandInWorker
 from a3c_http.wire import tensors as wire
 from master.app import create_app

@@ -15,12 +15,12 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 
-from a3c_http.algos.experience import expected_tensors
+from a3c_http.algos.learner import expected_tensors
 from a3c_http.config.training import TrainConfig
+from a3c_http.local.cluster import wait_for
 from a3c_http.models.actor_critic import model_for
-from a3c_http.testing.localcluster import wait_for
-from a3c_http.wire.experience import encode_tensors
-from master import experience as master_experience
+from a3c_http.wire.named_tensors import encode_tensors
+from master import learner_runs
 from tests.support.log_capture import CapturedEvents
 from tests.support.master_api import OCTET, gradients_like, push_gradients, start_run, status
 from tests.support.master_api import _clean_env as _clean_env
@@ -194,7 +194,7 @@ def test_a_failed_learner_starts_again_from_the_newest_weights_until_it_fails_in
 ) -> None:  # fmt: skip
     """A learner process that dies is started again from the version it last published, and the
     run learns on from there; only failures with no update between them end the run."""
-    monkeypatch.setattr(master_experience, "MAX_FAILURES_IN_A_ROW", 2)
+    monkeypatch.setattr(learner_runs, "MAX_FAILURES_IN_A_ROW", 2)
     start_run(client, **PPO, queue_size=1)
     version = status(client)["model_version"]
     assert push(client, rollout(), version).status_code == 204

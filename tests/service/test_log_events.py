@@ -17,10 +17,10 @@ from fastapi.testclient import TestClient
 import worker.app as worker_app
 from a3c_http.config.settings import Settings
 from a3c_http.config.training import TrainConfig
+from a3c_http.local.cluster import free_port, wait_for
 from a3c_http.models.actor_critic import build_model
 from a3c_http.net.client import MasterClient
 from a3c_http.server import logs
-from a3c_http.testing.localcluster import free_port, wait_for
 from a3c_http.wire import tensors as wire
 from master.app import create_app as create_master
 from tests.support.common import master_running, push_rollout, registry

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from a3c_http.testing.localcluster import free_port
+from a3c_http.local.cluster import free_port
 from a3c_http.testing.standin import StandInWorker
 from master.app import create_app as create_master
 from tests.support.badpeer import BadPeer, without_proxies

@@ -11,8 +11,8 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import save as st_save
 
+from a3c_http.local.cluster import free_port
 from a3c_http.models.actor_critic import build_model
-from a3c_http.testing.localcluster import free_port
 from a3c_http.wire import tensors as wire
 from master.api import run as routes_run
 from tests.support.master_api import (

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from a3c_http.testing.localcluster import free_port
+from a3c_http.local.cluster import free_port
 from master.api import run as routes_run
 from tests.support.master_api import (
     OCTET,

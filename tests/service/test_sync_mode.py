@@ -14,8 +14,8 @@ import torch
 from fastapi.testclient import TestClient
 
 from a3c_http.config.training import TrainConfig
+from a3c_http.local.cluster import wait_for
 from a3c_http.models.actor_critic import model_for
-from a3c_http.testing.localcluster import wait_for
 from a3c_http.wire import tensors as wire
 from master.learning.admission import RunLimits
 from master.learning.parameter_server import ParameterServer

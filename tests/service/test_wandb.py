@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from a3c_http.config.settings import Settings
-from a3c_http.testing.localcluster import wait_for
+from a3c_http.local.cluster import wait_for
 from master.app import create_app
 from master.persistence.scalars import Figures
 from tests.support.charted_run import charted_run, push, tensorboard_scalars

@@ -15,7 +15,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.testclient import TestClient
 
 import worker.app as worker_app
-from a3c_http.testing.localcluster import free_port
+from a3c_http.local.cluster import free_port
 from tests.support.schema_checks import assert_bearer_everywhere_but_healthz, assert_errors_declared
 from tests.support.worker_api import LOOPBACK, start_body, wait_for, wait_until, worker
 from tests.support.worker_api import _env as _env

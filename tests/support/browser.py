@@ -21,7 +21,7 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from a3c_http.testing.localcluster import wait_for
+from a3c_http.local.cluster import wait_for
 
 NAMES = ("chromium", "chromium-browser", "google-chrome")
 

@@ -1,4 +1,4 @@
-"""What the tests share beyond the harness (`a3c_http.testing.localcluster`: processes, clusters,
+"""What the tests share beyond the harness (`a3c_http.local.cluster`: processes, clusters,
 the stand-in worker, `wait_for`): the session cluster's workers, run configs, a snapshot of
 everything a refused request must leave as it was, and the catalogue of bad tensor bodies."""
 
@@ -22,7 +22,7 @@ from safetensors.torch import save as st_save
 
 from a3c_http.config.settings import Settings
 from a3c_http.config.training import TrainConfig
-from a3c_http.testing.localcluster import LocalCluster, ServiceProcess
+from a3c_http.local.cluster import LocalCluster, ServiceProcess
 from master.app import create_app
 
 # The session cluster's workers. IMPATIENT gives up on an unreachable master after 3 s

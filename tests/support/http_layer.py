@@ -1,6 +1,6 @@
 """What the tests of the HTTP layer (test_http_*.py, test_master_launcher.py) share: both
 services in-process (TestClient) with the token and a body limit of LIMIT, and a master whose run's
-only worker is the stand-in (`a3c_http.testing.localcluster.StandInWorker`), reached over loopback
+only worker is the stand-in (`a3c_http.local.cluster.StandInWorker`), reached over loopback
 by the real launcher; both services without a token (`open_master`, `open_worker`), answering to
 ALLOWED_HOST too; a well-formed body for each route that takes one.
 

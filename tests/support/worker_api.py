@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from a3c_http.testing.localcluster import wait_for as poll
+from a3c_http.local.cluster import wait_for as poll
 from worker.app import create_app
 
 LOOPBACK = ("127.0.0.1", 50000)

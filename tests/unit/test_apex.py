@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from a3c_http.algos.apex import ApexLearner, initial_priorities
-from a3c_http.algos.experience import rollout_tensors
+from a3c_http.algos.learner import rollout_tensors
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import RolloutCollector
 from a3c_http.models.actor_critic import model_for

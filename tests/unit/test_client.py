@@ -11,6 +11,7 @@ import time
 import httpx
 import pytest
 
+from a3c_http.local.cluster import wait_for
 from a3c_http.net.client import (
     A3CError,
     Conflict,
@@ -21,7 +22,6 @@ from a3c_http.net.client import (
     Stopped,
     Unauthorized,
 )
-from a3c_http.testing.localcluster import wait_for
 from tests.support.badpeer import BadPeer, without_proxies
 from tests.support.client import LAYOUT, TENSORS, Recorder, make_client, ok_health
 

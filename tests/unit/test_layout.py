@@ -117,8 +117,10 @@ def test_the_library_and_the_services_keep_apart() -> None:
             assert not others, f"{module} imports a service: {others}"
         else:
             assert others <= {"a3c_http"}, f"{module} imports another service: {others}"
-        if not module.startswith(("a3c_http.testing", "a3c_http.cli", "a3c_http.api")):
+        if not module.startswith("a3c_http.testing"):
             assert not any(m.startswith("a3c_http.testing") for m in imports_of(path)), module
+        if not module.startswith(("a3c_http.local", "a3c_http.cli", "a3c_http.api")):
+            assert not any(m.startswith("a3c_http.local") for m in imports_of(path)), module
 
 
 def test_no_folder_holds_more_than_15_modules() -> None:

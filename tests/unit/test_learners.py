@@ -12,14 +12,14 @@ import torch
 from pydantic import ValidationError
 
 from a3c_http.algos.a3c import compute_advantages
-from a3c_http.algos.experience import Batch, expected_tensors, rollout_tensors
 from a3c_http.algos.impala import ImpalaLearner, vtrace
+from a3c_http.algos.learner import Batch, expected_tensors, rollout_tensors
 from a3c_http.algos.ppo import PPOLearner, clip_range, ppo_loss
 from a3c_http.algos.registry import algorithm_class
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import RolloutCollector
 from a3c_http.models.actor_critic import model_for
-from a3c_http.wire.experience import decode_tensors, encode_tensors
+from a3c_http.wire.named_tensors import decode_tensors, encode_tensors
 from a3c_http.wire.tensors import WireError
 
 

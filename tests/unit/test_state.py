@@ -14,9 +14,9 @@ import torch
 
 from a3c_http.config.settings import Settings
 from a3c_http.config.training import TrainConfig
+from a3c_http.local.cluster import wait_for
 from a3c_http.store import runstore as store_module
 from a3c_http.store.runstore import RunStore
-from a3c_http.testing.localcluster import wait_for
 from a3c_http.wire import tensors as wire
 from master.background import housekeeping
 from master.state import ClusterState, StateConflict, saved_config

@@ -2,7 +2,7 @@
 the workers' rollouts from a bounded queue, runs the algorithm's update on the CPU or a GPU, and
 publishes each new version of the weights, so the HTTP side never waits on a step.
 
-`LearnerHost` is the master's end. `POST /experience` (master/ingress/experience.py) reserves a
+`LearnerProcess` is the master's end. `POST /experience` (master/ingress/experience.py) reserves a
 place (`reserve`: at most `queue_capacity` rollouts wait, twice `queue_size`; beyond that the
 reply is held until there is room, or refused with 503 after `hold_s`: the seed's bounded queue),
 then hands the checked rollout over (`submit`). A thread reads what the learner sends back: each
@@ -13,10 +13,10 @@ last update when the learner stops.
 
 The learner process (`_learner_main`) keeps the rollouts it took in arrival order; one more than
 `max_policy_lag` versions older than its weights is dropped and counted. When `queue_size` are
-there it learns (a3c_http/algos/experience.py `Learner.learn`; an update that only filled a
+there it learns (a3c_http/algos/learner.py `Learner.learn`; an update that only filled a
 replay publishes no version). It ends when told to, when the master's process is gone, or on an
 error, which it reports: the master then starts it again from the newest weights it published
-(master/experience.py), and ends the run only after MAX_FAILURES_IN_A_ROW failures with no update
+(master/learner_runs.py), and ends the run only after MAX_FAILURES_IN_A_ROW failures with no update
 between them. A kill or a failure loses the queue (and Ape-X's replay), never the weights,
 optimizer state, target network or counters of the last save.
 """
@@ -94,7 +94,7 @@ class LearnerBusy(Exception):
     """No room in the learner's queue within the hold time."""
 
 
-class LearnerHost:
+class LearnerProcess:
     def __init__(
         self,
         publish: Callable[[Publication], None],

@@ -1,12 +1,15 @@
-"""What the algorithms that learn from experience (PPO, IMPALA) share: workers that only act and
-push their rollouts, and a learner beside the master that updates the network from them.
+"""The learner's maths, and what else the algorithms that learn from experience (PPO, IMPALA,
+Ape-X) share: workers that only act and push their rollouts, what a rollout must hold, and the
+learner that updates the network from batches of them (its process beside the master is
+master/learning/learner_process.py).
 
 The worker's side (`ExperienceAlgorithm`) runs no backward pass: each rollout, with the behaviour
 policy's log-probabilities and the version of the weights that acted, goes to the master as one
-safetensors body (`rollout_tensors`, `POST /experience`), whose reply brings the newest weights
-when they changed. The master checks the body against `expected_tensors` and queues it for the
-learner process (master/learning/learner.py), which takes `queue_size` rollouts at a time as one
-`Batch` and hands them to the run's `Learner` (a3c_http/algos/ppo.py, a3c_http/algos/impala.py).
+safetensors body (`rollout_tensors`, `POST /experience`), whose reply brings the newest weights when
+they changed. The master checks the body against `expected_tensors` and queues it for the learner
+process (master/learning/learner_process.py), which takes `queue_size` rollouts at a time as one
+`Batch` and hands them to the run's `Learner` (a3c_http/algos/ppo.py, a3c_http/algos/impala.py,
+a3c_http/algos/apex.py).
 
 A learner owns the network and its optimizer on its device (`device`): one `FlatNetwork`
 (a3c_http/optim/flatnet.py) as the master's parameter server has, so what it publishes (the
@@ -31,7 +34,7 @@ from a3c_http.models.actor_critic import ActorCritic
 from a3c_http.models.normalize import merge_moments
 from a3c_http.optim.flatnet import FlatNetwork, NonFiniteStep
 from a3c_http.optim.optimizers import learning_rate
-from a3c_http.wire.experience import Expected
+from a3c_http.wire.named_tensors import Expected
 
 # The tensors of a rollout on the wire, `[T, N]` each but the observations' trailing dimensions.
 STEP_TENSORS = ("obs", "actions", "log_probs", "rewards", "terminated", "truncated", "valid",

@@ -1,7 +1,7 @@
 """The facade's part for runs that learn from experience (`algo` ppo, impala and apex): starting
-the learner beside the master (master/learning/learner.py), starting it again when it fails, and
-taking the workers' rollouts (`POST /experience`, master/ingress/experience.py). A mixin of
-`ClusterState` (master/state.py), whose ledger, parameter server and learner host it uses; the
+the learner beside the master (master/learning/learner_process.py), starting it again when it fails,
+and taking the workers' rollouts (`POST /experience`, master/ingress/experience.py). A mixin of
+`ClusterState` (master/state.py), whose ledger, parameter server and learner process it uses; the
 facade's lock order holds (a part never calls another while it holds its own lock)."""
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from a3c_http.algos.experience import expected_tensors
+from a3c_http.algos.learner import expected_tensors
 from a3c_http.config.training import TrainConfig
 from a3c_http.models.normalize import batch_problem
 from a3c_http.server.service import describe_error
 from a3c_http.wire import tensors as wire
-from a3c_http.wire.experience import Expected, decode_tensors
+from a3c_http.wire.named_tensors import Expected, decode_tensors
 from a3c_http.wire.protocol import ROLLOUT_METADATA
 from master.api.schemas import RolloutReport
 from master.errors import Invalid, StateConflict
-from master.learning.learner import (
+from master.learning.learner_process import (
     MAX_FAILURES_IN_A_ROW,
-    LearnerHost,
+    LearnerProcess,
     Publication,
     resolve_device,
 )
@@ -48,7 +48,7 @@ def rollout_report(metadata: dict[str, str]) -> RolloutReport | None:
 class LearnerRuns:
     ledger: RunLedger
     params: ParameterServer
-    learner: LearnerHost
+    learner: LearnerProcess
     _expected: dict[str, Expected]
 
     def finish(self, reason: str) -> bool: ...  # ClusterState's
