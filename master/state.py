@@ -25,6 +25,7 @@ reason it cannot (`resume_error`). No save ever raises into a request: a failed 
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +80,7 @@ class ClusterState(LearnerRuns):
         # Why the run in the folder could not be resumed (master/persistence/resume.py), until a new
         # run.
         self.receivers: Receivers | None = None  # master/ingress/receivers.py, started by the app
+        self._starting = threading.Lock()  # held by start_run from its check to its learner
         self.resume_error: CannotResume | None = None
         self._new_parts()
         try:
@@ -147,10 +149,12 @@ class ClusterState(LearnerRuns):
             self.params.start_run(config, model, next_version=earlier_run)
             return self.ledger.run_id, worker_ids
 
-        self.learner.stop()  # an earlier run's, finished
-        started = self.persister.switch_run(swap)
-        self.resume_error = None  # that run's files are moved aside (or will be, at next save)
-        self._start_learner()
+        with self._starting:  # one at a time: a run that is running stays untouched
+            self.ledger.refuse_while_running()
+            self.learner.stop()  # an earlier run's, finished
+            started = self.persister.switch_run(swap)
+            self.resume_error = None  # that run's files are moved aside (or will be, at next save)
+            self._start_learner()
         self.ledger.events.flush()
         return started
 

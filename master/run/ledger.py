@@ -72,8 +72,7 @@ class RunLedger(Reports):
         as `starting` in the same step, so the run is never seen running with nobody to run it.
         Returns the worker ids. Raises StateConflict while a run is running."""
         with self.lock:
-            if self.run_state == "running":
-                raise StateConflict(f"run {self.run_id} is running: POST /stop it first")
+            self.refuse_while_running()
             limits = RunLimits.of(config)
             self.run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
             self.config, self.limits = config, limits
@@ -91,6 +90,12 @@ class RunLedger(Reports):
             self.unsaved_rows = []
             self._episode_replies = {}
             return list(self.workers.records)
+
+    def refuse_while_running(self) -> None:
+        """StateConflict while a run is running: a new one cannot begin."""
+        with self.lock:
+            if self.run_state == "running":
+                raise StateConflict(f"run {self.run_id} is running: POST /stop it first")
 
     def finish(self, reason: str) -> bool:
         """End the running run (idempotent); True when this call ended it."""

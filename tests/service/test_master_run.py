@@ -176,12 +176,27 @@ def test_train_bad_master_url_names_the_field(
     assert "master_url" in r.json()["detail"]
 
 
-def test_train_409_while_running(running: TestClient) -> None:
-    run_id = status(running)["run_id"]
-    r = running.post("/train", json=TRAIN)
+@pytest.mark.parametrize(
+    "algo",
+    [{}, {"sync_mode": "sync"}, {"sync_mode": "best_weights"}, {"algo": "ppo"},
+     {"algo": "impala"}, {"algo": "dqn"}, {"algo": "apex"}],
+    ids=["a3c", "sync", "best-weights", "ppo", "impala", "dqn", "apex"],
+)  # fmt: skip
+def test_a_second_train_is_refused_and_leaves_the_running_run_alone(
+    client: TestClient, launched: list, algo: dict
+) -> None:
+    """409 naming the running run, which goes on as it was: its id, its weights and, for the
+    algorithms with one, the same learner process still running."""
+    start_run(client, **algo)
+    before = status(client)
+    r = client.post("/train", json={**TRAIN, **algo})
     assert r.status_code == 409
-    assert run_id in r.json()["detail"]
-    assert status(running)["run_id"] == run_id
+    assert before["run_id"] in r.json()["detail"]
+    after = status(client)
+    keys = ("state", "run_id", "model_version", "global_episode", "learner")
+    assert {k: after[k] for k in keys} == {k: before[k] for k in keys}
+    if after["learner"] is not None:
+        assert after["learner"]["running"] and after["learner"]["pid"] is not None
 
 
 def test_train_refuses_a_seed_torch_cannot_take(client: TestClient, launched: list) -> None:
