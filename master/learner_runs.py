@@ -12,6 +12,7 @@ import torch
 from pydantic import ValidationError
 
 from a3c_http.algos.learner import expected_tensors
+from a3c_http.algos.registry import algorithm_class, learns_from_experience
 from a3c_http.config.training import TrainConfig
 from a3c_http.models.normalize import batch_problem
 from a3c_http.server.service import describe_error
@@ -64,10 +65,11 @@ class LearnerRuns:
 
     def _start_learner_held(self, resumed: bool, restart: bool) -> None:
         config = self.ledger.config
-        if config is None or not config.learns_from_experience:
+        if config is None or not learns_from_experience(config):
             return
         if not restart:
-            self._expected = expected_tensors(config, self.params.net.model)
+            own = algorithm_class(config).own_tensors  # an ExperienceAlgorithm's
+            self._expected = expected_tensors(config, self.params.net.model, own)
         if self.ledger.run_state != "running":
             return
         if resumed or restart:
@@ -141,7 +143,7 @@ class LearnerRuns:
         push's is); LearnerBusy (503) with nothing counted when the learner's queue stayed full for
         EXPERIENCE_HOLD_S (the worker counts as alive while it waits)."""
         refusal, config, _ = self.ledger.admit_update(worker_id, run_id)
-        if not config.learns_from_experience:
+        if not learns_from_experience(config):
             raise StateConflict(
                 "this run's workers push gradients (algo 'a3c'): POST /gradients; nothing taken"
             )
@@ -221,6 +223,6 @@ class LearnerRuns:
     def _learner_status(self) -> dict[str, Any] | None:
         """The learner's figures in a run that has one (ppo, impala, apex), else None."""
         config = self.ledger.config
-        if config is None or not config.learns_from_experience:
+        if config is None or not learns_from_experience(config):
             return None
         return self.learner.status()

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from a3c_http.algos.exploration import check_actions
-from a3c_http.algos.registry import algorithm_class
+from a3c_http.algos.registry import algorithm_class, learns_from_experience
 from a3c_http.config.settings import Settings
 from a3c_http.config.training import TrainConfig
 from a3c_http.models.actor_critic import model_for
@@ -135,7 +135,7 @@ class ClusterState(LearnerRuns):
             shapes = model_for(config)
         check_actions(config, shapes.discrete)
         self._check_fits(config, wire.Layout.of(shapes, config.wire_dtype).body_bytes)
-        if config.learns_from_experience:
+        if learns_from_experience(config):
             resolve_device(config.device)  # DeviceUnavailable before anything changes
         with torch.random.fork_rng():
             torch.manual_seed(config.seed)
@@ -246,7 +246,7 @@ class ClusterState(LearnerRuns):
         Invalid (an implausible report, gradients beyond their bound) or a WireError nothing at
         all is counted, and the worker is not taken to be alive."""
         refusal, config, limits = self.ledger.admit_update(worker_id, run_id)
-        if config.learns_from_experience:
+        if learns_from_experience(config):
             raise StateConflict(
                 f"algo {config.algo!r}: the workers push experience (POST /experience), the "
                 "learner beside the master owns the weights; nothing applied"
@@ -291,7 +291,7 @@ class ClusterState(LearnerRuns):
         """A worker's weights: its temporary slot, or (temporary=False) the new global weights.
         Returns the model version and whether this was a retry of weights already taken."""
         refusal, config, _ = self.ledger.admit_update(worker_id, run_id)
-        if config.learns_from_experience and not temporary:
+        if learns_from_experience(config) and not temporary:
             raise StateConflict(
                 f"algo {config.algo!r}: the learner beside the master owns the global weights; "
                 "nothing applied"

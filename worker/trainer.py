@@ -281,7 +281,7 @@ class Trainer:
             self.client.push_experience_async(
                 self.worker_id,
                 rollout.policy_version,
-                rollout_tensors(rollout),
+                rollout_tensors(rollout, type(self.algorithm).own_tensors),
                 self.layout,
                 report=report,
             )

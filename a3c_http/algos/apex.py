@@ -37,7 +37,7 @@ from a3c_http.wire.tensors import Layout
 def initial_priorities(model: QNetwork, rollout: Rollout, config: TrainConfig) -> torch.Tensor:
     """`[T, N]`: each valid step's absolute n-step TD error under `model` (the online network
     for both the value and the bootstrap, as Ape-X's actors), 0 on the autoreset steps."""
-    t = rollout_transitions(rollout_tensors(rollout), config)
+    t = rollout_transitions(rollout_tensors(rollout, ()), config)
     with torch.no_grad():
         q = model(t.obs).gather(1, t.actions.unsqueeze(1)).squeeze(1)
         y = t.returns + t.discounts * model(t.next_obs).max(dim=1).values
@@ -51,6 +51,12 @@ class ApexActor(ExperienceAlgorithm):
 
     name = "apex"
     learner: type[Learner]
+    own_tensors = ("priorities",)  # the replay's initial priorities; no log-probabilities
+
+    @classmethod
+    def epsilon_of(cls, config: TrainConfig, share: float) -> float | None:
+        """apex_epsilon^(1 + apex_epsilon_alpha * share): the paper's 0.4^(1 + 7 i / (N - 1))."""
+        return config.apex_epsilon ** (1.0 + config.apex_epsilon_alpha * share)
 
     def __init__(self, config: TrainConfig, model: Any, policy: Any) -> None:
         # The worker's own config carries its epsilon as a constant schedule (exploration.py

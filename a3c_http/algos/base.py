@@ -16,10 +16,11 @@ What an algorithm sends (`Sends`) decides which of the cluster's two data flows 
   target network (asynchronous DQN, Gorila) push the same way.
 - WEIGHTS: a worker learns on its own and sends its weights (the original design's best
   weights), through `WorkerPort.push_weights`.
-- EXPERIENCE (the learner's algorithms: PPO, IMPALA): a worker only acts and sends its rollouts,
-  with the behaviour policy's log-probabilities and the version that acted (both on every
-  `Rollout`), through `WorkerPort.push_experience`, to a learner beside the master
-  (a3c_http/algos/learner.py); Ape-X's actors add their transitions' priorities.
+- EXPERIENCE (the learner's algorithms: PPO, IMPALA, Ape-X): a worker only acts and sends its
+  rollouts, with the version that acted and the per-step tensors its learner reads (the behaviour
+  policy's log-probabilities, Ape-X's initial priorities: `ExperienceAlgorithm.own_tensors`),
+  through `WorkerPort.push_experience`, to a learner beside the master (a3c_http/algos/learner.py).
+  A run's data flow is its algorithm's `sends` (`registry.learns_from_experience`).
 
 A worker's algorithm object lives as long as the worker's run (it may keep state: an optimizer,
 a replay); the master's side is stateless (`apply` is a class method), since what persists is the
@@ -129,10 +130,26 @@ class ParameterServerPort(Protocol):
 class Algorithm:
     """One algorithm of the cluster. Subclasses set `name` (the config's `sync_mode` value that
     selects it, in a3c_http/algos/registry.py) and `sends`, and implement `on_rollout`; the rest
-    has the plain gradient-pushing defaults."""
+    has the plain gradient-pushing defaults. What the cluster's shared code needs to know of an
+    algorithm it asks the class (`sends`, `target_refresh_every`, `epsilon_of`), never its
+    name."""
 
     name: ClassVar[str]
     sends: ClassVar[Sends]
+
+    @classmethod
+    def target_refresh_every(cls, config: TrainConfig) -> int | None:
+        """How many versions apart the master's parameter server refreshes the run's target
+        network itself (asynchronous DQN's); None: it keeps none of its own (an algorithm
+        without one, or whose learner refreshes its own)."""
+        return None
+
+    @classmethod
+    def epsilon_of(cls, config: TrainConfig, share: float) -> float | None:
+        """The exploration epsilon of the worker at `share` (0 to 1) of the spread over the
+        workers (a3c_http/algos/exploration.py `derive`); None: the workers of the algorithm
+        have no epsilon of their own."""
+        return None
 
     def __init__(self, config: TrainConfig, model: nn.Module, policy: Any) -> None:
         """`model` is the worker's network (its weights are what the master's replies load);

@@ -72,6 +72,10 @@ class AsyncDQN(Algorithm):
     name = "dqn"
     sends = Sends.GRADIENTS
 
+    @classmethod
+    def target_refresh_every(cls, config: TrainConfig) -> int | None:
+        return config.target_update  # the master's target network, which the workers fetch
+
     def __init__(self, config: TrainConfig, model: nn.Module, policy: object) -> None:
         super().__init__(config, model, AnnealedEpsilon(model, config))
         self.replay = Replay(config.buffer_size)
@@ -87,7 +91,7 @@ class AsyncDQN(Algorithm):
         cfg = self.config
         self.policy.observe(rollout)
         with port.learning():
-            transitions = rollout_transitions(rollout_tensors(rollout), cfg)
+            transitions = rollout_transitions(rollout_tensors(rollout, ()), cfg)
             self.replay.add(dataclasses.asdict(transitions))
         if len(self.replay) < max(cfg.learning_starts, 1):
             port.report_episodes(rollout.episodes)

@@ -27,6 +27,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch.distributions import Distribution, Independent, Normal
 
+from a3c_http.algos.base import Algorithm
 from a3c_http.config.training import MAX_LOG_STD_SPREAD, TrainConfig
 
 
@@ -95,22 +96,21 @@ def spread(index: int) -> float:
     return odd / 2 ** (level + 1)
 
 
-def derive(config: TrainConfig, index: int) -> Exploration:
+def derive(config: TrainConfig, index: int, algorithm: type[Algorithm]) -> Exploration:
     """The settings of worker `index` (from 0, in the order workers were started or joined):
     entropy_coef from the config's entropy_coef (the first worker) to entropy_coef_max (the
     second), the log-std offset from 0 to log_std_spread, at the worker's `spread`. Written as a
-    weighted mean, so that the ends are exactly the config's two values. An Ape-X actor's
-    epsilon is apex_epsilon^(1 + apex_epsilon_alpha * spread): the paper's 0.4^(1 + 7 i / (N - 1))
-    for the first two, and the points between for the rest, however many join."""
+    weighted mean, so that the ends are exactly the config's two values. The epsilon is the run's
+    `algorithm`'s at that spread (an Ape-X actor's own: the paper's for the first two, and the
+    points between for the rest, however many join)."""
     share = spread(index)
     entropy_coef = config.entropy_coef
     if config.entropy_coef_max is not None:
         entropy_coef = (1.0 - share) * config.entropy_coef + share * config.entropy_coef_max
-    epsilon = None
-    if config.algo == "apex":
-        epsilon = config.apex_epsilon ** (1.0 + config.apex_epsilon_alpha * share)
     return Exploration(
-        entropy_coef=entropy_coef, log_std_offset=config.log_std_spread * share, epsilon=epsilon
+        entropy_coef=entropy_coef,
+        log_std_offset=config.log_std_spread * share,
+        epsilon=algorithm.epsilon_of(config, share),
     )
 
 

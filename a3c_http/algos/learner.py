@@ -36,9 +36,9 @@ from a3c_http.optim.flatnet import FlatNetwork, NonFiniteStep
 from a3c_http.optim.optimizers import learning_rate
 from a3c_http.wire.named_tensors import Expected
 
-# The tensors of a rollout on the wire, `[T, N]` each but the observations' trailing dimensions.
-STEP_TENSORS = ("obs", "actions", "log_probs", "rewards", "terminated", "truncated", "valid",
-                "starts")  # fmt: skip
+# The tensors of every rollout on the wire, `[T, N]` each but the observations' trailing
+# dimensions; an algorithm adds the per-step tensors its learner reads (`own_tensors`).
+STEP_TENSORS = ("obs", "actions", "rewards", "terminated", "truncated", "valid", "starts")
 _FLOATS = (torch.float32,)
 
 
@@ -50,6 +50,10 @@ class ExperienceAlgorithm(Algorithm):
 
     sends = Sends.EXPERIENCE
     learner: ClassVar[type[Learner]]
+    # The per-step tensors of its own its workers send beside STEP_TENSORS, each one its learner
+    # reads: the behaviour policy's log-probabilities (PPO's ratio, IMPALA's V-trace), or
+    # Ape-X's initial priorities.
+    own_tensors: ClassVar[tuple[str, ...]] = ("log_probs",)
 
     def pushes_in_flight(self) -> int:
         return min(self.config.max_in_flight, 1)
@@ -58,22 +62,24 @@ class ExperienceAlgorithm(Algorithm):
         port.push_experience(rollout)
 
 
-def rollout_tensors(rollout: Rollout) -> dict[str, torch.Tensor]:
-    """A rollout as the tensors of its `POST /experience` body."""
-    tensors = {name: getattr(rollout, name) for name in STEP_TENSORS}
+def rollout_tensors(rollout: Rollout, own: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """A rollout as the tensors of its `POST /experience` body, with the algorithm's `own`
+    per-step tensors (its `own_tensors`)."""
+    tensors = {name: getattr(rollout, name) for name in (*STEP_TENSORS, *own)}
     tensors["last_obs"] = rollout.last_obs
     tensors["last_start"] = rollout.last_start
     for i, part in enumerate(rollout.state):
         tensors[f"state.{i}"] = part
-    if rollout.priorities is not None:
-        tensors["priorities"] = rollout.priorities
     return tensors | rollout.statistics
 
 
-def expected_tensors(config: TrainConfig, model: ActorCritic) -> dict[str, Expected]:
-    """What a rollout of `config`'s workers must hold: each tensor's shape and dtype, from one
-    throwaway environment (its observations' shape and dtype, its actions') and the model (its
-    recurrent state, its statistics); and what the run can produce: discrete actions that index
+def expected_tensors(
+    config: TrainConfig, model: ActorCritic, own: tuple[str, ...]
+) -> dict[str, Expected]:
+    """What a rollout of `config`'s workers must hold, with the algorithm's `own` per-step
+    tensors (of those named here): each tensor's shape and dtype, from one throwaway environment
+    (its observations' shape and dtype, its actions') and the model (its recurrent state, its
+    statistics); and what the run can produce: discrete actions that index
     the action space, log-probabilities of a discrete policy at most 0, observations inside the
     observation space where it is bounded, priorities at least 0."""
     env = make_env(config.env_id, config.env_kwargs, config.preprocess, config.frame_stack)
@@ -98,7 +104,6 @@ def expected_tensors(config: TrainConfig, model: ActorCritic) -> dict[str, Expec
     expected = {
         "obs": Expected((steps, n, *obs_shape), (obs.dtype,), low, high, within),
         "actions": actions,
-        "log_probs": log_probs,
         "rewards": Expected((steps, n), _FLOATS),
         "terminated": flags,
         "truncated": flags,
@@ -109,8 +114,11 @@ def expected_tensors(config: TrainConfig, model: ActorCritic) -> dict[str, Expec
     }
     for i, part in enumerate(model.initial_state(n)):
         expected[f"state.{i}"] = Expected(tuple(part.shape), _FLOATS)
-    if config.algo == "apex":  # the actors' initial priorities
-        expected["priorities"] = Expected((steps, n), _FLOATS, 0.0, None, "the priorities")
+    own_specs = {
+        "log_probs": log_probs,
+        "priorities": Expected((steps, n), _FLOATS, 0.0, None, "the priorities"),
+    }
+    expected |= {name: own_specs[name] for name in own}
     for name, buffer in model.named_buffers():
         expected[name] = Expected(tuple(buffer.shape), _FLOATS)
     return expected
@@ -138,7 +146,8 @@ def _bounds(
 
 @dataclass
 class Batch:
-    """`queue_size` rollouts side by side (`[T, N_total]`), on the learner's device."""
+    """`queue_size` rollouts of an actor-critic's (`log_probs` among their own tensors: PPO's,
+    IMPALA's) side by side (`[T, N_total]`), on the learner's device."""
 
     obs: torch.Tensor
     actions: torch.Tensor
@@ -159,7 +168,7 @@ class Batch:
 
         parts = sum(1 for name in rollouts[0] if name.startswith("state."))
         return cls(
-            **{name: joined(name) for name in STEP_TENSORS},
+            **{name: joined(name) for name in (*STEP_TENSORS, "log_probs")},
             last_obs=joined("last_obs", 0),
             last_start=joined("last_start", 0),
             state=tuple(joined(f"state.{i}", 0) for i in range(parts)),
@@ -174,7 +183,7 @@ class Batch:
         groups = torch.arange(self.obs.shape[1]).tensor_split(parts)
         return [
             Batch(
-                **{name: getattr(self, name)[:, envs] for name in STEP_TENSORS},
+                **{name: getattr(self, name)[:, envs] for name in (*STEP_TENSORS, "log_probs")},
                 last_obs=self.last_obs[envs],
                 last_start=self.last_start[envs],
                 state=tuple(part[envs] for part in self.state),

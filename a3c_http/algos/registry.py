@@ -8,7 +8,7 @@ from torch import nn
 
 from a3c_http.algos.a3c import A3C
 from a3c_http.algos.apex import ApexActor
-from a3c_http.algos.base import Algorithm
+from a3c_http.algos.base import Algorithm, Sends
 from a3c_http.algos.best_weights import BestWeights
 from a3c_http.algos.dqn import AsyncDQN
 from a3c_http.algos.impala import Impala
@@ -25,6 +25,11 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
 def algorithm_class(config: TrainConfig) -> type[Algorithm]:
     """The algorithm of a run's config."""
     return ALGORITHMS[config.sync_mode if config.algo == "a3c" else config.algo]
+
+
+def learns_from_experience(config: TrainConfig) -> bool:
+    """Whether the run's workers push experience to a learner beside the master."""
+    return algorithm_class(config).sends is Sends.EXPERIENCE
 
 
 def algorithm_for(config: TrainConfig, model: nn.Module, policy: Any) -> Algorithm:

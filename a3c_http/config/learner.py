@@ -107,7 +107,3 @@ class LearnerFields(BaseModel):
             )
         return self
 
-    @property
-    def learns_from_experience(self) -> bool:
-        """Whether the run's workers push experience to a learner beside the master."""
-        return self.algo in ("ppo", "impala", "apex")

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from a3c_http.algos.registry import algorithm_class
 from a3c_http.config.training import TrainConfig
 from a3c_http.models.actor_critic import ActorCritic
 from a3c_http.store.runstore import NonFiniteValue
@@ -17,9 +18,10 @@ from master.learning.admission import SeqWindow
 
 
 def refresh_every(config: TrainConfig) -> int | None:
-    """How often the parameter server refreshes the target network itself: a dqn run's
-    `target_update` versions; an apex run's learner keeps its own."""
-    return config.target_update if config.algo == "dqn" else None
+    """How often the parameter server refreshes the target network itself (the run's
+    algorithm says: a dqn run's every `target_update` versions; an apex run's learner keeps its
+    own)."""
+    return algorithm_class(config).target_refresh_every(config)
 
 
 class SavedParameters:

@@ -10,6 +10,7 @@ from dataclasses import asdict
 from typing import Any
 
 from a3c_http.algos.exploration import derive
+from a3c_http.algos.registry import algorithm_class
 from a3c_http.config.training import TrainConfig
 from master.errors import NotRegistered, StateConflict
 from master.run.events import RunEvents
@@ -47,7 +48,7 @@ class Registry:
                     "starting",
                     now,
                     launching=True,
-                    exploration=derive(config, i - 1).model_dump(),
+                    exploration=derive(config, i - 1, algorithm_class(config)).model_dump(),
                     stats_at=now,
                     origin="launched",
                 )
@@ -125,7 +126,7 @@ class Registry:
                 url,
                 "starting",
                 now,
-                exploration=derive(config, number - 1).model_dump(),
+                exploration=derive(config, number - 1, algorithm_class(config)).model_dump(),
                 stats_at=now,
                 origin="joined",
                 name=name,

@@ -36,7 +36,7 @@ def rollout(**overrides: Any) -> dict[str, torch.Tensor]:
     cfg = TrainConfig(**{**PPO, **overrides})
     tensors = {
         name: torch.zeros(e.shape, dtype=e.dtypes[0])
-        for name, e in expected_tensors(cfg, model_for(cfg)).items()
+        for name, e in expected_tensors(cfg, model_for(cfg), ("log_probs",)).items()
     }
     tensors["valid"][:] = True
     tensors["log_probs"][:] = -0.69

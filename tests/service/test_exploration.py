@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from torch.distributions import Normal
 
 import a3c_http.algos.a3c as a3c_module
+from a3c_http.algos.a3c import A3C
 from a3c_http.algos.exploration import Exploration, ExplorationError, derive, widened
 from a3c_http.config.settings import Settings
 from a3c_http.config.training import TrainConfig
@@ -32,21 +33,21 @@ from worker.trainer import Progress, Trainer
 
 def test_derive_spreads_each_worker_by_its_index_alone_ends_first() -> None:
     cfg = TrainConfig(entropy_coef=0.01, entropy_coef_max=0.05, log_std_spread=1.0)
-    first, second, third = (derive(cfg, k) for k in range(3))
+    first, second, third = (derive(cfg, k, A3C) for k in range(3))
     # The ends exactly, not up to rounding: the first two workers, however many join later.
     assert first == Exploration(entropy_coef=0.01, log_std_offset=0.0)
     assert second == Exploration(entropy_coef=0.05, log_std_offset=1.0)
     assert third.entropy_coef == pytest.approx(0.03) and third.log_std_offset == 0.5
     # The next ones halve the gaps: 9 workers sit on the eighths, each once.
-    assert sorted(derive(cfg, k).log_std_offset for k in range(9)) == [k / 8 for k in range(9)]
+    assert sorted(derive(cfg, k, A3C).log_std_offset for k in range(9)) == [k / 8 for k in range(9)]
     with pytest.raises(ValueError, match="index -1"):
-        derive(cfg, -1)
+        derive(cfg, -1, A3C)
 
 
 def test_without_a_spread_every_worker_gets_the_configs_entropy_coef() -> None:
     cfg = TrainConfig(entropy_coef=0.02)
     same = Exploration(entropy_coef=0.02, log_std_offset=0.0)
-    assert [derive(cfg, k) for k in range(4)] == [same] * 4
+    assert [derive(cfg, k, A3C) for k in range(4)] == [same] * 4
 
 
 # -- the widened policy ---------------------------------------------------------------------------

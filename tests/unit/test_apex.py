@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from a3c_http.algos.apex import ApexLearner, initial_priorities
+from a3c_http.algos.apex import ApexActor, ApexLearner, initial_priorities
 from a3c_http.algos.learner import rollout_tensors
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import RolloutCollector
@@ -52,7 +52,7 @@ def test_the_learner_fills_its_replay_then_steps_and_hands_over_each_new_target_
     pushed = []
     for rollout in _rollouts(config, model, 4):
         rollout.priorities = initial_priorities(model, rollout, config)
-        pushed.append(rollout_tensors(rollout))
+        pushed.append(rollout_tensors(rollout, ApexActor.own_tensors))
     before = learner.weights()
     assert learner.learn(pushed[:1], 16) is None  # fewer than learning_starts transitions
     assert torch.equal(learner.weights(), before) and learner.take_target() is None

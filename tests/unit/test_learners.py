@@ -23,6 +23,11 @@ from a3c_http.wire.named_tensors import decode_tensors, encode_tensors
 from a3c_http.wire.tensors import WireError
 
 
+def _own(cfg: TrainConfig) -> tuple[str, ...]:
+    """The per-step tensors of its own that `cfg`'s algorithm sends."""
+    return algorithm_class(cfg).own_tensors
+
+
 def _episode_ends(steps: int = 6, n: int = 3) -> dict[str, torch.Tensor]:
     """A rollout with a termination, a truncation and the autoreset steps after them."""
     torch.manual_seed(0)
@@ -125,7 +130,7 @@ def _rollout(cfg: TrainConfig) -> tuple[dict[str, torch.Tensor], torch.nn.Module
     model = model_for(cfg)
     collector = RolloutCollector.for_config(cfg, seed=3)
     try:
-        return rollout_tensors(collector.collect(model, cfg.t_max)), model
+        return rollout_tensors(collector.collect(model, cfg.t_max), _own(cfg)), model
     finally:
         collector.close()
 
@@ -142,7 +147,7 @@ def test_a_collected_rollout_is_what_the_master_expects(overrides: dict) -> None
     cfg = TrainConfig(**{**small, **overrides})
     tensors, model = _rollout(cfg)
     body = encode_tensors(tensors, {"a3c": "{}"})
-    decoded, metadata = decode_tensors(body, expected_tensors(cfg, model))
+    decoded, metadata = decode_tensors(body, expected_tensors(cfg, model, _own(cfg)))
     assert metadata == {"a3c": "{}"}
     learner = PPOLearner(cfg, copy.deepcopy(model), torch.device("cpu"))
     before = learner.weights()
@@ -199,7 +204,7 @@ def test_a_rollout_that_does_not_fit_is_named(change, message: str) -> None:
     tensors, model = _rollout(cfg)
     change(tensors)
     with pytest.raises(WireError, match=re.escape(message)):
-        decode_tensors(encode_tensors(tensors, None), expected_tensors(cfg, model))
+        decode_tensors(encode_tensors(tensors, None), expected_tensors(cfg, model, _own(cfg)))
 
 
 def test_negative_priorities_are_refused() -> None:
@@ -207,19 +212,21 @@ def test_negative_priorities_are_refused() -> None:
     tensors = _crafted(cfg)
     tensors["priorities"][1, 1] = -2.0
     message = "'priorities' holds -2 at [1, 1], outside the priorities (at least 0)"
+    expected = expected_tensors(cfg, model_for(cfg), _own(cfg))
     with pytest.raises(WireError, match=re.escape(message)):
-        decode_tensors(encode_tensors(tensors, None), expected_tensors(cfg, model_for(cfg)))
+        decode_tensors(encode_tensors(tensors, None), expected)
 
 
 def _crafted(cfg: TrainConfig) -> dict[str, torch.Tensor]:
     """A rollout of `cfg`'s shapes that no environment made: every step valid, a uniform
-    policy's log-probabilities, rewards of 1."""
+    policy's log-probabilities (for an algorithm that sends them), rewards of 1."""
     tensors = {
         name: torch.zeros(e.shape, dtype=e.dtypes[0])
-        for name, e in expected_tensors(cfg, model_for(cfg)).items()
+        for name, e in expected_tensors(cfg, model_for(cfg), _own(cfg)).items()
     }
     tensors["valid"][:] = True
-    tensors["log_probs"][:] = math.log(0.5)
+    if "log_probs" in tensors:
+        tensors["log_probs"][:] = math.log(0.5)
     tensors["rewards"][:] = 1.0
     return tensors
 
@@ -233,7 +240,7 @@ _HUGE = 3e38  # finite in float32 (whose largest is 3.4e38); a sum of two is not
         lambda t: t["rewards"].fill_(_HUGE),
         lambda t: t["rewards"][::2].fill_(-_HUGE),
         lambda t: t["obs"][..., 1].fill_(_HUGE),  # the cart's velocity: CartPole does not bound it
-        lambda t: t["log_probs"].fill_(-_HUGE),
+        lambda t: "log_probs" in t and t["log_probs"].fill_(-_HUGE),
         lambda t: t["valid"].fill_(False),
         lambda t: "priorities" in t and t["priorities"].fill_(_HUGE),
     ],
@@ -258,7 +265,7 @@ def test_finite_extremes_that_pass_the_checks_never_make_a_learner_raise(spoil, 
     cfg = TrainConfig(num_envs=2, t_max=8, **algo)
     tensors = _crafted(cfg)
     spoil(tensors)
-    expected = expected_tensors(cfg, model_for(cfg))
+    expected = expected_tensors(cfg, model_for(cfg), _own(cfg))
     decoded, _ = decode_tensors(encode_tensors(tensors, None), expected)  # admitted
     learner = algorithm_class(cfg).learner(cfg, model_for(cfg), torch.device("cpu"))
     before = learner.weights()
@@ -275,7 +282,7 @@ def test_finite_extremes_that_pass_the_checks_never_make_a_learner_raise(spoil, 
 
 def test_a_body_that_is_not_safetensors_is_refused() -> None:
     cfg = TrainConfig(algo="ppo", num_envs=2, t_max=4)
-    expected = expected_tensors(cfg, model_for(cfg))
+    expected = expected_tensors(cfg, model_for(cfg), _own(cfg))
     for body in (b"", b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}", b"\xff" * 8):
         with pytest.raises(WireError):
             decode_tensors(body, expected)

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from a3c_http.algos.a3c import A3C
+from a3c_http.algos.apex import ApexActor
 from a3c_http.algos.dqn import epsilon_at
 from a3c_http.algos.dqn_loss import Transitions, dqn_loss, nstep_transitions
 from a3c_http.algos.exploration import derive
@@ -42,13 +44,13 @@ def test_q_network_reads_minatar_grids_and_refuses_continuous_actions() -> None:
 
 def test_apex_actors_epsilons_span_the_papers_range_and_act_epsilon_greedily() -> None:
     config = TrainConfig(algo="apex")
-    eps = [derive(config, i).epsilon for i in range(9)]
+    eps = [derive(config, i, ApexActor).epsilon for i in range(9)]
     # The first two are the paper's ends (0.4 and 0.4^8), the rest between them.
     assert eps[0] == pytest.approx(0.4) and eps[1] == pytest.approx(0.4**8)
     assert all(0.4**8 < e < 0.4 for e in eps[2:]) and len(set(eps)) == 9
-    worker = derive(config, 1).config_for(config)
+    worker = derive(config, 1, ApexActor).config_for(config)
     assert epsilon_at(worker, 0) == epsilon_at(worker, 10**9) == pytest.approx(0.4**8)
-    assert derive(TrainConfig(), 1).epsilon is None  # only Ape-X's actors have their own
+    assert derive(TrainConfig(), 1, A3C).epsilon is None  # only Ape-X's actors have their own
 
     torch.manual_seed(0)
     net = QNetwork((4,), 3)
