@@ -25,11 +25,27 @@ from master.learning.learner_process import (
     MAX_FAILURES_IN_A_ROW,
     LearnerProcess,
     Publication,
+    SharedMemoryShort,
+    check_shared_memory,
     resolve_device,
 )
 from master.learning.parameter_server import ParameterServer
 from master.run.events import WARNING
 from master.run.ledger import RunLedger
+
+
+def rollout_expectation(config: TrainConfig, model: Any) -> dict[str, Expected]:
+    """What every rollout of a run that learns from experience holds (its algorithm's own
+    per-step tensors among them)."""
+    own = algorithm_class(config).own_tensors  # an ExperienceAlgorithm's
+    return expected_tensors(config, model, own)
+
+
+def check_learner_fits(config: TrainConfig, model: Any) -> None:
+    """SharedMemoryShort when the master host's shared memory cannot hold the slots of
+    `config`'s learner."""
+    capacity = algorithm_class(config).learner.queue_capacity(config)  # an ExperienceAlgorithm
+    check_shared_memory(rollout_expectation(config, model), capacity)
 
 
 def rollout_report(metadata: dict[str, str]) -> RolloutReport | None:
@@ -68,8 +84,7 @@ class LearnerRuns:
         if config is None or not learns_from_experience(config):
             return
         if not restart:
-            own = algorithm_class(config).own_tensors  # an ExperienceAlgorithm's
-            self._expected = expected_tensors(config, self.params.net.model, own)
+            self._expected = rollout_expectation(config, self.params.net.model)
         if self.ledger.run_state != "running":
             return
         if resumed or restart:
@@ -86,10 +101,14 @@ class LearnerRuns:
             if (resumed or restart) and target.vector is not None and target.version is not None
             else None
         )
-        self.learner.start(
-            config, net.snapshot(), net.optimizer_state(), self.params.version, saved_target,
-            restart=restart,
-        )  # fmt: skip
+        try:
+            self.learner.start(
+                config, net.snapshot(), net.optimizer_state(), self.params.version, saved_target,
+                restart=restart, expected=self._expected,
+            )  # fmt: skip
+        except SharedMemoryShort as exc:  # a resumed run (POST /train checked it before)
+            self.learner.error = f"{exc}; then restart the master, which resumes the run"
+            self.ledger.events.add(WARNING, "learner_not_started", self.learner.error)
 
     def _publish(self, publication: Publication) -> None:
         self.params.publish(
@@ -147,7 +166,7 @@ class LearnerRuns:
             raise StateConflict(
                 "this run's workers push gradients (algo 'a3c'): POST /gradients; nothing taken"
             )
-        _, metadata = self._checked_experience(body, config, version)
+        tensors, metadata = self._checked_experience(body, config, version)
         report = rollout_report(metadata)
         episodes, stats = (report.episodes, report.stats) if report else ([], None)
         stats = stats.model_dump() if stats else None
@@ -157,11 +176,10 @@ class LearnerRuns:
         def alive() -> None:  # while the push waits for the learner
             self.ledger.touch_worker(worker_id)
 
-        reserved = False
+        slot = None
         try:
             if not duplicate and refusal is None:
-                self.learner.reserve(alive)
-                reserved = True
+                slot = self.learner.reserve(alive)
             try:
                 # Counted as a gradient push's are, also when the run refuses the rollout.
                 run_summary = self._after_change(
@@ -171,12 +189,14 @@ class LearnerRuns:
                     if refusal is not None:
                         raise refusal
                     taken = True
+                    assert slot is not None  # reserved: neither a duplicate nor refused
                     self.learner.submit(
-                        body, version, self.ledger.env_steps(), alive, self._hold_s(config)
-                    )
+                        slot, tensors, version, self.ledger.env_steps(), alive,
+                        self._hold_s(config),
+                    )  # fmt: skip
             finally:
-                if reserved and not taken:
-                    self.learner.release()
+                if slot is not None and not taken:
+                    self.learner.release(slot)
         except Invalid:
             self.params.count_invalid()
             raise

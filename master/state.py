@@ -41,7 +41,7 @@ from a3c_http.store.runstore import RunStore
 from a3c_http.wire import tensors as wire
 from master.background.evaluator import Evaluator
 from master.errors import Invalid, StateConflict
-from master.learner_runs import LearnerRuns, rollout_report
+from master.learner_runs import LearnerRuns, check_learner_fits, rollout_report
 from master.learning.learner_process import LearnerBusy, LearnerProcess, resolve_device
 from master.learning.parameter_server import ParameterServer
 from master.learning.rounds import Outcome
@@ -128,8 +128,9 @@ class ClusterState(LearnerRuns):
     def start_run(self, config: TrainConfig, worker_urls: list[str]) -> tuple[str, list[str]]:
         """Begin a new run with fresh weights and counters, the workers about to be started
         registered as `starting`; the previous run's files are archived. Returns the run id and
-        the worker ids. Raises StateConflict while a run is running, and ModelTooLarge or
-        ExplorationError for a config that does not fit (nothing is changed then)."""
+        the worker ids. Raises StateConflict while a run is running, and ModelTooLarge,
+        ExplorationError, DeviceUnavailable or SharedMemoryShort for a config that does not fit
+        this master (nothing is changed then)."""
         config = config.resolved()
         with torch.device("meta"):  # no memory, no init: only the sizes
             shapes = model_for(config)
@@ -140,6 +141,8 @@ class ClusterState(LearnerRuns):
         with torch.random.fork_rng():
             torch.manual_seed(config.seed)
             model = model_for(config)
+        if learns_from_experience(config):
+            check_learner_fits(config, model)  # SharedMemoryShort before anything changes
 
         def swap() -> tuple[str, list[str]]:
             # A run of this folder before (also one that could not be resumed, whose last

@@ -3,9 +3,13 @@ the workers' rollouts from a bounded queue, runs the algorithm's update on the C
 publishes each new version of the weights, so the HTTP side never waits on a step.
 
 `LearnerProcess` is the master's end. `POST /experience` (master/ingress/experience.py) reserves a
-place (`reserve`: at most `queue_capacity` rollouts wait, twice `queue_size`; beyond that the
+slot (`reserve`: at most `queue_capacity` rollouts wait, twice `queue_size`; beyond that the
 reply is held until there is room, or refused with 503 after `hold_s`: the seed's bounded queue),
-then hands the checked rollout over (`submit`). A thread reads what the learner sends back: each
+then hands the rollout it checked and decoded over (`submit`): its tensors are copied into the
+slot, one of `queue_capacity` preallocated in shared memory when the learner starts (a rollout's
+shapes are the run's), and only the slot's number crosses to the learner, which reads the tensors
+there and frees the slot once it learnt from them. A body is decoded once, and nothing of a
+rollout is pickled. A thread reads what the learner sends back: each
 update's weights, metrics, counts and new target network (Ape-X's) go to the parameter server
 (`publish`), which serves and saves them; the optimizer's state comes at most every
 `optimizer_every_s` seconds (what the run folder keeps of it is that old at most), and with the
@@ -31,16 +35,16 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from safetensors.torch import load as st_load
 
 from a3c_http.algos.registry import algorithm_class
 from a3c_http.config.training import TrainConfig
 from a3c_http.models.actor_critic import model_for
+from a3c_http.wire.named_tensors import Expected
 from a3c_http.wire.protocol import EXPERIENCE_HOLD_S
 from a3c_http.wire.tensors import Layout
 
@@ -88,6 +92,40 @@ class Publication:
     nonfinite_steps: int = 0
     # A new target network (Ape-X's learner): a vector as `weights`, and the update's version.
     target: tuple[Any, int] | None = None
+    freed: list[int] = field(default_factory=list)  # the slots of the rollouts used or dropped
+
+
+class SharedMemoryShort(ValueError):
+    """The host's shared memory cannot hold the learner's slots."""
+
+
+SHM_DIR = "/dev/shm"
+
+
+def slots_bytes(expected: Mapping[str, Expected], capacity: int) -> int:
+    """The shared memory `capacity` slots of rollouts holding `expected` take."""
+    return capacity * sum(
+        math.prod(e.shape) * torch.empty((), dtype=e.dtypes[0]).element_size()
+        for e in expected.values()
+    )
+
+
+def check_shared_memory(expected: Mapping[str, Expected], capacity: int) -> None:
+    """SharedMemoryShort when SHM_DIR (where torch puts shared tensors on Linux) has less room
+    than the slots need: writing past its end would kill the master (SIGBUS), not raise."""
+    try:
+        room = os.statvfs(SHM_DIR)
+    except OSError:  # no such folder (not Linux): nothing to measure
+        return
+    free, need = room.f_bavail * room.f_frsize, slots_bytes(expected, capacity)
+    if need > free:
+        raise SharedMemoryShort(
+            f"the learner's {capacity} rollout slots (queue_capacity, twice queue_size) take "
+            f"{need / 2**20:.0f} MiB of shared memory, and {SHM_DIR} on the master host has "
+            f"{free / 2**20:.0f} MiB free: give the master more (docker run --shm-size, compose "
+            "shm_size, a Memory emptyDir at /dev/shm on Kubernetes), or make rollouts smaller "
+            "(num_envs, t_max) or fewer (queue_size)"
+        )
 
 
 class LearnerBusy(Exception):
@@ -119,7 +157,12 @@ class LearnerProcess:
         self._capacity = 0
         self._batch = 0  # rollouts an update takes
         self._waits_for_update = False
-        self._waiting = 0  # rollouts reserved or in the learner's queue, not yet used or dropped
+        # The slots, one tensor per name of a rollout with `capacity` rows in shared memory;
+        # those no rollout holds, and those reserved by a push not yet submitted (the others
+        # are in the learner's queue).
+        self._slots: dict[str, torch.Tensor] = {}
+        self._free: list[int] = []
+        self._reserved: set[int] = set()
         self.device: str | None = None
         self.updates = 0
         self.used = 0
@@ -144,13 +187,15 @@ class LearnerProcess:
         version: int,
         target: tuple[torch.Tensor, int] | None = None,
         restart: bool = False,
+        expected: Mapping[str, Expected] | None = None,
     ) -> None:
         """Start the learner of a run from these weights, optimizer state and version (a new
         run's, a resumed one's, or with `restart` the newest of one whose learner failed: its
-        counters and metrics go on), and the target network (with its version) to go on from.
-        The device is checked before (DeviceUnavailable)."""
+        counters and metrics go on), and the target network (with its version) to go on from;
+        its rollouts hold `expected` (the slots' shapes; a restart keeps the slots). The device
+        is checked before (DeviceUnavailable)."""
         with self.lifecycle:
-            self._start(config, weights, optimizer_state, version, target, restart)
+            self._start(config, weights, optimizer_state, version, target, restart, expected)
 
     def _start(
         self,
@@ -160,16 +205,25 @@ class LearnerProcess:
         version: int,
         target: tuple[torch.Tensor, int] | None,
         restart: bool,
+        expected: Mapping[str, Expected] | None,
     ) -> None:
         self.stop()
         device = resolve_device(config.device)
+        learner = algorithm_class(config).learner
+        capacity = learner.queue_capacity(config)
+        if not (restart and self._slots) and expected is not None:
+            check_shared_memory(expected, capacity)
+            self._slots = {
+                name: torch.empty((capacity, *e.shape), dtype=e.dtypes[0]).share_memory_()
+                for name, e in expected.items()
+            }
         context = multiprocessing.get_context("spawn")
         inbox, outbox = context.Queue(), context.Queue()
         process = context.Process(
             target=_learner_main,
             args=(
                 _Start(config.model_dump_json(), weights, optimizer_state, version, str(device),
-                       self.optimizer_every_s, target),
+                       self.optimizer_every_s, target, self._slots),
                 inbox,
                 outbox,
             ),
@@ -179,11 +233,13 @@ class LearnerProcess:
         process.start()
         with self._cond:
             self._process, self._inbox = process, inbox
-            learner = algorithm_class(config).learner
-            self._capacity = learner.queue_capacity(config)
+            self._capacity = capacity
             self._batch = config.queue_size
             self._waits_for_update = learner.waits_for_update and config.max_in_flight == 0
-            self._waiting = 0  # a failed learner's queue is lost with it
+            if not restart:
+                self._reserved = set()
+            # A failed learner's queue is lost with it; a slot reserved meanwhile stays so.
+            self._free = [slot for slot in range(capacity) if slot not in self._reserved]
             self.device, self._stopping, self._ready = str(device), False, False
             if restart:
                 self.restarts += 1
@@ -197,12 +253,17 @@ class LearnerProcess:
         self._reader.start()
         log.info("learner started on %s (pid %s)", device, process.pid)
 
-    def reserve(self, waiting: Callable[[], None] = lambda: None) -> None:
-        """A place in the queue for one rollout, waiting up to `hold_s` for one (LearnerBusy);
-        `waiting` is called every second of the wait (the pushing worker is alive)."""
+    @property
+    def _waiting(self) -> int:
+        """Rollouts reserved or in the learner's queue, not yet used or dropped."""
+        return self._capacity - len(self._free)
+
+    def reserve(self, waiting: Callable[[], None] = lambda: None) -> int:
+        """A slot for one rollout, waiting up to `hold_s` for one (LearnerBusy); `waiting` is
+        called every second of the wait (the pushing worker is alive). Returns its number."""
         deadline = time.monotonic() + self.hold_s
         with self._cond:
-            while self._process is not None and self._waiting >= self._capacity:
+            while self._process is not None and not self._free:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise LearnerBusy(
@@ -213,36 +274,56 @@ class LearnerProcess:
                     waiting()
             if self._process is None:
                 raise LearnerBusy(self.error or "the learner is not running")
-            self._waiting += 1
+            slot = self._free.pop()
+            self._reserved.add(slot)
+            return slot
 
-    def release(self) -> None:
-        """Give back a place `reserve` took for a rollout that was not submitted."""
+    def release(self, slot: int) -> None:
+        """Give back a slot `reserve` took for a rollout that was not submitted."""
         with self._cond:
-            self._waiting = max(0, self._waiting - 1)
-            self._cond.notify_all()
+            if slot in self._reserved:  # else a new run's learner started meanwhile
+                self._reserved.discard(slot)
+                self._give_back([slot])
+
+    def _give_back(self, slots: list[int]) -> None:
+        """Free `slots` (held under `_cond`); one that is free already (the slots of a learner
+        that failed were all freed when it started again) is left as it is."""
+        free = set(self._free)
+        self._free += [slot for slot in slots if slot not in free and slot < self._capacity]
+        self._cond.notify_all()
 
     def submit(
         self,
-        body: bytes,
+        slot: int,
+        tensors: Mapping[str, torch.Tensor],
         policy_version: int,
         env_steps: int,
         waiting: Callable[[], None] = lambda: None,
         partial_s: float = 0.0,
     ) -> None:
-        """Queue a checked rollout (its body, whose tensors the master checked; its place
-        reserved) for the learner: bytes cross the process boundary in one copy, where torch
-        tensors would each be moved into shared memory first. Dropped when the learner
-        stopped meanwhile (its run ended). With a learner that `waits_for_update`, a rollout
+        """Queue a checked rollout (its decoded tensors, into the `slot` it reserved) for the
+        learner: the tensors are copied into the slot in shared memory, and only its number
+        crosses to the learner process. Dropped when the learner stopped meanwhile (its run
+        ended). With a learner that `waits_for_update`, a rollout
         that completes a batch returns once that update is published (or the batch was broken
         up by drops, or after `hold_s`), and one that does not waits up to `partial_s` for the
         next update (0: it returns at once); `waiting` is called every second meanwhile."""
         with self._cond:
-            inbox = self._inbox if not self._stopping else None
+            slots = self._slots if slot in self._reserved else None
+        if slots is None:  # a new run's learner started meanwhile
+            return
+        for name, tensor in tensors.items():  # reserved: no other push writes the slot
+            slots[name][slot].copy_(tensor)
+        with self._cond:
+            if slot not in self._reserved:
+                return
+            self._reserved.discard(slot)
+            if self._inbox is None or self._stopping:
+                self._give_back([slot])
+                return
             updates = self.updates
             completes = self._waits_for_update and self._waiting >= self._batch
-        if inbox is None:
-            return
-        inbox.put(("rollout", bytes(body), policy_version, env_steps))
+            self._inbox.put(("rollout", slot, policy_version, env_steps))
         if not self._waits_for_update or not (completes or partial_s > 0):
             return
         deadline = time.monotonic() + (self.hold_s if completes else partial_s)
@@ -351,8 +432,7 @@ class LearnerProcess:
             self.used += publication.used
             self.dropped_stale += publication.dropped
             self.nonfinite_steps += publication.nonfinite_steps
-            self._waiting = max(0, self._waiting - publication.used - publication.dropped)
-            self._cond.notify_all()
+            self._give_back(publication.freed)
 
 
 @dataclass
@@ -367,6 +447,7 @@ class _Start:
     device: str
     optimizer_every_s: float
     target: tuple[torch.Tensor, int] | None = None
+    slots: dict[str, torch.Tensor] = field(default_factory=dict)  # shared with the master
 
 
 def _learner_main(start: _Start, inbox: Any, outbox: Any) -> None:
@@ -392,8 +473,10 @@ def _learn(start: _Start, inbox: Any, outbox: Any) -> None:
         learner.restore_target(start.target[0])
     outbox.put(("ready",))
     parent = multiprocessing.parent_process()
-    pending: list[tuple[dict[str, torch.Tensor], int, int]] = []  # tensors, version, env steps
+    # The rollouts taken: their slot, tensors (views of the slot), version and env steps.
+    pending: list[tuple[int, dict[str, torch.Tensor], int, int]] = []
     last_optimizer = time.monotonic()
+    freed: list[int] = []  # the slots of rollouts dropped since the last message
     dropped = 0
     while True:
         try:
@@ -408,25 +491,34 @@ def _learn(start: _Start, inbox: Any, outbox: Any) -> None:
         if message[0] == "stop":
             outbox.put(("publication", Publication(
                 version, learner.weights().numpy(), learner.optimizer_state(), {}, 0, dropped,
+                freed=freed,
             )))  # fmt: skip
             outbox.put(("stopped",))
             return
-        _, body, policy_version, env_steps = message
-        pending.append((st_load(body), policy_version, env_steps))
-        fresh = [p for p in pending if version - p[1] <= config.max_policy_lag]
-        dropped += len(pending) - len(fresh)
-        pending = fresh
+        _, slot, policy_version, env_steps = message
+        tensors = {name: rows[slot] for name, rows in start.slots.items()}
+        pending.append((slot, tensors, policy_version, env_steps))
+        stale = [p for p in pending if version - p[2] > config.max_policy_lag]
+        if stale:
+            pending = [p for p in pending if version - p[2] <= config.max_policy_lag]
+            dropped += len(stale)
+            freed += [p[0] for p in stale]
         if len(pending) < config.queue_size:
             if dropped:
-                outbox.put(("publication", Publication(version, None, None, {}, 0, dropped)))
-                dropped = 0
+                outbox.put(("publication", Publication(
+                    version, None, None, {}, 0, dropped, freed=freed,
+                )))  # fmt: skip
+                dropped, freed = 0, []
             continue
         batch, pending = pending[: config.queue_size], pending[config.queue_size :]
         undone = learner.nonfinite_steps
-        metrics = learner.learn([p[0] for p in batch], max(p[2] for p in batch))
+        metrics = learner.learn([p[1] for p in batch], max(p[3] for p in batch))
+        freed += [p[0] for p in batch]  # learnt from: the learner keeps nothing of the slots
         if metrics is None:  # taken, the weights unchanged (a replay still filling)
-            outbox.put(("publication", Publication(version, None, None, {}, len(batch), dropped)))
-            dropped = 0
+            outbox.put(("publication", Publication(
+                version, None, None, {}, len(batch), dropped, freed=freed,
+            )))  # fmt: skip
+            dropped, freed = 0, []
             continue
         version += 1
         target = learner.take_target()
@@ -437,5 +529,6 @@ def _learn(start: _Start, inbox: Any, outbox: Any) -> None:
             learner.optimizer_state() if send_optimizer else None,
             metrics, len(batch), dropped, learner.nonfinite_steps - undone,
             None if target is None else (target.numpy(), version),  # taken by this version
+            freed=freed,
         )))  # fmt: skip
-        dropped = 0
+        dropped, freed = 0, []

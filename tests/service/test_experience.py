@@ -21,6 +21,7 @@ from a3c_http.local.cluster import wait_for
 from a3c_http.models.actor_critic import model_for
 from a3c_http.wire.named_tensors import encode_tensors
 from master import learner_runs
+from master.learning import learner_process
 from tests.support.log_capture import CapturedEvents
 from tests.support.master_api import OCTET, gradients_like, push_gradients, start_run, status
 from tests.support.master_api import _clean_env as _clean_env
@@ -246,6 +247,19 @@ def test_an_a3c_run_refuses_experience(client: TestClient, launched: list) -> No
     start_run(client)
     r = push(client, rollout(), status(client)["model_version"])
     assert r.status_code == 409 and "POST /gradients" in r.json()["detail"]
+
+
+def test_a_learner_whose_slots_do_not_fit_in_shared_memory_is_refused(
+    client: TestClient, launched: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The slots are in /dev/shm, where writing past its end kills the process (SIGBUS)
+    instead of raising: POST /train measures first, with nothing started."""
+    full = os.statvfs_result((4096, 4096, 1000, 0, 0, 100, 90, 90, 0, 255))  # no block free
+    monkeypatch.setattr(learner_process.os, "statvfs", lambda path: full)
+    r = client.post("/train", json={"workers": ["127.0.0.1:9001"], **PPO})
+    assert r.status_code == 422, r.text
+    assert "/dev/shm on the master host has 0 MiB free" in r.json()["detail"]
+    assert status(client)["state"] == "idle" and launched == []
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a CUDA GPU")
