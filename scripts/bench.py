@@ -32,6 +32,7 @@ COMMANDS = {
     "http": ("exchanges", "latency of a worker's exchanges next to the compute they wrap"),
     "push_body": ("push_body", "the master's CPU a push by who wrote its body: a worker or not"),
     "tls": ("tls_cost", "what TLS and mutual TLS cost the master: pushes/s and CPU a push"),
+    "ingest": ("ingest", "the master's and the learner's CPU per 1,000 env steps of rollouts"),
 }
 
 
