@@ -210,6 +210,7 @@ class Learner:
     pushes are answered at once and the algorithm corrects for the lag."""
 
     waits_for_update: ClassVar[bool] = False
+    adam_eps: ClassVar[float] = 1e-8  # with optimizer "adam": torch's default epsilon
 
     def __init__(
         self,
@@ -221,7 +222,7 @@ class Learner:
         """`model` holds the weights to start from (the master's); it is moved to `device`."""
         self.config = config
         self.device = device
-        self.net = FlatNetwork(model.to(device), config, optimizer_state)
+        self.net = FlatNetwork(model.to(device), config, optimizer_state, self.adam_eps)
         self.model = self.net.model
         self.updates = 0
         self.nonfinite_steps = 0  # optimizer steps undone (NonFiniteStep)

@@ -75,6 +75,7 @@ def ppo_loss(
 
 class PPOLearner(Learner):
     waits_for_update = True
+    adam_eps = 1e-5  # SB3's PPO
 
     def update(self, batch: Batch, env_steps: int) -> dict[str, float]:
         cfg = self.config

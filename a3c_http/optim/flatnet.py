@@ -54,15 +54,21 @@ class NonFiniteStep(ValueError):
 
 class FlatNetwork:
     def __init__(
-        self, model: nn.Module, config: TrainConfig, optimizer_state: dict[str, Any] | None = None
+        self,
+        model: nn.Module,
+        config: TrainConfig,
+        optimizer_state: dict[str, Any] | None = None,
+        adam_eps: float = 1e-8,
     ) -> None:
+        """`model`'s tensors become views of one vector, stepped by `config`'s optimizer (from
+        `optimizer_state` when given; `adam_eps`: an Adam's epsilon, optimizers.py)."""
         self.model = model
         self.layout = layout = Layout.of(model)
         # What travels between the master and the workers: `layout` in the run's wire_dtype.
         self.wire = Layout.of(model, config.wire_dtype)
         self.flat = bind(model, layout)
         self.params = nn.Parameter(self.flat[: layout.n_params])
-        self.optimizer = make_optimizer([self.params], config)
+        self.optimizer = make_optimizer([self.params], config, adam_eps)
         self._statistics = layout.numel > layout.n_params  # normalising models have buffers
         if optimizer_state is not None:
             self.optimizer.load_state_dict(flat_optimizer_state(optimizer_state, layout))

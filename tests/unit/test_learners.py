@@ -280,6 +280,13 @@ def test_finite_extremes_that_pass_the_checks_never_make_a_learner_raise(spoil, 
     assert not torch.equal(moved, learner.weights())
 
 
+def test_ppo_learns_with_sb3s_adam_epsilon_and_the_others_with_torchs() -> None:
+    for algo, eps in (("ppo", 1e-5), ("impala", 1e-8), ("apex", 1e-8)):
+        cfg = TrainConfig(algo=algo, optimizer="adam", num_envs=2, t_max=4)
+        learner = algorithm_class(cfg).learner(cfg, model_for(cfg), torch.device("cpu"))
+        assert learner.net.optimizer.param_groups[0]["eps"] == eps, algo
+
+
 def test_a_body_that_is_not_safetensors_is_refused() -> None:
     cfg = TrainConfig(algo="ppo", num_envs=2, t_max=4)
     expected = expected_tensors(cfg, model_for(cfg), _own(cfg))
