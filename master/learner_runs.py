@@ -45,7 +45,8 @@ def check_learner_fits(config: TrainConfig, model: Any) -> None:
     """SharedMemoryShort when the master host's shared memory cannot hold the slots of
     `config`'s learner."""
     capacity = algorithm_class(config).learner.queue_capacity(config)  # an ExperienceAlgorithm
-    check_shared_memory(rollout_expectation(config, model), capacity)
+    weights = 4 * sum(t.numel() for t in model.state_dict().values())  # float32
+    check_shared_memory(rollout_expectation(config, model), capacity, weights)
 
 
 def rollout_report(metadata: dict[str, str]) -> RolloutReport | None:

@@ -288,6 +288,11 @@ class Learner:
         """The weights and statistics to publish: a float32 vector on the CPU."""
         return self.net.flat.detach().to("cpu", copy=True)
 
+    def copy_weights(self, out: torch.Tensor) -> None:
+        """Copy the weights and statistics into `out` (a float32 vector on the CPU, such as the
+        one the learner shares with the master), in one copy from the learner's device."""
+        out.copy_(self.net.flat.detach())
+
     def optimizer_state(self) -> dict[str, Any]:
         """The optimizer's state on the CPU, as the master saves it."""
         state = self.net.optimizer_state()

@@ -2,18 +2,21 @@
 the workers' rollouts from a bounded queue, runs the algorithm's update on the CPU or a GPU, and
 publishes each new version of the weights, so the HTTP side never waits on a step.
 
+The learner and the master share the newest weights: one float32 vector in shared memory and
+its version, written by the learner after each update and read by the master when the update's
+message comes, under one lock between the two processes (so neither reads half an update).
+
 `LearnerProcess` is the master's end. `POST /experience` (master/ingress/experience.py) reserves a
-slot (`reserve`: at most `queue_capacity` rollouts wait, twice `queue_size`; beyond that the
-reply is held until there is room, or refused with 503 after `hold_s`: the seed's bounded queue),
-then hands the rollout it checked and decoded over (`submit`): its tensors are copied into the
-slot, one of `queue_capacity` preallocated in shared memory when the learner starts (a rollout's
-shapes are the run's), and only the slot's number crosses to the learner, which reads the tensors
-there and frees the slot once it learnt from them. A body is decoded once, and nothing of a
-rollout is pickled. A thread reads what the learner sends back: each
-update's weights, metrics, counts and new target network (Ape-X's) go to the parameter server
-(`publish`), which serves and saves them; the optimizer's state comes at most every
-`optimizer_every_s` seconds (what the run folder keeps of it is that old at most), and with the
-last update when the learner stops.
+slot (`reserve`: at most `queue_capacity` rollouts wait, twice `queue_size`; beyond that the reply
+is held until there is room, or refused with 503 after `hold_s`: the seed's bounded queue), then
+hands the rollout it checked and decoded over (`submit`): its tensors are copied into the slot, one
+of `queue_capacity` preallocated in shared memory when the learner starts (a rollout's shapes are
+the run's), and only the slot's number crosses to the learner, which reads the tensors there and
+frees the slot once it learnt from them. A body is decoded once, and nothing of a rollout is
+pickled. A thread reads what the learner sends back: each update's weights (from the shared vector),
+metrics, counts and new target network (Ape-X's) go to the parameter server (`publish`), which
+serves and saves them; the optimizer's state comes at most every `optimizer_every_s` seconds (what
+the run folder keeps of it is that old at most), and with the last update when the learner stops.
 
 The learner process (`_learner_main`) keeps the rollouts it took in arrival order; one more than
 `max_policy_lag` versions older than its weights is dropped and counted. When `queue_size` are
@@ -79,12 +82,13 @@ def resolve_device(name: str) -> torch.device:
 
 @dataclass
 class Publication:
-    """What the learner sends after an update: the weights of `version`, the optimizer's state
-    (or None: not this time), the update's metrics, and how many rollouts it used and dropped
-    since its last message."""
+    """What the learner sends after an update: whether its weights changed (True: the newest
+    are in the shared vector; the master's end replaces it by that vector and `version` by its
+    version, the newest), the optimizer's state (or None: not this time), the update's metrics,
+    and how many rollouts it used and dropped since its last message."""
 
     version: int
-    weights: Any  # a float32 vector: numpy between the processes (no shared memory), then torch
+    weights: Any  # None, True (from the learner), then the shared float32 vector
     optimizer_state: dict[str, Any] | None
     metrics: dict[str, float] = field(default_factory=dict)
     used: int = 0
@@ -110,17 +114,22 @@ def slots_bytes(expected: Mapping[str, Expected], capacity: int) -> int:
     )
 
 
-def check_shared_memory(expected: Mapping[str, Expected], capacity: int) -> None:
+def check_shared_memory(
+    expected: Mapping[str, Expected], capacity: int, weights_bytes: int = 0
+) -> None:
     """SharedMemoryShort when SHM_DIR (where torch puts shared tensors on Linux) has less room
-    than the slots need: writing past its end would kill the master (SIGBUS), not raise."""
+    than the slots and the shared weights need: writing past its end would kill the master
+    (SIGBUS), not raise."""
     try:
         room = os.statvfs(SHM_DIR)
     except OSError:  # no such folder (not Linux): nothing to measure
         return
-    free, need = room.f_bavail * room.f_frsize, slots_bytes(expected, capacity)
+    free = room.f_bavail * room.f_frsize
+    need = slots_bytes(expected, capacity) + weights_bytes
     if need > free:
         raise SharedMemoryShort(
-            f"the learner's {capacity} rollout slots (queue_capacity, twice queue_size) take "
+            f"the learner's {capacity} rollout slots (queue_capacity, twice queue_size) and "
+            "its weights take "
             f"{need / 2**20:.0f} MiB of shared memory, and {SHM_DIR} on the master host has "
             f"{free / 2**20:.0f} MiB free: give the master more (docker run --shm-size, compose "
             "shm_size, a Memory emptyDir at /dev/shm on Kubernetes), or make rollouts smaller "
@@ -163,6 +172,10 @@ class LearnerProcess:
         self._slots: dict[str, torch.Tensor] = {}
         self._free: list[int] = []
         self._reserved: set[int] = set()
+        # The newest weights, their version and the lock both processes take around them.
+        self._shared: torch.Tensor | None = None
+        self._shared_version: Any = None
+        self._shared_lock: Any = None
         self.device: str | None = None
         self.updates = 0
         self.used = 0
@@ -212,18 +225,21 @@ class LearnerProcess:
         learner = algorithm_class(config).learner
         capacity = learner.queue_capacity(config)
         if not (restart and self._slots) and expected is not None:
-            check_shared_memory(expected, capacity)
+            check_shared_memory(expected, capacity, 4 * weights.numel())
             self._slots = {
                 name: torch.empty((capacity, *e.shape), dtype=e.dtypes[0]).share_memory_()
                 for name, e in expected.items()
             }
         context = multiprocessing.get_context("spawn")
         inbox, outbox = context.Queue(), context.Queue()
+        self._shared = weights.detach().to("cpu", torch.float32, copy=True).share_memory_()
+        self._shared_version, self._shared_lock = context.Value("q", version), context.Lock()
         process = context.Process(
             target=_learner_main,
             args=(
-                _Start(config.model_dump_json(), weights, optimizer_state, version, str(device),
-                       self.optimizer_every_s, target, self._slots),
+                _Start(config.model_dump_json(), self._shared, optimizer_state, version,
+                       str(device), self.optimizer_every_s, target, self._slots,
+                       self._shared_version, self._shared_lock),
                 inbox,
                 outbox,
             ),
@@ -421,8 +437,10 @@ class LearnerProcess:
         if publication.target is not None:  # numpy between the processes, as the weights
             publication.target = (torch.from_numpy(publication.target[0]), publication.target[1])
         if publication.weights is not None:
-            publication.weights = torch.from_numpy(publication.weights)
-            self._publish(publication)
+            with self._shared_lock:  # the learner writes no newer weights meanwhile
+                publication.version = int(self._shared_version.value)
+                publication.weights = self._shared
+                self._publish(publication)  # copies them into the parameter server's network
         with self._cond:
             if publication.weights is not None:
                 self.updates += 1
@@ -448,6 +466,8 @@ class _Start:
     optimizer_every_s: float
     target: tuple[torch.Tensor, int] | None = None
     slots: dict[str, torch.Tensor] = field(default_factory=dict)  # shared with the master
+    version_value: Any = None  # the shared version of `weights` (shared too), and their lock
+    lock: Any = None
 
 
 def _learner_main(start: _Start, inbox: Any, outbox: Any) -> None:
@@ -473,6 +493,12 @@ def _learn(start: _Start, inbox: Any, outbox: Any) -> None:
         learner.restore_target(start.target[0])
     outbox.put(("ready",))
     parent = multiprocessing.parent_process()
+
+    def share(version: int) -> None:  # the newest weights, for the master to read
+        with start.lock:
+            learner.copy_weights(start.weights)
+            start.version_value.value = version
+
     # The rollouts taken: their slot, tensors (views of the slot), version and env steps.
     pending: list[tuple[int, dict[str, torch.Tensor], int, int]] = []
     last_optimizer = time.monotonic()
@@ -489,9 +515,9 @@ def _learn(start: _Start, inbox: Any, outbox: Any) -> None:
                 return
             continue
         if message[0] == "stop":
+            share(version)
             outbox.put(("publication", Publication(
-                version, learner.weights().numpy(), learner.optimizer_state(), {}, 0, dropped,
-                freed=freed,
+                version, True, learner.optimizer_state(), {}, 0, dropped, freed=freed,
             )))  # fmt: skip
             outbox.put(("stopped",))
             return
@@ -521,11 +547,12 @@ def _learn(start: _Start, inbox: Any, outbox: Any) -> None:
             dropped, freed = 0, []
             continue
         version += 1
+        share(version)
         target = learner.take_target()
         send_optimizer = time.monotonic() - last_optimizer >= optimizer_every_s
         last_optimizer = time.monotonic() if send_optimizer else last_optimizer
         outbox.put(("publication", Publication(
-            version, learner.weights().numpy(),
+            version, True,
             learner.optimizer_state() if send_optimizer else None,
             metrics, len(batch), dropped, learner.nonfinite_steps - undone,
             None if target is None else (target.numpy(), version),  # taken by this version

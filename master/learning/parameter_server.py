@@ -327,8 +327,8 @@ class ParameterServer(SyncRounds, SavedParameters):
                 net.optimizer.load_state_dict(optimizer_state)
             if target is not None:
                 self.target.take(*target)
-            if version > self.version:
-                self.updates_applied += 1
+            if version > self.version:  # each version an update (the master may see several)
+                self.updates_applied += version - self.version
                 self.version = version
             self._encoded = None
 
