@@ -104,7 +104,8 @@ class LearnerRuns:
         )
         try:
             self.learner.start(
-                config, net.snapshot(), net.optimizer_state(), self.params.version, saved_target,
+                config, net.snapshot(), self.params.optimizer_state(), self.params.version,
+                saved_target,
                 restart=restart, expected=self._expected,
             )  # fmt: skip
         except SharedMemoryShort as exc:  # a resumed run (POST /train checked it before)

@@ -24,6 +24,11 @@ Gradients mode applies it at once; sync mode adds it to the current round and ap
 mean when the round closes (master/learning/rounds.py `SyncRounds`, the parameter server's methods
 for it). A step that would leave a weight, a statistic or the optimizer's state non-finite is undone
 and refused (a3c_http/optim/flatnet.py).
+
+In a run with a learner beside the master (ppo, impala, apex) the learner steps, and the parameter
+server only takes what it publishes (`publish`): each version's weights into the network, and the
+learner's optimizer state as it last sent it, kept to save and to start a learner from and never
+loaded into the network's optimizer, which does not step in such a run.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ class ParameterServer(SyncRounds, SavedParameters):
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.net: FlatNetwork | None = None
+        self._learner_optimizer: dict[str, Any] | None = None  # `_set_model`
         self.version = 0
         self.first_version = 0  # the version the current run began at
         self.updates_applied = 0
@@ -93,7 +99,19 @@ class ParameterServer(SyncRounds, SavedParameters):
 
     def _set_model(self, config: TrainConfig, model: ActorCritic, optimizer_state: Any) -> None:
         self.net = FlatNetwork(model, config, optimizer_state)
+        # A learner's optimizer state as it last sent it (runs with a learner beside the
+        # master): kept to save and to start a learner from, never loaded into an optimizer
+        # of the master's, which never steps in such a run.
+        self._learner_optimizer: dict[str, Any] | None = None
         self._encoded = None
+
+    def optimizer_state(self) -> dict[str, Any]:
+        """The run's optimizer state: its learner's as it last sent it, else the network's
+        optimizer's (the one that steps in a gradient run; a resumed learner run's as saved)."""
+        with self.lock:
+            if self._learner_optimizer is not None:
+                return self._learner_optimizer
+            return self._require_net().optimizer_state()
 
     @property
     def model(self) -> ActorCritic | None:
@@ -324,7 +342,7 @@ class ParameterServer(SyncRounds, SavedParameters):
             net = self._require_net()
             net.load(weights)
             if optimizer_state is not None:
-                net.optimizer.load_state_dict(optimizer_state)
+                self._learner_optimizer = optimizer_state
             if target is not None:
                 self.target.take(*target)
             if version > self.version:  # each version an update (the master may see several)

@@ -13,6 +13,7 @@ import torch
 from a3c_http.algos.registry import algorithm_class
 from a3c_http.config.training import TrainConfig
 from a3c_http.models.actor_critic import ActorCritic
+from a3c_http.optim.flatnet import non_finite_optimizer_state
 from a3c_http.store.runstore import NonFiniteValue
 from master.learning.admission import SeqWindow
 
@@ -51,14 +52,15 @@ class SavedParameters:
         one that no master could resume from."""
         with self.lock:
             net = self._require_net()
-            bad = net.non_finite()
+            optimizer = self.optimizer_state()
+            bad = net.non_finite() or non_finite_optimizer_state(optimizer)
             if bad is not None:
                 raise NonFiniteValue(
                     f"{bad} holds NaN or infinite values (model version {self.version}): not "
                     "saved, the run folder keeps its last save"
                 )
             buf = io.BytesIO()
-            torch.save(net.optimizer_state(), buf)
+            torch.save(optimizer, buf)
             return self.stored_weights()[0], buf.getvalue(), self.target.blob(net)
 
     def restore(
