@@ -2,10 +2,11 @@
 one learner.
 
 Workers only act, each with its own epsilon (apex_epsilon^(1 + apex_epsilon_alpha * s(k)),
-a3c_http/algos/exploration.py), and push their rollouts through the experience path with the initial
-priority of each step's n-step transition: its absolute TD error under the actor's own network
-(`initial_priorities`). The learner beside the master (master/learning/learner_process.py) cuts the
-same transitions (a3c_http/algos/dqn_loss.py), keeps them in a prioritized replay
+a3c_http/algos/exploration.py), and push their rollouts through the experience path with each
+step's n-step transition as they cut it once (a3c_http/algos/dqn_loss.py `nstep_cut`: its return,
+discount and bootstrap index) and its initial priority: its absolute TD error under the actor's own
+network (`actor_extras`). The learner beside the master (master/learning/learner_process.py) takes
+those transitions as they are (`transitions_of`), keeps them in a prioritized replay
 (a3c_http/algos/replay.py, `buffer_size`, `prioritized_alpha`) and, once it holds `learning_starts`,
 takes `gradient_steps` double-DQN steps on each `queue_size` rollouts, sampling by priority with
 importance weights whose exponent rises from `prioritized_beta` to 1 over the run, and setting the
@@ -23,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from a3c_http.algos.dqn import AnnealedEpsilon, rollout_transitions
-from a3c_http.algos.dqn_loss import Transitions, dqn_loss
+from a3c_http.algos.dqn import AnnealedEpsilon
+from a3c_http.algos.dqn_loss import Transitions, cut_transitions, dqn_loss, nstep_cut
 from a3c_http.algos.learner import ExperienceAlgorithm, Learner, rollout_tensors
 from a3c_http.algos.replay import Replay
 from a3c_http.config.training import TrainConfig
@@ -34,10 +35,31 @@ from a3c_http.optim.optimizers import learning_rate
 from a3c_http.wire.tensors import Layout
 
 
-def initial_priorities(model: QNetwork, rollout: Rollout, config: TrainConfig) -> torch.Tensor:
+def actor_extras(model: QNetwork, rollout: Rollout, config: TrainConfig) -> dict[str, torch.Tensor]:
+    """What an actor adds to its rollout, `[T, N]` each: the n-step cut of every step
+    (`returns`, `discounts`, `stops`: cut here once, the learner takes them as they are) and its
+    initial priority (`initial_priorities`)."""
+    returns, discounts, stops = nstep_cut(
+        rollout.rewards, rollout.terminated, rollout.truncated, config.n_step, config.gamma
+    )
+    cut = {"returns": returns, "discounts": discounts, "stops": stops}
+    return cut | {"priorities": initial_priorities(model, rollout, cut)}
+
+
+def transitions_of(r: dict[str, torch.Tensor]) -> Transitions:
+    """The transitions of a rollout's tensors as an actor cut them (`actor_extras`)."""
+    return cut_transitions(
+        r["obs"], r["actions"], r["valid"], r["last_obs"], r["returns"], r["discounts"], r["stops"]
+    )
+
+
+def initial_priorities(
+    model: QNetwork, rollout: Rollout, cut: dict[str, torch.Tensor]
+) -> torch.Tensor:
     """`[T, N]`: each valid step's absolute n-step TD error under `model` (the online network
-    for both the value and the bootstrap, as Ape-X's actors), 0 on the autoreset steps."""
-    t = rollout_transitions(rollout_tensors(rollout, ()), config)
+    for both the value and the bootstrap, as Ape-X's actors), 0 on the autoreset steps; `cut`:
+    the rollout's n-step cut (`actor_extras`)."""
+    t = transitions_of({**rollout_tensors(rollout, ()), **cut})
     with torch.no_grad():
         q = model(t.obs).gather(1, t.actions.unsqueeze(1)).squeeze(1)
         y = t.returns + t.discounts * model(t.next_obs).max(dim=1).values
@@ -51,7 +73,8 @@ class ApexActor(ExperienceAlgorithm):
 
     name = "apex"
     learner: type[Learner]
-    own_tensors = ("priorities",)  # the replay's initial priorities; no log-probabilities
+    # The n-step cut and the replay's initial priorities; no log-probabilities.
+    own_tensors = ("returns", "discounts", "stops", "priorities")
 
     @classmethod
     def epsilon_of(cls, config: TrainConfig, share: float) -> float | None:
@@ -66,7 +89,7 @@ class ApexActor(ExperienceAlgorithm):
     def on_rollout(self, port: Any, rollout: Rollout) -> None:
         self.policy.observe(rollout)
         with port.learning():
-            rollout.priorities = initial_priorities(self.model, rollout, self.config)
+            rollout.extras = actor_extras(self.model, rollout, self.config)
         port.push_experience(rollout)
 
 
@@ -110,7 +133,7 @@ class ApexLearner(Learner):
         learning_starts, `gradient_steps` steps (their metrics). None: no step yet."""
         cfg = self.config
         for r in rollouts:
-            t = rollout_transitions(r, cfg)
+            t = transitions_of(r)
             self.replay.add(dataclasses.asdict(t), r["priorities"][r["valid"]])
         if len(self.replay) < max(cfg.learning_starts, 1):
             return None

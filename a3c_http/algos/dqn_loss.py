@@ -43,9 +43,23 @@ def nstep_transitions(
 ) -> Transitions:
     """The n-step transitions of a rollout's `[T, N]` steps (`obs` `[T, N, *obs_shape]`,
     `last_obs` `[N, *obs_shape]` the observation after the last step), one per valid step, in
-    time-major order."""
+    time-major order: `nstep_cut`, then `cut_transitions`."""
+    returns, discounts, stops = nstep_cut(rewards, terminated, truncated, n, gamma)
+    return cut_transitions(obs, actions, valid, last_obs, returns, discounts, stops)
+
+
+def nstep_cut(
+    rewards: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    n: int,
+    gamma: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where each step's n-step transition ends, `[T, N]` each: its return (the discounted sum
+    of up to n rewards), its discount (gamma^m for the m steps it took, 0 where the episode
+    terminated) and the index in `[1, T]` of the observation it bootstraps from (T: the one
+    after the rollout's last step)."""
     steps, envs = rewards.shape
-    following = torch.cat([obs, last_obs.unsqueeze(0)])  # [T + 1, N, ...]: index t + m
     returns = torch.zeros(steps, envs)
     discounts = torch.ones(steps, envs)
     stop = torch.zeros(steps, envs, dtype=torch.long)  # index of the observation to bootstrap from
@@ -62,8 +76,24 @@ def nstep_transitions(
         ends = inside & terminated.gather(0, at)  # nothing to bootstrap from
         discounts = torch.where(ends, torch.zeros(()), discounts)
         open_ = inside & ~ends & ~truncated.gather(0, at)
+    return returns, discounts, stop
+
+
+def cut_transitions(
+    obs: torch.Tensor,
+    actions: torch.Tensor,
+    valid: torch.Tensor,
+    last_obs: torch.Tensor,
+    returns: torch.Tensor,
+    discounts: torch.Tensor,
+    stops: torch.Tensor,
+) -> Transitions:
+    """The transitions of a rollout's valid steps from where `nstep_cut` ended them (`stops`:
+    indices in `[1, T]` of `obs` followed by `last_obs`)."""
+    steps, envs = valid.shape
+    following = torch.cat([obs, last_obs.unsqueeze(0)])  # [T + 1, N, ...]: index t + m
     keep = valid.reshape(-1)
-    flat_stop = stop.reshape(-1)[keep]
+    flat_stop = stops.reshape(-1)[keep]
     env_index = torch.arange(envs).repeat(steps)[keep]
     return Transitions(
         obs=obs.reshape(steps * envs, *obs.shape[2:])[keep],

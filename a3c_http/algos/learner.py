@@ -50,9 +50,10 @@ class ExperienceAlgorithm(Algorithm):
 
     sends = Sends.EXPERIENCE
     learner: ClassVar[type[Learner]]
-    # The per-step tensors of its own its workers send beside STEP_TENSORS, each one its learner
-    # reads: the behaviour policy's log-probabilities (PPO's ratio, IMPALA's V-trace), or
-    # Ape-X's initial priorities.
+    # The per-step tensors of its own its workers send beside STEP_TENSORS (a Rollout's
+    # attribute, or an entry of its `extras`), each one its learner reads: the behaviour
+    # policy's log-probabilities (PPO's ratio, IMPALA's V-trace), or Ape-X's n-step cut and
+    # initial priorities.
     own_tensors: ClassVar[tuple[str, ...]] = ("log_probs",)
 
     def pushes_in_flight(self) -> int:
@@ -65,7 +66,8 @@ class ExperienceAlgorithm(Algorithm):
 def rollout_tensors(rollout: Rollout, own: tuple[str, ...]) -> dict[str, torch.Tensor]:
     """A rollout as the tensors of its `POST /experience` body, with the algorithm's `own`
     per-step tensors (its `own_tensors`)."""
-    tensors = {name: getattr(rollout, name) for name in (*STEP_TENSORS, *own)}
+    tensors = {name: getattr(rollout, name) for name in STEP_TENSORS}
+    tensors |= {name: rollout.extras.get(name, getattr(rollout, name, None)) for name in own}
     tensors["last_obs"] = rollout.last_obs
     tensors["last_start"] = rollout.last_start
     for i, part in enumerate(rollout.state):
@@ -81,7 +83,8 @@ def expected_tensors(
     (its observations' shape and dtype, its actions') and the model (its recurrent state, its
     statistics); and what the run can produce: discrete actions that index
     the action space, log-probabilities of a discrete policy at most 0, observations inside the
-    observation space where it is bounded, priorities at least 0."""
+    observation space where it is bounded, priorities at least 0, discounts in [0, 1] and
+    bootstrap indices within the rollout."""
     env = make_env(config.env_id, config.env_kwargs, config.preprocess, config.frame_stack)
     try:
         obs = obs_tensor(env.observation_space.sample()[None])
@@ -117,6 +120,11 @@ def expected_tensors(
     own_specs = {
         "log_probs": log_probs,
         "priorities": Expected((steps, n), _FLOATS, 0.0, None, "the priorities"),
+        # An n-step cut (a3c_http/algos/dqn_loss.py `nstep_cut`): its return, its discount and
+        # the index of the observation it bootstraps from, of `obs` followed by `last_obs`.
+        "returns": Expected((steps, n), _FLOATS),
+        "discounts": Expected((steps, n), _FLOATS, 0.0, 1.0, "the discounts"),
+        "stops": Expected((steps, n), (torch.int64,), 1, steps, "the bootstrap indices"),
     }
     expected |= {name: own_specs[name] for name in own}
     for name, buffer in model.named_buffers():

@@ -11,7 +11,7 @@ each reward; `life_loss`: a lost life counted as an episode end in `terminated`,
 Observations keep their own dtype (uint8 frames stay uint8); float ones become float32. A rollout
 also keeps what the algorithms that learn from experience send (a3c_http/algos/learner.py): the
 behaviour policy's log-probabilities, the version of the weights that acted, the observation after
-its last step and, for Ape-X, its transitions' initial priorities.
+its last step and, for Ape-X, its transitions' n-step cut and initial priorities (`extras`).
 """
 
 from __future__ import annotations
@@ -59,8 +59,9 @@ class Rollout:
     statistics: dict[str, torch.Tensor] = field(default_factory=dict)
     # The version of the global weights that acted (what a worker last loaded; 0 before any).
     policy_version: int = 0
-    # Ape-X's actors: each step's initial priority ([T, N], a3c_http/algos/apex.py), else None.
-    priorities: torch.Tensor | None = None
+    # Per-step tensors ([T, N]) an algorithm adds for its learner, by their wire names (Ape-X's
+    # actors: each step's n-step cut and initial priority, a3c_http/algos/apex.py).
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
     # The observation after the last step ([N, *obs_shape]) and whether it begins an episode
     # ([N] bool): what a learner that computes the values itself bootstraps from.
     last_obs: torch.Tensor | None = None

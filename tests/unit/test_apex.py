@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from a3c_http.algos.apex import ApexActor, ApexLearner, initial_priorities
+from a3c_http.algos.apex import ApexActor, ApexLearner, actor_extras, transitions_of
+from a3c_http.algos.dqn_loss import nstep_transitions
 from a3c_http.algos.learner import rollout_tensors
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import RolloutCollector
@@ -34,7 +35,7 @@ def test_initial_priorities_are_the_actors_absolute_td_errors_on_valid_steps() -
     model = model_for(config)
     rollout = _rollouts(config, model, 1)[0]
     assert (~rollout.valid).any()
-    priorities = initial_priorities(model, rollout, config)
+    priorities = actor_extras(model, rollout, config)["priorities"]
     assert (priorities[~rollout.valid] == 0).all()
     t, e = torch.nonzero(rollout.valid & ~rollout.terminated & ~rollout.truncated)[0]
     following = rollout.obs[t + 1, e] if t + 1 < config.t_max else rollout.last_obs[e]
@@ -44,6 +45,22 @@ def test_initial_priorities_are_the_actors_absolute_td_errors_on_valid_steps() -
     torch.testing.assert_close(priorities[t, e], (y - q).abs())
 
 
+def test_the_learner_takes_the_transitions_the_actor_cut_once() -> None:
+    """What the actor cut (its rollout's `returns`, `discounts` and `stops`) gives the learner
+    the transitions a cut of its own would."""
+    config = _config(n_step=3, t_max=40)
+    torch.manual_seed(0)
+    model = model_for(config)
+    rollout = _rollouts(config, model, 1)[0]
+    rollout.extras = actor_extras(model, rollout, config)
+    taken = transitions_of(rollout_tensors(rollout, ApexActor.own_tensors))
+    r = rollout
+    own = nstep_transitions(r.obs, r.actions, r.rewards, r.terminated, r.truncated, r.valid,
+                            r.last_obs, config.n_step, config.gamma)  # fmt: skip
+    for name in ("obs", "actions", "returns", "next_obs", "discounts"):
+        torch.testing.assert_close(getattr(taken, name), getattr(own, name))
+
+
 def test_the_learner_fills_its_replay_then_steps_and_hands_over_each_new_target_once() -> None:
     config = _config(learning_starts=40, gradient_steps=3, target_update=5, batch_size=8)
     torch.manual_seed(0)
@@ -51,7 +68,7 @@ def test_the_learner_fills_its_replay_then_steps_and_hands_over_each_new_target_
     learner = ApexLearner(config, model_for(config), torch.device("cpu"))
     pushed = []
     for rollout in _rollouts(config, model, 4):
-        rollout.priorities = initial_priorities(model, rollout, config)
+        rollout.extras = actor_extras(model, rollout, config)
         pushed.append(rollout_tensors(rollout, ApexActor.own_tensors))
     before = learner.weights()
     assert learner.learn(pushed[:1], 16) is None  # fewer than learning_starts transitions

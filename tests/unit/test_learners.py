@@ -207,11 +207,23 @@ def test_a_rollout_that_does_not_fit_is_named(change, message: str) -> None:
         decode_tensors(encode_tensors(tensors, None), expected_tensors(cfg, model, _own(cfg)))
 
 
-def test_negative_priorities_are_refused() -> None:
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("priorities", -2.0, "'priorities' holds -2 at [1, 1], outside the priorities "
+         "(at least 0)"),
+        ("stops", 5, "'stops' holds 5 at [1, 1], outside the bootstrap indices (from 1 to 4)"),
+        ("stops", 0, "'stops' holds 0 at [1, 1], outside the bootstrap indices (from 1 to 4)"),
+        ("discounts", 1.5, "'discounts' holds 1.5 at [1, 1], outside the discounts (from 0 to 1)"),
+    ],
+    ids=["priority", "stop-past-the-end", "stop-before", "discount"],
+)
+def test_an_ape_x_rollouts_own_tensors_out_of_range_are_refused(
+    name: str, value: float, message: str
+) -> None:
     cfg = TrainConfig(algo="apex", num_envs=2, t_max=4)
     tensors = _crafted(cfg)
-    tensors["priorities"][1, 1] = -2.0
-    message = "'priorities' holds -2 at [1, 1], outside the priorities (at least 0)"
+    tensors[name][1, 1] = value
     expected = expected_tensors(cfg, model_for(cfg), _own(cfg))
     with pytest.raises(WireError, match=re.escape(message)):
         decode_tensors(encode_tensors(tensors, None), expected)
@@ -227,6 +239,10 @@ def _crafted(cfg: TrainConfig) -> dict[str, torch.Tensor]:
     tensors["valid"][:] = True
     if "log_probs" in tensors:
         tensors["log_probs"][:] = math.log(0.5)
+    if "stops" in tensors:  # one-step transitions, each bootstrapping from the next observation
+        tensors["stops"][:] = torch.arange(1, cfg.t_max + 1).unsqueeze(1)
+        tensors["discounts"][:] = cfg.gamma
+        tensors["returns"][:] = 1.0
     tensors["rewards"][:] = 1.0
     return tensors
 
@@ -243,8 +259,10 @@ _HUGE = 3e38  # finite in float32 (whose largest is 3.4e38); a sum of two is not
         lambda t: "log_probs" in t and t["log_probs"].fill_(-_HUGE),
         lambda t: t["valid"].fill_(False),
         lambda t: "priorities" in t and t["priorities"].fill_(_HUGE),
+        lambda t: "returns" in t and t["returns"][::2].fill_(_HUGE),  # Ape-X's actors' cut
     ],
-    ids=["rewards", "rewards-both-ways", "obs", "log-probs", "no-valid-step", "priorities"],
+    ids=["rewards", "rewards-both-ways", "obs", "log-probs", "no-valid-step", "priorities",
+         "returns"],  # fmt: skip
 )
 @pytest.mark.parametrize(
     "algo",
