@@ -59,6 +59,9 @@ def rollout_body(cfg: TrainConfig) -> bytes:
     tensors = {n: torch.zeros(e.shape, dtype=e.dtypes[0]) for n, e in _expected(cfg).items()}
     tensors["valid"][:] = True
     tensors["rewards"][:] = 1.0
+    if "stops" in tensors:  # Ape-X's actors' cut: one-step transitions
+        tensors["stops"][:] = torch.arange(1, cfg.t_max + 1).unsqueeze(1)
+        tensors["discounts"][:] = cfg.gamma
     if "log_probs" in tensors:
         tensors["log_probs"][:] = -1.0
     for name in ("obs", "last_obs"):
