@@ -32,7 +32,9 @@ told).
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import importlib.util
 import inspect
 import os
 from collections.abc import Iterable
@@ -219,6 +221,24 @@ def register_entry_point(module: str, name: str) -> bool:
     return True
 
 
+def _no_such_module(module: str) -> str | None:
+    """What to say of a module not allowed that this host does not have at all (a misspelt one,
+    most often): its top-level package is looked for, never imported, so nothing of it runs."""
+    top = module.partition(".")[0]
+    try:
+        found = importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        found = False
+    if found:
+        return None
+    close = difflib.get_close_matches(module, allowed_modules(), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return (
+        f"no module named {top!r} on this host{hint} (an environment's module must be installed, "
+        "and listed in A3C_ENV_MODULES, on the master and every worker)"
+    )
+
+
 def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     """The registered spec of `env_id`. An id of the form `module:EnvName-v0` first imports
     `module` (which registers the environment, as `gymnasium.make` does, or defines it:
@@ -227,6 +247,9 @@ def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     module, _, name = env_id.rpartition(":")
     if module:
         if module not in allowed_modules():
+            missing = _no_such_module(module)
+            if missing is not None:
+                raise ValueError(missing)
             raise ValueError(
                 f"module {module!r} is not in A3C_ENV_MODULES, the comma-separated list of modules "
                 "allowed to register environments (set it on the master and every worker)"

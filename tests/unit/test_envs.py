@@ -135,6 +135,14 @@ def test_a_class_of_a_module_that_registers_nothing_is_its_entry_point(user_modu
     env.close()
 
 
+def test_a_misspelt_module_is_named_as_missing_not_as_not_allowed(user_module: str) -> None:
+    missing = "no module named 'user_envz' on this host; did you mean 'user_envs'"
+    with pytest.raises(ValueError, match=missing):
+        envs.env_spec("user_envz:Corridor")
+    with pytest.raises(ValueError, match="'json' is not in A3C_ENV_MODULES"):  # there, not allowed
+        envs.env_spec("json:Corridor")
+
+
 def test_a_process_that_never_validated_the_config_registers_the_entry_point_when_it_makes_it(
     user_module: str,
 ) -> None:
