@@ -12,6 +12,8 @@ packages, never from the current directory (as `uvicorn` would with its default 
 from __future__ import annotations
 
 import argparse
+import errno
+import socket
 import sys
 
 import uvicorn
@@ -70,6 +72,13 @@ def serve(app: str, prog: str, what: str, port: int, argv: list[str] | None) -> 
     except tls.TLSError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
+    if _in_use(args.host, args.port):
+        print(
+            f"{prog}: {args.host}:{args.port} is in use (another {prog} serving there? stop "
+            f"it, or give this one --port)",
+            file=sys.stderr,
+        )
+        return 2
     uvicorn.run(
         app,
         host=args.host,
@@ -81,6 +90,19 @@ def serve(app: str, prog: str, what: str, port: int, argv: list[str] | None) -> 
         **served.uvicorn_kwargs(),  # HTTPS with A3C_TLS_CERT and A3C_TLS_KEY
     )
     return 0
+
+
+def _in_use(host: str, port: int) -> bool:
+    """Whether another socket holds `host`:`port` (uvicorn would exit on a bare `[Errno 98]`);
+    any other reason a bind fails is uvicorn's to report."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
 
 
 def master(argv: list[str] | None = None) -> int:
