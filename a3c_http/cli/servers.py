@@ -21,6 +21,7 @@ import uvicorn
 from a3c_http.net import tls
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+MASTER_PORT, WORKER_PORT = 33333, 8001  # the ports each binds unless told otherwise
 
 
 def parser(prog: str, what: str, port: int) -> argparse.ArgumentParser:
@@ -107,9 +108,9 @@ def _in_use(host: str, port: int) -> bool:
 
 def master(argv: list[str] | None = None) -> int:
     """`a3c-master`: the master service."""
-    return serve("master.app:app", "a3c-master", "the a3c-http master", 33333, argv)
+    return serve("master.app:app", "a3c-master", "the a3c-http master", MASTER_PORT, argv)
 
 
 def worker(argv: list[str] | None = None) -> int:
     """`a3c-worker`: a worker service."""
-    return serve("worker.app:app", "a3c-worker", "an a3c-http worker", 8001, argv)
+    return serve("worker.app:app", "a3c-worker", "an a3c-http worker", WORKER_PORT, argv)

@@ -121,3 +121,36 @@ def test_the_package_pins_no_exact_torch_and_the_venv_does() -> None:
     assert "PyTorch 2.13.0" in README and "scripts/constraints.txt" in README
     dev = [Requirement(r).name for r in project["optional-dependencies"]["dev"]]
     assert "mkdocs-material" in dev
+
+
+def _shell_blocks(text: str) -> list[str]:
+    """The `sh` code blocks of a Markdown page (fenced, indented or not)."""
+    return re.findall(r"^[ \t]*```(?:sh|bash|console)\n(.*?)^[ \t]*```", text, re.M | re.S)
+
+
+def test_the_guides_examples_run_the_projects_commands_on_its_ports() -> None:
+    """Every command a guide's shell example runs is one pyproject installs, and every local
+    address it names is on a port the project uses: the master's, a worker's default, or one of
+    workers.txt (a newcomer copies them as they are)."""
+    from a3c_http.cli import servers
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    commands = set(pyproject["project"]["scripts"])
+    workers = re.findall(r"^[\w.]+:(\d+)", (ROOT / "workers.txt").read_text(), re.M)
+    ports = {servers.MASTER_PORT, servers.WORKER_PORT, *map(int, workers)}
+    wrong = []
+    for page in [ROOT / "README.md", *sorted((DOCS / "guide").glob("*.md"))]:
+        for block in _shell_blocks(page.read_text()):
+            for line in block.splitlines():  # each command's first word, past VAR=value
+                for part in re.split(r"&&|\|\||[;|]", line.split("#", 1)[0]):
+                    words = [w for w in part.replace(".venv/bin/", "").split() if "=" not in w]
+                    command = words[0] if words else ""  # not an image: a3c-http:0.1.0
+                    if re.fullmatch(r"a3c-[a-z-]+", command) and command not in commands:
+                        wrong.append(f"{page.name}: command {command}")
+            local = r"(?:localhost|127\.0\.0\.1|\[::1\]|0\.0\.0\.0):(\d+)|--port[ =](\d+)"
+            for match in re.finditer(local, block):
+                port = int(match.group(1) or match.group(2))
+                if port not in ports:
+                    wrong.append(f"{page.name}: port {port} in {match.group(0)!r}")
+    assert not wrong, wrong
+    assert len(commands) >= 7 and ports >= {33333, 8001, 8002}
