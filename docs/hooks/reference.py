@@ -1,6 +1,7 @@
-"""A mkdocs hook: the reference tables, generated at build time from the code itself.
+"""A mkdocs hook: the reference tables, generated from the code itself.
 
-A page's markdown may hold these placeholders, each on a line of its own:
+A page's markdown holds each table between two markers, each on a line of its own, such as
+`<!-- a3c:train-config -->` and `<!-- /a3c:train-config -->`:
 
 - `<!-- a3c:train-config -->`: the training config, `TrainConfig` (a3c_http/config/training.py): one
   row per field, its type, default and `description`;
@@ -10,8 +11,10 @@ A page's markdown may hold these placeholders, each on a line of its own:
 - `<!-- a3c:routes -->`: every route of both services from their OpenAPI schemas, with the status
   codes each can answer.
 
-So the reference cannot drift from the code: a field without a row cannot exist. The functions
-below are also what tests/ops/test_docs.py calls.
+The site is built with each table made anew (`on_page_markdown`), and the Markdown files keep a
+copy, so that they read whole without a build: `python docs/hooks/reference.py` writes it, and
+tests/ops/test_docs.py fails while a copy differs from the code. So the reference cannot drift from
+the code: a field without a row cannot exist. The functions below are also what the tests call.
 """
 
 from __future__ import annotations
@@ -181,8 +184,34 @@ def routes_table() -> str:
     return "\n".join(rows)
 
 
-def on_page_markdown(markdown: str, **_: Any) -> str:
-    for placeholder, function in PLACEHOLDERS.items():
-        if placeholder in markdown:
-            markdown = markdown.replace(placeholder, globals()[function]())
+PAGES = ("configuration.md", "http-api.md")  # the pages that hold tables, in docs/
+
+
+def with_tables(markdown: str) -> str:
+    """`markdown` with each table between its markers made anew from the code."""
+    for start, function in PLACEHOLDERS.items():
+        end = start.replace("<!-- a3c:", "<!-- /a3c:")
+        if start not in markdown:
+            continue
+        before, rest = markdown.split(start, 1)
+        _, after = rest.split(end, 1) if end in rest else ("", rest)
+        markdown = f"{before}{start}\n\n{globals()[function]()}\n\n{end}{after}"
     return markdown
+
+
+def on_page_markdown(markdown: str, **_: Any) -> str:
+    """The page as the site shows it: its tables made anew, without their markers."""
+    markdown = with_tables(markdown)
+    for start in PLACEHOLDERS:
+        end = start.replace("<!-- a3c:", "<!-- /a3c:")
+        markdown = markdown.replace(start, "").replace(end, "")
+    return markdown
+
+
+if __name__ == "__main__":  # write the tables into the pages' Markdown
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    for name in PAGES:
+        page = Path(__file__).resolve().parents[1] / name
+        page.write_text(with_tables(page.read_text()))

@@ -154,3 +154,13 @@ def test_the_guides_examples_run_the_projects_commands_on_its_ports() -> None:
                     wrong.append(f"{page.name}: port {port} in {match.group(0)!r}")
     assert not wrong, wrong
     assert len(commands) >= 7 and ports >= {33333, 8001, 8002}
+
+
+def test_the_pages_hold_the_reference_tables_the_code_makes() -> None:
+    """The Markdown read without a build holds the tables the site is built with."""
+    for name in reference.PAGES:
+        text = (DOCS / name).read_text()
+        assert reference.with_tables(text) == text, (
+            f"docs/{name}'s tables differ from the code: run .venv/bin/python "
+            "docs/hooks/reference.py"
+        )
