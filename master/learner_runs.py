@@ -21,14 +21,9 @@ from a3c_http.wire.named_tensors import Expected, decode_tensors
 from a3c_http.wire.protocol import ROLLOUT_METADATA
 from master.api.schemas import RolloutReport
 from master.errors import Invalid, StateConflict
-from master.learning.learner_process import (
-    MAX_FAILURES_IN_A_ROW,
-    LearnerProcess,
-    Publication,
-    SharedMemoryShort,
-    check_shared_memory,
-    resolve_device,
-)
+from master.learning.learner_loop import Publication
+from master.learning.learner_needs import SharedMemoryShort, check_shared_memory, resolve_device
+from master.learning.learner_process import MAX_FAILURES_IN_A_ROW, LearnerProcess
 from master.learning.parameter_server import ParameterServer
 from master.run.events import WARNING
 from master.run.ledger import RunLedger
@@ -41,12 +36,12 @@ def rollout_expectation(config: TrainConfig, model: Any) -> dict[str, Expected]:
     return expected_tensors(config, model, own)
 
 
-def check_learner_fits(config: TrainConfig, model: Any) -> None:
+def check_learner_fits(config: TrainConfig, model: Any, expected: dict[str, Expected]) -> None:
     """SharedMemoryShort when the master host's shared memory cannot hold the slots of
-    `config`'s learner."""
+    `config`'s learner (its rollouts hold `expected`) and `model`'s weights."""
     capacity = algorithm_class(config).learner.queue_capacity(config)  # an ExperienceAlgorithm
     weights = 4 * sum(t.numel() for t in model.state_dict().values())  # float32
-    check_shared_memory(rollout_expectation(config, model), capacity, weights)
+    check_shared_memory(expected, capacity, weights)
 
 
 def rollout_report(metadata: dict[str, str]) -> RolloutReport | None:
@@ -72,20 +67,27 @@ class LearnerRuns:
     def finish(self, reason: str) -> bool: ...  # ClusterState's
     def _after_change(self, result: Any) -> Any: ...  # ClusterState's
 
-    def _start_learner(self, resumed: bool = False, restart: bool = False) -> None:
+    def _start_learner(
+        self,
+        resumed: bool = False,
+        restart: bool = False,
+        expected: dict[str, Expected] | None = None,
+    ) -> None:
         """For a run that learns from experience: what its rollouts hold, and, while it runs,
         its learner from the parameter server's weights, optimizer state, target network and
         version (`restart`: the newest it published, after its learner failed). A resumed or
         restarted run whose device this host lacks learns on the CPU (logged)."""
         with self.learner.lifecycle:  # a finish that stops the learner waits, or comes first
-            self._start_learner_held(resumed, restart)
+            self._start_learner_held(resumed, restart, expected)
 
-    def _start_learner_held(self, resumed: bool, restart: bool) -> None:
+    def _start_learner_held(
+        self, resumed: bool, restart: bool, expected: dict[str, Expected] | None
+    ) -> None:
         config = self.ledger.config
         if config is None or not learns_from_experience(config):
             return
-        if not restart:
-            self._expected = rollout_expectation(config, self.params.net.model)
+        if not restart:  # a new run's (made by start_run), or a resumed one's
+            self._expected = expected or rollout_expectation(config, self.params.net.model)
         if self.ledger.run_state != "running":
             return
         if resumed or restart:
@@ -103,22 +105,20 @@ class LearnerRuns:
             else None
         )
         try:
+            if resumed:  # a new run's was checked by start_run, a restart's slots are kept
+                check_learner_fits(config, net.model, self._expected)
             self.learner.start(
                 config, net.snapshot(), self.params.optimizer_state(), self.params.version,
                 saved_target,
                 restart=restart, expected=self._expected,
             )  # fmt: skip
-        except SharedMemoryShort as exc:  # a resumed run (POST /train checked it before)
+        except SharedMemoryShort as exc:
             self.learner.error = f"{exc}; then restart the master, which resumes the run"
             self.ledger.events.add(WARNING, "learner_not_started", self.learner.error)
 
-    def _publish(self, publication: Publication) -> None:
-        self.params.publish(
-            publication.version,
-            publication.weights,
-            publication.optimizer_state,
-            publication.target,
-        )
+    def _publish(self, version: int, weights: torch.Tensor, publication: Publication) -> None:
+        """The learner's weights of `version` and what else `publication` brings."""
+        self.params.publish(version, weights, publication.optimizer_state, publication.target)
 
     def _learner_failed(self, error: str) -> None:
         """The learner process ended on `error` (called from the thread that read it): started

@@ -41,8 +41,14 @@ from a3c_http.store.runstore import RunStore
 from a3c_http.wire import tensors as wire
 from master.background.evaluator import Evaluator
 from master.errors import Invalid, StateConflict
-from master.learner_runs import LearnerRuns, check_learner_fits, rollout_report
-from master.learning.learner_process import LearnerBusy, LearnerProcess, resolve_device
+from master.learner_runs import (
+    LearnerRuns,
+    check_learner_fits,
+    rollout_expectation,
+    rollout_report,
+)
+from master.learning.learner_needs import resolve_device
+from master.learning.learner_process import LearnerBusy, LearnerProcess
 from master.learning.parameter_server import ParameterServer
 from master.learning.rounds import Outcome
 from master.persistence.resume import (
@@ -141,8 +147,10 @@ class ClusterState(LearnerRuns):
         with torch.random.fork_rng():
             torch.manual_seed(config.seed)
             model = model_for(config)
+        expected = None  # what its rollouts hold, for a run with a learner
         if learns_from_experience(config):
-            check_learner_fits(config, model)  # SharedMemoryShort before anything changes
+            expected = rollout_expectation(config, model)
+            check_learner_fits(config, model, expected)  # SharedMemoryShort before any change
 
         def swap() -> tuple[str, list[str]]:
             # A run of this folder before (also one that could not be resumed, whose last
@@ -157,7 +165,7 @@ class ClusterState(LearnerRuns):
             self.learner.stop()  # an earlier run's, finished
             started = self.persister.switch_run(swap)
             self.resume_error = None  # that run's files are moved aside (or will be, at next save)
-            self._start_learner()
+            self._start_learner(expected=expected)
         self.ledger.events.flush()
         return started
 

@@ -28,7 +28,7 @@ from master.api.deps import State
 from master.api.schemas import OTHER_RUN, EpisodeIn, HeartbeatIn, JoinIn, Seq, TrainIn
 from master.background.launcher import UNREACHABLE
 from master.background.launcher import start_workers as launch
-from master.learning.learner_process import DeviceUnavailable
+from master.learning.learner_needs import DeviceUnavailable
 from master.persistence.saver import FolderUnwritable
 from master.run.ledger import JOIN_RETRY_S
 from master.state import ModelTooLarge

@@ -18,14 +18,10 @@ metrics, counts and new target network (Ape-X's) go to the parameter server (`pu
 serves and saves them; the optimizer's state comes at most every `optimizer_every_s` seconds (what
 the run folder keeps of it is that old at most), and with the last update when the learner stops.
 
-The learner process (`_learner_main`) keeps the rollouts it took in arrival order; one more than
-`max_policy_lag` versions older than its weights is dropped and counted. When `queue_size` are
-there it learns (a3c_http/algos/learner.py `Learner.learn`; an update that only filled a
-replay publishes no version). It ends when told to, when the master's process is gone, or on an
-error, which it reports: the master then starts it again from the newest weights it published
-(master/learner_runs.py), and ends the run only after MAX_FAILURES_IN_A_ROW failures with no update
-between them. A kill or a failure loses the queue (and Ape-X's replay), never the weights,
-optimizer state, target network or counters of the last save.
+The process itself is master/learning/learner_loop.py; what the master host must have for it (the
+device, room in shared memory), master/learning/learner_needs.py. The master starts the learner
+again from the newest weights it published when it fails (master/learner_runs.py), and ends the run
+only after MAX_FAILURES_IN_A_ROW failures with no update between them.
 """
 from __future__ import annotations
 
@@ -33,23 +29,20 @@ import contextlib
 import logging
 import math
 import multiprocessing
-import os
 import queue
 import threading
 import time
-import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from a3c_http.algos.registry import algorithm_class
 from a3c_http.config.training import TrainConfig
-from a3c_http.models.actor_critic import model_for
 from a3c_http.wire.named_tensors import Expected
 from a3c_http.wire.protocol import EXPERIENCE_HOLD_S
-from a3c_http.wire.tensors import Layout
+from master.learning.learner_loop import Publication, Start, learner_main
+from master.learning.learner_needs import resolve_device
 
 log = logging.getLogger("a3c.master")
 
@@ -60,83 +53,6 @@ STOP_WAIT_S = 10.0
 MAX_FAILURES_IN_A_ROW = 3
 
 
-class DeviceUnavailable(ValueError):
-    """The config's `device` is not on this host."""
-
-
-def resolve_device(name: str) -> torch.device:
-    """The torch device `device` names on this host; DeviceUnavailable when it has none such."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise DeviceUnavailable(f"device {name!r}: torch sees no CUDA GPU on the master host")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            count = torch.cuda.device_count()
-            raise DeviceUnavailable(f"device {name!r}: the master host has {count} CUDA GPUs")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise DeviceUnavailable(f"device {name!r}: torch sees no MPS device on the master host")
-    return device
-
-
-@dataclass
-class Publication:
-    """What the learner sends after an update: whether its weights changed (True: the newest
-    are in the shared vector; the master's end replaces it by that vector and `version` by its
-    version, the newest), the optimizer's state (or None: not this time), the update's metrics,
-    and how many rollouts it used and dropped since its last message."""
-
-    version: int
-    weights: Any  # None, True (from the learner), then the shared float32 vector
-    optimizer_state: dict[str, Any] | None
-    metrics: dict[str, float] = field(default_factory=dict)
-    used: int = 0
-    dropped: int = 0
-    nonfinite_steps: int = 0
-    # A new target network (Ape-X's learner): a vector as `weights`, and the update's version.
-    target: tuple[Any, int] | None = None
-    freed: list[int] = field(default_factory=list)  # the slots of the rollouts used or dropped
-
-
-class SharedMemoryShort(ValueError):
-    """The host's shared memory cannot hold the learner's slots."""
-
-
-SHM_DIR = "/dev/shm"
-
-
-def slots_bytes(expected: Mapping[str, Expected], capacity: int) -> int:
-    """The shared memory `capacity` slots of rollouts holding `expected` take."""
-    return capacity * sum(
-        math.prod(e.shape) * torch.empty((), dtype=e.dtypes[0]).element_size()
-        for e in expected.values()
-    )
-
-
-def check_shared_memory(
-    expected: Mapping[str, Expected], capacity: int, weights_bytes: int = 0
-) -> None:
-    """SharedMemoryShort when SHM_DIR (where torch puts shared tensors on Linux) has less room
-    than the slots and the shared weights need: writing past its end would kill the master
-    (SIGBUS), not raise."""
-    try:
-        room = os.statvfs(SHM_DIR)
-    except OSError:  # no such folder (not Linux): nothing to measure
-        return
-    free = room.f_bavail * room.f_frsize
-    need = slots_bytes(expected, capacity) + weights_bytes
-    if need > free:
-        raise SharedMemoryShort(
-            f"the learner's {capacity} rollout slots (queue_capacity, twice queue_size) and "
-            "its weights take "
-            f"{need / 2**20:.0f} MiB of shared memory, and {SHM_DIR} on the master host has "
-            f"{free / 2**20:.0f} MiB free: give the master more (docker run --shm-size, compose "
-            "shm_size, a Memory emptyDir at /dev/shm on Kubernetes), or make rollouts smaller "
-            "(num_envs, t_max) or fewer (queue_size)"
-        )
-
-
 class LearnerBusy(Exception):
     """No room in the learner's queue within the hold time."""
 
@@ -144,7 +60,7 @@ class LearnerBusy(Exception):
 class LearnerProcess:
     def __init__(
         self,
-        publish: Callable[[Publication], None],
+        publish: Callable[[int, torch.Tensor, Publication], None],
         failed: Callable[[str], None],
         optimizer_every_s: float,
         hold_s: float = EXPERIENCE_HOLD_S,
@@ -199,8 +115,9 @@ class LearnerProcess:
         optimizer_state: dict[str, Any] | None,
         version: int,
         target: tuple[torch.Tensor, int] | None = None,
+        *,
+        expected: Mapping[str, Expected],
         restart: bool = False,
-        expected: Mapping[str, Expected] | None = None,
     ) -> None:
         """Start the learner of a run from these weights, optimizer state and version (a new
         run's, a resumed one's, or with `restart` the newest of one whose learner failed: its
@@ -218,14 +135,13 @@ class LearnerProcess:
         version: int,
         target: tuple[torch.Tensor, int] | None,
         restart: bool,
-        expected: Mapping[str, Expected] | None,
+        expected: Mapping[str, Expected],
     ) -> None:
         self.stop()
         device = resolve_device(config.device)
         learner = algorithm_class(config).learner
         capacity = learner.queue_capacity(config)
-        if not (restart and self._slots) and expected is not None:
-            check_shared_memory(expected, capacity, 4 * weights.numel())
+        if not (restart and self._slots):  # a restart keeps them; the caller checked the room
             self._slots = {
                 name: torch.empty((capacity, *e.shape), dtype=e.dtypes[0]).share_memory_()
                 for name, e in expected.items()
@@ -235,9 +151,9 @@ class LearnerProcess:
         self._shared = weights.detach().to("cpu", torch.float32, copy=True).share_memory_()
         self._shared_version, self._shared_lock = context.Value("q", version), context.Lock()
         process = context.Process(
-            target=_learner_main,
+            target=learner_main,
             args=(
-                _Start(config.model_dump_json(), self._shared, optimizer_state, version,
+                Start(config.model_dump_json(), self._shared, optimizer_state, version,
                        str(device), self.optimizer_every_s, target, self._slots,
                        self._shared_version, self._shared_lock),
                 inbox,
@@ -436,13 +352,13 @@ class LearnerProcess:
     def _take(self, publication: Publication) -> None:
         if publication.target is not None:  # numpy between the processes, as the weights
             publication.target = (torch.from_numpy(publication.target[0]), publication.target[1])
-        if publication.weights is not None:
+        if publication.changed:
             with self._shared_lock:  # the learner writes no newer weights meanwhile
-                publication.version = int(self._shared_version.value)
-                publication.weights = self._shared
-                self._publish(publication)  # copies them into the parameter server's network
+                # The newest (the learner may be past this message's version), copied into the
+                # parameter server's network.
+                self._publish(int(self._shared_version.value), self._shared, publication)
         with self._cond:
-            if publication.weights is not None:
+            if publication.changed:
                 self.updates += 1
                 self.failures_in_a_row = 0
                 # JSON has no NaN or infinity: a figure that is not finite is left out.
@@ -451,111 +367,3 @@ class LearnerProcess:
             self.dropped_stale += publication.dropped
             self.nonfinite_steps += publication.nonfinite_steps
             self._give_back(publication.freed)
-
-
-@dataclass
-class _Start:
-    """What a learner process starts from (its fields: the run's config as JSON, ...), where it
-    learns, how often it sends the optimizer's state, and a resumed run's target network."""
-
-    config_json: str
-    weights: torch.Tensor
-    optimizer_state: dict[str, Any] | None
-    version: int
-    device: str
-    optimizer_every_s: float
-    target: tuple[torch.Tensor, int] | None = None
-    slots: dict[str, torch.Tensor] = field(default_factory=dict)  # shared with the master
-    version_value: Any = None  # the shared version of `weights` (shared too), and their lock
-    lock: Any = None
-
-
-def _learner_main(start: _Start, inbox: Any, outbox: Any) -> None:
-    """The learner process (see the module's docstring)."""
-    try:
-        _learn(start, inbox, outbox)
-    except Exception as exc:  # reported to the master, which ends the run with it
-        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        log.error("learner failed:\n%s", traceback.format_exc())
-        outbox.put(("error", detail))
-
-
-def _learn(start: _Start, inbox: Any, outbox: Any) -> None:
-    config = TrainConfig.model_validate_json(start.config_json)
-    device = torch.device(start.device)
-    version, optimizer_every_s = start.version, start.optimizer_every_s
-    if device.type == "cpu":  # leave cores to the workers on this host
-        torch.set_num_threads(max(1, min(4, (os.cpu_count() or 2) // 2)))
-    model = model_for(config)
-    model.load_state_dict(Layout.of(model).views(start.weights))
-    learner = algorithm_class(config).learner(config, model, device, start.optimizer_state)
-    if start.target is not None:
-        learner.restore_target(start.target[0])
-    outbox.put(("ready",))
-    parent = multiprocessing.parent_process()
-
-    def share(version: int) -> None:  # the newest weights, for the master to read
-        with start.lock:
-            learner.copy_weights(start.weights)
-            start.version_value.value = version
-
-    # The rollouts taken: their slot, tensors (views of the slot), version and env steps.
-    pending: list[tuple[int, dict[str, torch.Tensor], int, int]] = []
-    last_optimizer = time.monotonic()
-    freed: list[int] = []  # the slots of rollouts dropped since the last message
-    dropped = 0
-    while True:
-        try:
-            message = inbox.get(timeout=1.0)
-        except queue.Empty:
-            if parent is not None and not parent.is_alive():
-                # The master is gone (kill -9): nothing reads what is still buffered, which the
-                # queue would otherwise wait to write at exit, for ever.
-                outbox.cancel_join_thread()
-                return
-            continue
-        if message[0] == "stop":
-            share(version)
-            outbox.put(("publication", Publication(
-                version, True, learner.optimizer_state(), {}, 0, dropped, freed=freed,
-            )))  # fmt: skip
-            outbox.put(("stopped",))
-            return
-        _, slot, policy_version, env_steps = message
-        tensors = {name: rows[slot] for name, rows in start.slots.items()}
-        pending.append((slot, tensors, policy_version, env_steps))
-        stale = [p for p in pending if version - p[2] > config.max_policy_lag]
-        if stale:
-            pending = [p for p in pending if version - p[2] <= config.max_policy_lag]
-            dropped += len(stale)
-            freed += [p[0] for p in stale]
-        if len(pending) < config.queue_size:
-            if dropped:
-                outbox.put(("publication", Publication(
-                    version, None, None, {}, 0, dropped, freed=freed,
-                )))  # fmt: skip
-                dropped, freed = 0, []
-            continue
-        batch, pending = pending[: config.queue_size], pending[config.queue_size :]
-        undone = learner.nonfinite_steps
-        metrics = learner.learn([p[1] for p in batch], max(p[3] for p in batch))
-        freed += [p[0] for p in batch]  # learnt from: the learner keeps nothing of the slots
-        if metrics is None:  # taken, the weights unchanged (a replay still filling)
-            outbox.put(("publication", Publication(
-                version, None, None, {}, len(batch), dropped, freed=freed,
-            )))  # fmt: skip
-            dropped, freed = 0, []
-            continue
-        version += 1
-        share(version)
-        target = learner.take_target()
-        send_optimizer = time.monotonic() - last_optimizer >= optimizer_every_s
-        last_optimizer = time.monotonic() if send_optimizer else last_optimizer
-        outbox.put(("publication", Publication(
-            version, True,
-            learner.optimizer_state() if send_optimizer else None,
-            metrics, len(batch), dropped, learner.nonfinite_steps - undone,
-            None if target is None else (target.numpy(), version),  # taken by this version
-            freed=freed,
-        )))  # fmt: skip
-        dropped, freed = 0, []

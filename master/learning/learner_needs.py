@@ -1,0 +1,72 @@
+"""What the master host must have for a run's learner beside it: the device its config names
+(`resolve_device`) and room in shared memory for the learner's rollout slots and weights
+(`check_shared_memory`). Both are checked at `POST /train`, before anything changes."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+
+import torch
+
+from a3c_http.wire.named_tensors import Expected
+
+
+class DeviceUnavailable(ValueError):
+    """The config's `device` is not on this host."""
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device `device` names on this host; DeviceUnavailable when it has none such."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceUnavailable(f"device {name!r}: torch sees no CUDA GPU on the master host")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            count = torch.cuda.device_count()
+            raise DeviceUnavailable(f"device {name!r}: the master host has {count} CUDA GPUs")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise DeviceUnavailable(f"device {name!r}: torch sees no MPS device on the master host")
+    return device
+
+
+
+class SharedMemoryShort(ValueError):
+    """The host's shared memory cannot hold the learner's slots."""
+
+
+SHM_DIR = "/dev/shm"
+
+
+def slots_bytes(expected: Mapping[str, Expected], capacity: int) -> int:
+    """The shared memory `capacity` slots of rollouts holding `expected` take."""
+    return capacity * sum(
+        math.prod(e.shape) * torch.empty((), dtype=e.dtypes[0]).element_size()
+        for e in expected.values()
+    )
+
+
+def check_shared_memory(
+    expected: Mapping[str, Expected], capacity: int, weights_bytes: int = 0
+) -> None:
+    """SharedMemoryShort when SHM_DIR (where torch puts shared tensors on Linux) has less room
+    than the slots and the shared weights need: writing past its end would kill the master
+    (SIGBUS), not raise."""
+    try:
+        room = os.statvfs(SHM_DIR)
+    except OSError:  # no such folder (not Linux): nothing to measure
+        return
+    free = room.f_bavail * room.f_frsize
+    need = slots_bytes(expected, capacity) + weights_bytes
+    if need > free:
+        raise SharedMemoryShort(
+            f"the learner's {capacity} rollout slots (queue_capacity, twice queue_size) and "
+            "its weights take "
+            f"{need / 2**20:.0f} MiB of shared memory, and {SHM_DIR} on the master host has "
+            f"{free / 2**20:.0f} MiB free: give the master more (docker run --shm-size, compose "
+            "shm_size, a Memory emptyDir at /dev/shm on Kubernetes), or make rollouts smaller "
+            "(num_envs, t_max) or fewer (queue_size)"
+        )
