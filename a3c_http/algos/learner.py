@@ -8,8 +8,8 @@ policy's log-probabilities and the version of the weights that acted, goes to th
 safetensors body (`rollout_tensors`, `POST /experience`), whose reply brings the newest weights when
 they changed. The master checks the body against `expected_tensors` and queues it for the learner
 process (master/learning/learner_process.py), which takes `queue_size` rollouts at a time as one
-`Batch` and hands them to the run's `Learner` (a3c_http/algos/ppo.py, a3c_http/algos/impala.py,
-a3c_http/algos/apex.py).
+`Batch` and hands them to the run's `Learner` (a3c_http/algos/ppo/algorithm.py, a3c_http/algos/impala/algorithm.py,
+a3c_http/algos/apex/algorithm.py).
 
 A learner owns the network and its optimizer on its device (`device`): one `FlatNetwork`
 (a3c_http/optim/flatnet.py) as the master's parameter server has, so what it publishes (the
@@ -120,7 +120,7 @@ def expected_tensors(
     own_specs = {
         "log_probs": log_probs,
         "priorities": Expected((steps, n), _FLOATS, 0.0, None, "the priorities"),
-        # An n-step cut (a3c_http/algos/dqn_loss.py `nstep_cut`): its return, its discount and
+        # An n-step cut (a3c_http/algos/dqn/loss.py `nstep_cut`): its return, its discount and
         # the index of the observation it bootstraps from, of `obs` followed by `last_obs`.
         "returns": Expected((steps, n), _FLOATS),
         "discounts": Expected((steps, n), _FLOATS, 0.0, 1.0, "the discounts"),

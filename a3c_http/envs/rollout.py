@@ -2,7 +2,7 @@
 
 The vector environment runs in gymnasium's NEXT_STEP autoreset mode (asked for explicitly): the step
 after an episode end only resets that sub-environment. Those steps are marked `valid = False` and
-earn nothing; see `a3c_http.algos.a3c` for how the loss uses the mask. The observation after such a
+earn nothing; see `a3c_http.algos.a3c.algorithm` for how the loss uses the mask. The observation after such a
 step begins an episode: `starts` marks it, and a recurrent policy's state is zeroed there.
 
 Episodes are reported with the return and length `RecordEpisodeStatistics` measured
@@ -60,7 +60,7 @@ class Rollout:
     # The version of the global weights that acted (what a worker last loaded; 0 before any).
     policy_version: int = 0
     # Per-step tensors ([T, N]) an algorithm adds for its learner, by their wire names (Ape-X's
-    # actors: each step's n-step cut and initial priority, a3c_http/algos/apex.py).
+    # actors: each step's n-step cut and initial priority, a3c_http/algos/apex/algorithm.py).
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     # The observation after the last step ([N, *obs_shape]) and whether it begins an episode
     # ([N] bool): what a learner that computes the values itself bootstraps from.

@@ -43,7 +43,7 @@ STEP_BOUND = 100.0
 WEIGHT_BOUND_LIMIT = 1e37
 # A gradient below this in size squares to a finite float32 (the optimizers' moments).
 GRADIENT_LIMIT = 1e18
-# The optimizers STEP_BOUND holds for, as a3c_http/algos/a3c.py `make_optimizer` makes them.
+# The optimizers STEP_BOUND holds for, as a3c_http/algos/a3c/algorithm.py `make_optimizer` makes them.
 _BOUNDED = (torch.optim.RMSprop, torch.optim.Adam)
 
 
@@ -116,7 +116,7 @@ class FlatNetwork:
         group["lr"] = lr * lr_scale
         try:
             # PlainRMSprop's step without the hook torch.optim wraps `step` in
-            # (a3c_http/algos/a3c.py)
+            # (a3c_http/algos/a3c/algorithm.py)
             getattr(self.optimizer, "apply", self.optimizer.step)()
         finally:
             self.params.grad = None

@@ -1,5 +1,5 @@
 """The target network of a value-based run (`algo` dqn and apex): the global weights of one earlier
-version, which the DQN loss bootstraps from (a3c_http/algos/dqn_loss.py).
+version, which the DQN loss bootstraps from (a3c_http/algos/dqn/loss.py).
 
 The parameter server keeps it under its lock, beside the global network. In a dqn run it refreshes
 it itself: whenever an applied update takes the weights `target_update` versions past it, the

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from a3c_http.algos.single_process import train
+from a3c_http.algos.a3c.single_process import train
 from a3c_http.config.training import TrainConfig
 from a3c_http.local.cluster import LocalCluster, ServiceProcess, free_port, wait_for
 from a3c_http.testing.delayproxy import DelayProxy

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from a3c_http.algos.a3c import rollout_loss
+from a3c_http.algos.a3c.algorithm import rollout_loss
 from a3c_http.algos.base import gradients
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import RolloutCollector

@@ -44,7 +44,7 @@ from scripts.benchlib.tasks import (
 
 
 def run_inprocess(env_id: str, seed: int, overrides: dict, budget: int) -> dict:
-    from a3c_http.algos.single_process import train
+    from a3c_http.algos.a3c.single_process import train
     from a3c_http.config.training import TrainConfig
 
     r = train(TrainConfig(**{"env_id": env_id, "seed": seed, **overrides}), budget)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from a3c_http.algos.a3c import rollout_loss
+from a3c_http.algos.a3c.algorithm import rollout_loss
 from a3c_http.algos.base import gradients
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.make import MissingDependency, register_family

@@ -4,7 +4,7 @@ steps to a task's target for each number of workers and each lag, over seeds.
     .venv/bin/python scripts/bench.py staleness [--workers 1,2,4,8,16] [--lags 1,2] [--seeds 3]
         [--task CartPole-v1] [--config '{"hidden_sizes": [700, 700]}'] [--budget N]
 
-The learner in one process plays the workers in turn (a3c_http/algos/single_process.py): each
+The learner in one process plays the workers in turn (a3c_http/algos/a3c/single_process.py): each
 computes its rollouts on its own copy of the weights, the master's step applies them, and the worker
 loads the weights of the step after its own push `lag` turns before. Lag 1 is a worker that waits
 for each reply (`max_in_flight: 0`): every update is W - 1 versions old. Lag 2 is one that keeps a
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from a3c_http.algos.single_process import train
+from a3c_http.algos.a3c.single_process import train
 from a3c_http.config.training import TrainConfig
 from scripts.benchlib.options import config_overrides, counts
 from scripts.benchlib.procs import end_on_signals

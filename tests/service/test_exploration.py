@@ -15,8 +15,8 @@ import torch
 from fastapi.testclient import TestClient
 from torch.distributions import Normal
 
-import a3c_http.algos.a3c as a3c_module
-from a3c_http.algos.a3c import A3C
+import a3c_http.algos.a3c.algorithm as a3c_module
+from a3c_http.algos.a3c.algorithm import A3C
 from a3c_http.algos.exploration import Exploration, ExplorationError, derive, widened
 from a3c_http.config.settings import Settings
 from a3c_http.config.training import TrainConfig

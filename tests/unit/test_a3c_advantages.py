@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from a3c_http.algos.a3c import compute_advantages
+from a3c_http.algos.a3c.algorithm import compute_advantages
 
 F = torch.float64
 

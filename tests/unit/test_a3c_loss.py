@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from a3c_http.algos.a3c import a3c_loss, compute_advantages
+from a3c_http.algos.a3c.algorithm import a3c_loss, compute_advantages
 from a3c_http.algos.base import gradients
 from a3c_http.models.actor_critic import ActorCritic
 
@@ -213,7 +213,7 @@ def test_gradients_are_copies() -> None:
 
 
 def test_rollout_loss_is_the_loss_of_the_rollouts_advantages() -> None:
-    from a3c_http.algos.a3c import rollout_loss
+    from a3c_http.algos.a3c.algorithm import rollout_loss
     from a3c_http.config.training import TrainConfig
     from a3c_http.envs.rollout import RolloutCollector
     from a3c_http.models.actor_critic import build_model

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from a3c_http.algos.apex import ApexActor, ApexLearner, actor_extras, transitions_of
-from a3c_http.algos.dqn_loss import nstep_transitions
+from a3c_http.algos.apex.algorithm import ApexActor, ApexLearner, actor_extras, transitions_of
+from a3c_http.algos.dqn.loss import nstep_transitions
 from a3c_http.algos.learner import rollout_tensors
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import RolloutCollector

@@ -11,10 +11,10 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from a3c_http.algos.a3c import compute_advantages
-from a3c_http.algos.impala import ImpalaLearner, vtrace
+from a3c_http.algos.a3c.algorithm import compute_advantages
+from a3c_http.algos.impala.algorithm import ImpalaLearner, vtrace
 from a3c_http.algos.learner import Batch, expected_tensors, rollout_tensors
-from a3c_http.algos.ppo import PPOLearner, clip_range, ppo_loss
+from a3c_http.algos.ppo.algorithm import PPOLearner, clip_range, ppo_loss
 from a3c_http.algos.registry import algorithm_class
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import RolloutCollector

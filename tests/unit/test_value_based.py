@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from a3c_http.algos.a3c import A3C
-from a3c_http.algos.apex import ApexActor
-from a3c_http.algos.dqn import epsilon_at
-from a3c_http.algos.dqn_loss import Transitions, dqn_loss, nstep_transitions
+from a3c_http.algos.a3c.algorithm import A3C
+from a3c_http.algos.apex.algorithm import ApexActor
+from a3c_http.algos.dqn.algorithm import epsilon_at
+from a3c_http.algos.dqn.loss import Transitions, dqn_loss, nstep_transitions
 from a3c_http.algos.exploration import derive
 from a3c_http.algos.replay import MAX_PRIORITY, Replay, SumTree
 from a3c_http.config.training import TrainConfig

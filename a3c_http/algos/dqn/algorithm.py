@@ -3,7 +3,7 @@ learner of its own, and the master is the parameter server (seeds 000 and 001).
 
 A worker acts epsilon-greedily with the global weights it last received, its epsilon falling
 linearly over its own env steps (`exploration_steps`, as asynchronous DQN anneals each actor's).
-Each rollout's n-step transitions (a3c_http/algos/dqn_loss.py) go into its bounded replay; once
+Each rollout's n-step transitions (a3c_http/algos/dqn/loss.py) go into its bounded replay; once
 that holds `learning_starts`, it samples `gradient_steps` minibatches after each rollout and
 pushes the DQN loss's gradients through the cluster's gradient path, where the master refuses
 those too stale (`max_staleness`) or outliers (`outlier_sigma`), as Gorila's parameter server
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from a3c_http.algos.base import Algorithm, GradientUpdate, Sends, WorkerPort, gradients
-from a3c_http.algos.dqn_loss import Transitions, dqn_loss, nstep_transitions
+from a3c_http.algos.dqn.loss import Transitions, dqn_loss, nstep_transitions
 from a3c_http.algos.learner import rollout_tensors
 from a3c_http.algos.replay import Replay
 from a3c_http.config.training import TrainConfig

@@ -2,7 +2,7 @@
 staleness. The benchmarks measure it beside the cluster, and the learning tests use it.
 
 Every step is the one the cluster takes: the worker's rollout, loss and clipped gradients
-(a3c_http.envs.rollout, a3c_http.algos.a3c), then the master's optimizer step and statistics merge
+(a3c_http.envs.rollout, a3c_http.algos.a3c.algorithm), then the master's optimizer step and statistics merge
 (a3c_http/optim/flatnet.py, which master/learning/parameter_server.py uses too).
 
 It can also play several workers in turn, to show what the cluster's staleness does to learning
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from a3c_http.algos.a3c import rollout_loss
+from a3c_http.algos.a3c.algorithm import rollout_loss
 from a3c_http.algos.base import gradients
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import RolloutCollector

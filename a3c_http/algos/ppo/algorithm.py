@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from a3c_http.algos.a3c import compute_advantages
+from a3c_http.algos.a3c.algorithm import compute_advantages
 from a3c_http.algos.learner import Batch, ExperienceAlgorithm, Learner, explained_variance
 from a3c_http.config.training import TrainConfig
 

@@ -3,7 +3,7 @@ one learner.
 
 Workers only act, each with its own epsilon (apex_epsilon^(1 + apex_epsilon_alpha * s(k)),
 a3c_http/algos/exploration.py), and push their rollouts through the experience path with each
-step's n-step transition as they cut it once (a3c_http/algos/dqn_loss.py `nstep_cut`: its return,
+step's n-step transition as they cut it once (a3c_http/algos/dqn/loss.py `nstep_cut`: its return,
 discount and bootstrap index) and its initial priority: its absolute TD error under the actor's own
 network (`actor_extras`). The learner beside the master (master/learning/learner_process.py) takes
 those transitions as they are (`transitions_of`), keeps them in a prioritized replay
@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from a3c_http.algos.dqn import AnnealedEpsilon
-from a3c_http.algos.dqn_loss import Transitions, cut_transitions, dqn_loss, nstep_cut
+from a3c_http.algos.dqn.algorithm import AnnealedEpsilon
+from a3c_http.algos.dqn.loss import Transitions, cut_transitions, dqn_loss, nstep_cut
 from a3c_http.algos.learner import ExperienceAlgorithm, Learner, rollout_tensors
 from a3c_http.algos.replay import Replay
 from a3c_http.config.training import TrainConfig

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from a3c_http.algos.a3c import rollout_loss
+from a3c_http.algos.a3c.algorithm import rollout_loss
 from a3c_http.algos.base import Algorithm, Sends, WorkerPort
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import Rollout

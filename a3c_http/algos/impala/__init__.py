@@ -1,0 +1,1 @@
+"""IMPALA: workers ship rollouts of a lagging policy; the learner corrects them with V-trace."""
