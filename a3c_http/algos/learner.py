@@ -8,8 +8,8 @@ policy's log-probabilities and the version of the weights that acted, goes to th
 safetensors body (`rollout_tensors`, `POST /experience`), whose reply brings the newest weights when
 they changed. The master checks the body against `expected_tensors` and queues it for the learner
 process (master/learning/learner_process.py), which takes `queue_size` rollouts at a time as one
-`Batch` and hands them to the run's `Learner` (a3c_http/algos/ppo/algorithm.py, a3c_http/algos/impala/algorithm.py,
-a3c_http/algos/apex/algorithm.py).
+`Batch` and hands them to the run's `Learner` (a3c_http/algos/ppo/algorithm.py,
+a3c_http/algos/impala/algorithm.py, a3c_http/algos/apex/algorithm.py).
 
 A learner owns the network and its optimizer on its device (`device`): one `FlatNetwork`
 (a3c_http/optim/flatnet.py) as the master's parameter server has, so what it publishes (the

@@ -6,6 +6,7 @@ from typing import Any
 
 from torch import nn
 
+from a3c_http.algos.a2c.algorithm import SyncA2C
 from a3c_http.algos.a3c.algorithm import A3C
 from a3c_http.algos.apex.algorithm import ApexActor
 from a3c_http.algos.base import Algorithm, Sends
@@ -13,7 +14,6 @@ from a3c_http.algos.best_weights.algorithm import BestWeights
 from a3c_http.algos.dqn.algorithm import AsyncDQN
 from a3c_http.algos.impala.algorithm import Impala
 from a3c_http.algos.ppo.algorithm import PPO
-from a3c_http.algos.a2c.algorithm import SyncA2C
 from a3c_http.config.training import TrainConfig
 
 # By name: A3C's by `sync_mode` value, the others by `algo` value.

@@ -2,8 +2,9 @@
 
 The vector environment runs in gymnasium's NEXT_STEP autoreset mode (asked for explicitly): the step
 after an episode end only resets that sub-environment. Those steps are marked `valid = False` and
-earn nothing; see `a3c_http.algos.a3c.algorithm` for how the loss uses the mask. The observation after such a
-step begins an episode: `starts` marks it, and a recurrent policy's state is zeroed there.
+earn nothing; see `a3c_http.algos.a3c.algorithm` for how the loss uses the mask. The observation
+after such a step begins an episode: `starts` marks it, and a recurrent policy's state is zeroed
+there.
 
 Episodes are reported with the return and length `RecordEpisodeStatistics` measured
 (a3c_http/envs/make.py): the true ones, whatever the loss learns from (`clip_reward`: the sign of

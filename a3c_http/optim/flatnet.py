@@ -43,7 +43,8 @@ STEP_BOUND = 100.0
 WEIGHT_BOUND_LIMIT = 1e37
 # A gradient below this in size squares to a finite float32 (the optimizers' moments).
 GRADIENT_LIMIT = 1e18
-# The optimizers STEP_BOUND holds for, as a3c_http/algos/a3c/algorithm.py `make_optimizer` makes them.
+# The optimizers STEP_BOUND holds for, as a3c_http/algos/a3c/algorithm.py `make_optimizer`
+# makes them.
 _BOUNDED = (torch.optim.RMSprop, torch.optim.Adam)
 
 

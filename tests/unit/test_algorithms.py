@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 import torch
 
+from a3c_http.algos.a2c.algorithm import SyncA2C
 from a3c_http.algos.a3c.algorithm import A3C
 from a3c_http.algos.base import GradientUpdate, Sends
 from a3c_http.algos.best_weights.algorithm import BestWeights
 from a3c_http.algos.impala.algorithm import Impala
 from a3c_http.algos.ppo.algorithm import PPO
 from a3c_http.algos.registry import ALGORITHMS, algorithm_class, algorithm_for
-from a3c_http.algos.a2c.algorithm import SyncA2C
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import Episode, Rollout, RolloutCollector
 from a3c_http.models.actor_critic import model_for

@@ -125,9 +125,9 @@ def test_the_learner_reports_its_env_steps_after_every_update() -> None:
 def test_workers_played_in_turn_take_steps_lag_times_workers_minus_one_versions_old(
     workers: int, lag: int
 ) -> None:
-    """The emulation of a cluster's staleness (a3c_http/algos/a3c/single_process.py): once every worker
-    has loaded a reply, each update is exactly lag x workers - 1 versions old; before, the workers
-    act on the first weights, version 0."""
+    """The emulation of a cluster's staleness (a3c_http/algos/a3c/single_process.py): once every
+    worker has loaded a reply, each update is exactly lag x workers - 1 versions old; before, the
+    workers act on the first weights, version 0."""
     config = TrainConfig(env_id="A3CTestSignal-v0", num_envs=4, t_max=5, seed=0, target_return=1e9)
     result = train(config, max_steps=600, workers=workers, lag=lag)
     first = lag * workers

@@ -1,5 +1,5 @@
-"""The staleness-aware step (staleness_scaling, a3c_http/algos/a3c/algorithm.py `lr_scale`) and the bound that
-still refuses what is too old, on the parameter server itself (unit: no HTTP)."""
+"""The staleness-aware step (staleness_scaling, a3c_http/algos/a3c/algorithm.py `lr_scale`) and the
+bound that still refuses what is too old, on the parameter server itself (unit: no HTTP)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Sync A2C across machines (sync_mode `sync`): each worker computes A3C's gradients of its rollout
-(a3c_http/algos/a3c/algorithm.py) and waits for the reply; the master gathers one gradient of each running
-worker for the current version and applies their mean in one step, answering every push of the
-round with the same new weights (the rounds: master/learning/rounds.py). A round closes
+"""Sync A2C across machines (sync_mode `sync`): each worker computes A3C's gradients of its
+rollout (a3c_http/algos/a3c/algorithm.py) and waits for the reply; the master gathers one gradient
+of each running worker for the current version and applies their mean in one step, answering every
+push of the round with the same new weights (the rounds: master/learning/rounds.py). A round closes
 `sync_timeout_s` after its first gradient without the workers that did not send one.
 """
 

@@ -2,8 +2,8 @@
 staleness. The benchmarks measure it beside the cluster, and the learning tests use it.
 
 Every step is the one the cluster takes: the worker's rollout, loss and clipped gradients
-(a3c_http.envs.rollout, a3c_http.algos.a3c.algorithm), then the master's optimizer step and statistics merge
-(a3c_http/optim/flatnet.py, which master/learning/parameter_server.py uses too).
+(a3c_http.envs.rollout, a3c_http.algos.a3c.algorithm), then the master's optimizer step and
+statistics merge (a3c_http/optim/flatnet.py, which master/learning/parameter_server.py uses too).
 
 It can also play several workers in turn, to show what the cluster's staleness does to learning
 without the cores to run the workers at once (`scripts/bench.py staleness`). W workers each have

@@ -4,9 +4,9 @@ learner beside the master takes `n_epochs` optimizer steps (the paper's one by d
 (the behaviour policy, whose log-probabilities each rollout carries) and the learner's: rollouts
 several versions old still count, weighted by their truncated importance ratios.
 
-Episode ends are encoded as in a3c_http/algos/a3c/algorithm.py (gymnasium's NEXT_STEP autoreset): the step
-after an episode end is not a transition (`valid` False) and the chain of corrections stops at
-every end; a truncated episode bootstraps from the value of its last observation.
+Episode ends are encoded as in a3c_http/algos/a3c/algorithm.py (gymnasium's NEXT_STEP autoreset):
+the step after an episode end is not a transition (`valid` False) and the chain of corrections
+stops at every end; a truncated episode bootstraps from the value of its last observation.
 """
 
 from __future__ import annotations
