@@ -28,6 +28,9 @@ s = RunStore.acquire(Path(sys.argv[1]))
 loaded = s.load()
 n = loaded.state["n"] if loaded else 0
 print("ready", flush=True)
+n += 1
+s.save(numbered(n))
+print("saved", flush=True)
 while True:
     n += 1
     s.save(numbered(n))
@@ -38,10 +41,12 @@ while True:
 def test_kill_9_in_the_middle_of_saves_leaves_one_whole_snapshot(tmp_path: Path) -> None:
     """SIGKILL a process that saves snapshots as fast as it can, at seeded random moments, again
     and again: every time, what is on disk loads as one whole snapshot, and the killed owner's
-    lock does not keep the next process out."""
+    lock does not keep the next process out. The first process is killed at any moment, even
+    before its first save; each later one once it has saved (so that the run moves on however
+    slow the machine is), in the middle of the saves that follow."""
     rng = random.Random(3)
     seen: list[int] = []
-    for _ in range(6):
+    for attempt in range(6):
         proc = subprocess.Popen(
             [sys.executable, "-c", KILL_LOOP, str(tmp_path), str(ROOT)],
             stdout=subprocess.PIPE,
@@ -49,6 +54,8 @@ def test_kill_9_in_the_middle_of_saves_leaves_one_whole_snapshot(tmp_path: Path)
         )
         try:
             assert proc.stdout.readline().strip() == "ready"
+            if attempt > 0:
+                assert proc.stdout.readline().strip() == "saved"
             time.sleep(rng.uniform(0.0, 0.08))  # a random moment to kill at, not a synchronisation
         finally:
             proc.send_signal(signal.SIGKILL)
