@@ -16,9 +16,10 @@ from fastapi import FastAPI, HTTPException, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from a3c_http import tuning
+from a3c_http.algos.a3c.config import A3CConfig
 from a3c_http.algos.exploration import Exploration
+from a3c_http.algos.registry import AnyTrainConfig
 from a3c_http.config.settings import WorkerSettings
-from a3c_http.config.training import TrainConfig
 from a3c_http.net.client import A3CError, MasterClient, MasterUnavailable
 from a3c_http.net.tls import TLSError
 from a3c_http.server import logs
@@ -49,7 +50,7 @@ class StartIn(BaseModel):
         "master_url.",
     )
     worker_id: str = Field(min_length=1, max_length=128, pattern=WORKER_ID_PATTERN)
-    config: TrainConfig = Field(default_factory=TrainConfig)
+    config: AnyTrainConfig = Field(default_factory=A3CConfig)
     run_id: str | None = Field(None, max_length=64)
     exploration: Exploration | None = Field(
         None,
@@ -173,7 +174,7 @@ class WorkerService:
             "worker started",
             master_url=body.master_url,
             env_id=cfg.env_id,
-            sync_mode=cfg.sync_mode,
+            algo=cfg.algo,
             num_envs=cfg.num_envs,
             entropy_coef=exploration.entropy_coef,
         )

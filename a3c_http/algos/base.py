@@ -4,7 +4,7 @@ An algorithm is a room: what a worker does with each rollout and sends, and what
 with what arrives. The plumbing around it (collecting rollouts, the wire, the transport, admission,
 versions, persistence, the views) is shared and knows no algorithm by name: the worker's trainer
 and the master's state ask the run's algorithm (a3c_http/algos/registry.py, by the config's
-`sync_mode`) and never branch on the mode themselves.
+`algo`) and never branch on its name themselves.
 
 What an algorithm sends (`Sends`) decides which of the cluster's two data flows it uses:
 
@@ -128,14 +128,17 @@ class ParameterServerPort(Protocol):
 
 
 class Algorithm:
-    """One algorithm of the cluster. Subclasses set `name` (the config's `sync_mode` value that
-    selects it, in a3c_http/algos/registry.py) and `sends`, and implement `on_rollout`; the rest
-    has the plain gradient-pushing defaults. What the cluster's shared code needs to know of an
-    algorithm it asks the class (`sends`, `target_refresh_every`, `epsilon_of`), never its
-    name."""
+    """One algorithm of the cluster. Subclasses set `name` (the config's `algo` that selects
+    it; its section, a3c_http/algos/<algo>/config.py, names the class) and `sends`, and
+    implement `on_rollout`; the rest has the plain gradient-pushing defaults. What the cluster's
+    shared code needs to know of an algorithm it asks the class (`sends`, `target_network`,
+    `target_refresh_every`, `epsilon_of`), never its name."""
 
     name: ClassVar[str]
     sends: ClassVar[Sends]
+    # Whether the master keeps a target network of the run beside its weights (saved and
+    # served with them: the value-based algorithms').
+    target_network: ClassVar[bool] = False
 
     @classmethod
     def target_refresh_every(cls, config: TrainConfig) -> int | None:

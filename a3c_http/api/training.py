@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from a3c_http.algos.registry import LEGACY_FIELDS, owners, train_config
 from a3c_http.api.environments import EnvChoice, EnvChoiceError, EnvLike, resolve
 from a3c_http.api.errors import TrainError
 from a3c_http.api.run import Progress, Run
@@ -25,7 +26,6 @@ from a3c_http.cli.progress import why_refused
 from a3c_http.config.ending import how_it_ends
 from a3c_http.config.files import BODY_FIELDS
 from a3c_http.config.hints import unknown_field
-from a3c_http.config.training import TrainConfig
 from a3c_http.config.workerlist import WorkerListError, normalize_url
 from a3c_http.envs.make import allow_modules, listed_modules
 from a3c_http.local.cluster import LocalCluster, free_port
@@ -119,7 +119,7 @@ def train(
 
 def _body(config: dict[str, Any] | None) -> dict[str, Any]:
     body = dict(config or {})
-    known = [*TrainConfig.model_fields, *BODY_FIELDS]
+    known = [*owners(), *BODY_FIELDS, *LEGACY_FIELDS]
     unknown = [name for name in body if name not in known]
     if unknown:
         raise TrainError("config: " + "; ".join(unknown_field(n, known) for n in unknown))
@@ -148,7 +148,7 @@ def _train_here(
         )
     allow_modules(choice.modules)
     try:  # said before any process starts, as the master would say it
-        resolved = TrainConfig(**body).resolved()
+        resolved = train_config(body).resolved()
     except ValidationError as exc:
         why = "; ".join(describe_error(e, "config") for e in exc.errors())
         raise TrainError(f"the config is refused: {why}") from None

@@ -15,6 +15,7 @@ from collections import defaultdict, deque
 from itertools import accumulate
 from pathlib import Path
 
+from a3c_http.algos.registry import DEFAULT_ALGO, upgrade
 from a3c_http.store.runstore import RunStore
 
 INSTALL = (
@@ -82,7 +83,8 @@ def plot(run_dirs: Path | list[Path], out: Path | None = None) -> Path:
                 yerr=[e["std_return"] for e in evaluations],
                 fmt="o", color="tab:red", capsize=3, label="evaluation (greedy)",
             )
-        title = f"{config.get('env_id', '')} — {config.get('sync_mode', '')}"
+        algo = upgrade(config)[0].get("algo", DEFAULT_ALGO)  # a run of before: its sync_mode's
+        title = f"{config.get('env_id', '')} — {algo}"
         ax.set_title(f"{title} — run {config.get('run_id', '')}")
     for target in sorted(targets):
         ax.axhline(target, color="tab:green", linestyle="--", label=f"target {target:g}")

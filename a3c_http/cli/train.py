@@ -34,10 +34,10 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import ValidationError
 
+from a3c_http.algos.registry import train_config
 from a3c_http.cli.progress import follow, start_run
 from a3c_http.config import files as configfile
 from a3c_http.config.ending import how_it_ends
-from a3c_http.config.training import TrainConfig
 from a3c_http.config.workerlist import WorkerListError, normalize_url, read_workers_file
 from a3c_http.local.cluster import LocalCluster
 from a3c_http.net import tls
@@ -131,7 +131,7 @@ def printed_config(body: dict[str, Any]) -> str:
     `master_url`, if it gives them). An unset seed stays unset: the master draws one per run."""
     fields = {k: v for k, v in body.items() if k not in configfile.BODY_FIELDS}
     try:
-        config = TrainConfig(**fields)
+        config = train_config(fields)
         config = config.resolved().model_copy(update={"seed": config.seed})
     except ValidationError as exc:
         raise ValueError("; ".join(describe_error(e, "config") for e in exc.errors())) from None

@@ -1,11 +1,12 @@
 """Training configs as files: read a TOML or JSON file (or an inline JSON object) into the body of
 `POST /train`, read a run's saved config, and write a config as TOML.
 
-A config file holds the fields of the training config (a3c_http/config/training.py), as the JSON
-body of `POST /train` does; TOML tables are the dict fields (`[env_kwargs]`). TOML has no null: a
-field to set to null (`max_steps`, `outlier_sigma`, `preset`) is listed in `unset = [...]`. The
-`config.json` a master saves in a run folder is read as it is: its `run_id` is the run's own and is
-left out, and the fields an earlier version did not save get what they meant then (`saved_fields`).
+A config file holds the fields of the training config (a3c_http/config/training.py and the
+section of its `algo`, a3c_http/algos/<algo>/config.py), as the JSON body of `POST /train` does;
+TOML tables are the dict fields (`[env_kwargs]`). TOML has no null: a field to set to null
+(`max_steps`, `outlier_sigma`, `preset`) is listed in `unset = [...]`. The `config.json` a master
+saves in a run folder is read as it is: its `run_id` is the run's own and is left out, and the
+fields an earlier version did not save get what they meant then (`saved_fields`).
 
 Nothing here validates values: the master does, and a file names a run that another host's
 master may validate with packages this host lacks. Unknown field names are caught here, with
@@ -25,6 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from a3c_http.algos.registry import LEGACY_FIELDS, owners, train_config
 from a3c_http.config.hints import unknown_field
 from a3c_http.config.presets import preset_of
 from a3c_http.config.training import TrainConfig
@@ -61,8 +63,9 @@ def saved_fields(data: dict[str, Any]) -> dict[str, Any]:
 def saved_config(data: dict[str, Any]) -> TrainConfig:
     """The config of a saved run, as it was saved (also by an earlier version): the master
     resuming it (master/persistence/resume.py), evaluation, export (a3c_http/policy/export.py) and
-    the config files here read it so."""
-    return TrainConfig(**saved_fields(data))
+    the config files here read it so. A config of before the algorithms' sections is upgraded
+    (a3c_http/algos/registry.py `upgrade`)."""
+    return train_config(saved_fields(data))
 
 
 class RunFolderError(ValueError):
@@ -174,7 +177,7 @@ def _unset(data: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _checked(data: dict[str, Any], where: str) -> dict[str, Any]:
-    known = [*TrainConfig.model_fields, *BODY_FIELDS]
+    known = [*owners(), *BODY_FIELDS, *LEGACY_FIELDS]
     unknown = [name for name in data if name not in known]
     if unknown:
         raise ConfigFileError(f"{where}: " + "; ".join(unknown_field(n, known) for n in unknown))
@@ -209,8 +212,8 @@ def _absent_is_none(config: TrainConfig, name: str) -> bool:
     """Whether leaving `name` out of a file gives None: its default is None, and for `preset`,
     env_id has no preset of its own (which an absent preset takes)."""
     if name == "preset":
-        return preset_of(config.env_id, config.algo) is None
-    return TrainConfig.model_fields[name].default is None
+        return preset_of(config.env_id, type(config).presets) is None
+    return type(config).model_fields[name].default is None
 
 
 def to_toml(data: dict[str, Any], header: str = "") -> str:

@@ -1,17 +1,22 @@
-"""The training config: one pydantic model whose field descriptions are the reference (the
-process settings read from the environment are a3c_http/config/settings.py).
+"""The training config's shared section: the fields and checks every algorithm has, whose
+descriptions are the reference (the process settings read from the environment are
+a3c_http/config/settings.py).
 
-`TrainConfig` is the body of `POST /train`; the master validates it, resolves what depends on the
-environment (`target_return`), saves it with the run and sends it to every worker.
+Each algorithm's room declares its own section, a subclass of `TrainConfig` with its `algo` and
+its own fields, defaults and presets (a3c_http/algos/<algo>/config.py); the body of `POST /train`
+is one of them, chosen by its `algo` (a3c_http/algos/registry.py `train_config`). The master
+validates it, resolves what depends on the environment (`target_return`), saves it with the run
+and sends it to every worker.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    BaseModel,
     ConfigDict,
     Field,
     ModelWrapValidatorHandler,
@@ -22,9 +27,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from a3c_http.config.hints import with_field_hints
-from a3c_http.config.learner import LearnerFields
 from a3c_http.config.presets import with_preset
-from a3c_http.config.value_based import ValueFields
 from a3c_http.envs.make import env_spec
 
 # The largest seed torch.manual_seed takes (an unsigned 64-bit integer).
@@ -33,11 +36,20 @@ MAX_SEED = 2**64 - 1
 MAX_LOG_STD_SPREAD = 3.0
 
 
-class TrainConfig(ValueFields, LearnerFields):
-    """Everything that shapes one training run. Defaults solve CartPole-v1 in a few minutes on two
-    CPU cores with two workers."""
+class TrainConfig(BaseModel):
+    """What shapes one training run, as every algorithm has it. Never built itself: a run's
+    config is its algorithm's section (a subclass that narrows `algo` to its own name), built by
+    a3c_http/algos/registry.py `train_config`. A3C's defaults solve CartPole-v1 in a few minutes
+    on two CPU cores with two workers."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # What a section declares of its algorithm besides its fields: the values it starts from
+    # before a task's preset, its presets by env_id (a family's under its pattern, "ALE/*"), and
+    # the network it trains (a3c_http/models/actor_critic.py `model_for`).
+    defaults: ClassVar[dict[str, Any]] = {}
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
+    network: ClassVar[Literal["actor_critic", "q_network"]] = "actor_critic"
 
     env_id: str = Field(
         "CartPole-v1",
@@ -130,7 +142,7 @@ class TrainConfig(ValueFields, LearnerFields):
         gt=0,
         le=1,
         description="Learning rate of the master's optimizer "
-        "(and of each worker's own optimizer in best_weights mode).",
+        "(and of each worker's own optimizer with algo best_weights).",
     )
     lr_schedule: Literal["constant", "linear"] = Field(
         "constant",
@@ -149,24 +161,20 @@ class TrainConfig(ValueFields, LearnerFields):
         description="Gradients are clipped to this global L2 norm before they are sent; the "
         "master refuses (422) gradients whose norm is above it.",
     )
-    sync_mode: Literal["gradients", "best_weights", "sync"] = Field(
-        "gradients",
-        description="gradients: A3C, workers push gradients and the master applies them. "
-        "best_weights: the original design, a worker whose episode beats the best score pushes "
-        "its weights, which become the global weights. sync: A2C across machines, the master "
-        "waits for one gradient of each running worker for the current version and applies "
-        "their mean in one step (see sync_timeout_s).",
-    )
-    algo: Literal["a3c", "ppo", "impala", "dqn", "apex"] = Field(
+    algo: str = Field(
         "a3c",
-        description="a3c: workers push gradients, the master applies them (sync_mode says how). "
+        description="The algorithm, and with it the section of fields the config has besides "
+        "these (docs/configuration.md): a3c, workers push gradients that the master applies as "
+        "they come; a2c, the master waits for one gradient of each running worker for the "
+        "current version and applies their mean in one step (see sync_timeout_s); best_weights, "
+        "the original design, a worker whose episode beats the best score pushes its weights; "
         "ppo, impala: workers only act and push rollouts to a learner process beside the "
-        "master, whose new weights ride back on the replies: distributed PPO (n_epochs of "
-        "minibatches on queue_size rollouts), IMPALA (V-trace). dqn: asynchronous DQN and "
-        "Gorila, each worker with its own epsilon and replay pushes DQN gradients against the "
-        "master's target network. apex: Ape-X, actors with their own epsilons push prioritized "
-        "transitions to the learner's replay. Each starts from its own defaults "
-        "(a3c_http/config/presets.py ALGORITHM_DEFAULTS), then the task's preset.",
+        "master, whose new weights ride back on the replies: distributed PPO, IMPALA (V-trace); "
+        "dqn: asynchronous DQN and Gorila, each worker with its own epsilon and replay pushes "
+        "DQN gradients against the master's target network; apex: Ape-X, actors with their own "
+        "epsilons push prioritized transitions to the learner's replay. Each starts from its own "
+        "defaults, then the task's preset. A config of before (with sync_mode) still opens, "
+        "with a note.",
     )
     max_staleness: int = Field(
         128,
@@ -176,7 +184,7 @@ class TrainConfig(ValueFields, LearnerFields):
     )
     staleness_scaling: Literal["none", "inverse"] = Field(
         "none",
-        description="gradients mode: inverse divides the learning rate of each update by its "
+        description="a3c and dqn: inverse divides the learning rate of each update by its "
         "staleness, the versions between the weights its gradients were computed on and the "
         "current ones (at least 1), as staleness-aware async SGD (Zhang et al., IJCAI 2016); "
         "none: every update takes the full learning rate. max_staleness still refuses older "
@@ -188,8 +196,8 @@ class TrainConfig(ValueFields, LearnerFields):
         ge=0,
         le=64,
         description="Gradient pushes a worker keeps in flight while it collects its next "
-        "rollouts (gradients mode): as many as the round trip needs, up to this many and never "
-        "more than max_staleness. 0: wait for each reply before the next rollout. sync mode "
+        "rollouts (a3c, dqn): as many as the round trip needs, up to this many and never "
+        "more than max_staleness. 0: wait for each reply before the next rollout; a2c "
         "always waits. A large model with several workers learned reliably only with 0 or 1 "
         '(docs/performance.md, "Staleness"). ppo and impala: at most 1 experience push. With 0 '
         "a ppo worker waits for each reply, which the master holds until the update that takes "
@@ -233,7 +241,7 @@ class TrainConfig(ValueFields, LearnerFields):
         gt=0,
         le=3600,
         description="A worker that had no reply from the master for this long sends a "
-        "heartbeat (every gradient push already reports its progress); in best_weights mode, "
+        "heartbeat (every gradient push already reports its progress); with algo best_weights, "
         "how often it reports and syncs weights.",
     )
     heartbeat_timeout_s: float = Field(
@@ -289,7 +297,7 @@ class TrainConfig(ValueFields, LearnerFields):
         "eval_every_updates).",
     )
 
-    # Refusing outlier updates (Gorila) and the synchronous mode (sync_mode=sync).
+    # Refusing outlier updates (Gorila) and the rounds of algo a2c.
     outlier_sigma: float | None = Field(
         6.0,
         gt=0,
@@ -311,10 +319,17 @@ class TrainConfig(ValueFields, LearnerFields):
         gt=0,
         le=3600,
         allow_inf_nan=False,
-        description="sync_mode=sync: a round applies what it gathered this long after its first "
+        description="a2c: a round applies what it gathered this long after its first "
         "gradient, without the running workers that did not send one. Must be below "
-        "heartbeat_timeout_s.",
+        "heartbeat_timeout_s. ppo with max_in_flight 0: how long a reply waits for the update that "
+        "takes its rollout.",
     )
+
+    @classmethod
+    def algorithm(cls) -> type:
+        """The algorithm class of this section (a3c_http/algos/base.py `Algorithm`), imported
+        on first use so that a config is read without torch."""
+        raise NotImplementedError(f"{cls.__name__} is the shared section, not an algorithm's")
 
     @model_validator(mode="wrap")
     @classmethod
@@ -328,18 +343,8 @@ class TrainConfig(ValueFields, LearnerFields):
         except ValidationError as exc:
             raise with_field_hints(exc, cls.model_fields) from None
 
-    @model_validator(mode="after")
-    def _sync_timeout_fits(self) -> TrainConfig:
-        if self.sync_mode == "sync" and self.sync_timeout_s >= self.heartbeat_timeout_s:
-            raise ValueError(
-                "sync_timeout_s must be below heartbeat_timeout_s with sync_mode=sync, or a "
-                "worker waiting for its round would be marked lost"
-            )
-        return self
-
     @field_validator(
-        "lr", "gamma", "gae_lambda", "entropy_coef", "value_coef", "max_grad_norm", "target_return",
-        "clip_range", "clip_range_vf", "vtrace_rho_bar", "vtrace_c_bar", "vtrace_lambda",
+        "lr", "gamma", "gae_lambda", "entropy_coef", "value_coef", "max_grad_norm", "target_return"
     )
     @classmethod
     def _finite(cls, v: float | None) -> float | None:
@@ -350,7 +355,7 @@ class TrainConfig(ValueFields, LearnerFields):
     @model_validator(mode="before")
     @classmethod
     def _preset(cls, data: Any) -> Any:
-        return with_preset(data)
+        return with_preset(data, cls.defaults, cls.presets)
 
     @field_validator("env_id")
     @classmethod

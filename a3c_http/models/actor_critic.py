@@ -212,7 +212,7 @@ def model_for(config: TrainConfig) -> ActorCritic:
     """The network a training config describes (the master, the workers and evaluation all build
     it here, so they agree on every name and shape): an actor-critic, or for the value-based
     algorithms (dqn, apex) a Q-network (a3c_http/models/q_network.py), which acts as one."""
-    if config.value_based:
+    if config.network == "q_network":
         env = make_env(config.env_id, config.env_kwargs, config.preprocess, config.frame_stack)
         try:
             return QNetwork.for_spaces(  # type: ignore[return-value]

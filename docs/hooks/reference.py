@@ -3,8 +3,9 @@
 A page's markdown holds each table between two markers, each on a line of its own, such as
 `<!-- a3c:train-config -->` and `<!-- /a3c:train-config -->`:
 
-- `<!-- a3c:train-config -->`: the training config, `TrainConfig` (a3c_http/config/training.py): one
-  row per field, its type, default and `description`;
+- `<!-- a3c:train-config -->`: the training config, its shared section `TrainConfig`
+  (a3c_http/config/training.py) and each algorithm's own (a3c_http/algos/<algo>/config.py): one
+  row per field, the algorithms that have it, its type, default and `description`;
 - `<!-- a3c:settings -->`: the process settings, `Settings` (master) and `WorkerSettings`
   (a3c_http/config/settings.py): one row per `A3C_*` variable, who reads it, its type, default and
   `description` (and one per old name a renamed setting is still read by);
@@ -106,15 +107,41 @@ def _type_cell(field: FieldInfo) -> str:
     return _cell(f"{text} ({bounds})" if bounds else text)
 
 
-def train_config_table() -> str:
+def train_config_rows() -> list[tuple[str, str, FieldInfo]]:
+    """(field, the algorithms whose section has it, field) for every field of any algorithm's
+    section (a3c_http/algos/registry.py): the shared fields first (`TrainConfig`, "all"), then
+    each section's own in the registry's order; a field two sections define differently (PPO's
+    `batch_size` and the value-based one) gets a row each."""
+    from a3c_http.algos.registry import CONFIGS
     from a3c_http.config.training import TrainConfig
 
-    rows = ["| field | type | default | meaning |", "| --- | --- | --- | --- |"]
-    for name, field in TrainConfig.model_fields.items():
+    rows: list[tuple[str, str, FieldInfo]] = [
+        (name, "all", field) for name, field in TrainConfig.model_fields.items()
+    ]
+    own: dict[str, dict[str, tuple[list[str], FieldInfo]]] = {}
+    for algo, section in CONFIGS.items():
+        for name, field in section.model_fields.items():
+            if name not in TrainConfig.model_fields:
+                own.setdefault(name, {}).setdefault(repr(field), ([], field))[0].append(algo)
+    for name, kinds in own.items():
+        rows.extend((name, ", ".join(algos), field) for algos, field in kinds.values())
+    return rows
+
+
+def train_config_table() -> str:
+    rows = [
+        "| field | algo | type | default | meaning |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    from a3c_http.algos.registry import CONFIGS
+
+    for name, algos, field in train_config_rows():
         if not field.description:
-            raise ValueError(f"TrainConfig.{name} has no description")
+            raise ValueError(f"the training config's {name} ({algos}) has no description")
+        kind = "one of " + ", ".join(f"`{a}`" for a in CONFIGS) if name == "algo" else None
         rows.append(
-            f"| `{name}` | {_type_cell(field)} | {_default(field)} | {_cell(field.description)} |"
+            f"| `{name}` | {algos} | {kind or _type_cell(field)} | {_default(field)} "
+            f"| {_cell(field.description)} |"
         )
     return "\n".join(rows)
 

@@ -3,11 +3,11 @@ metrics."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import gymnasium as gym
-from fastapi import HTTPException, Request
+from fastapi import Body, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
 from a3c_http.algos.exploration import ExplorationError
@@ -25,7 +25,15 @@ from a3c_http.server.edge import is_loopback
 from a3c_http.server.service import JSON_BODY, ErrorBody, conflict, protected_router
 from a3c_http.wire.protocol import METRICS_CONTENT_TYPE as METRICS_TYPE
 from master.api.deps import State
-from master.api.schemas import OTHER_RUN, EpisodeIn, HeartbeatIn, JoinIn, Seq, TrainIn
+from master.api.schemas import (
+    OTHER_RUN,
+    TRAIN_BODY,
+    EpisodeIn,
+    HeartbeatIn,
+    JoinIn,
+    Seq,
+    read_train_body,
+)
 from master.background.launcher import UNREACHABLE
 from master.background.launcher import start_workers as launch
 from master.learning.learner_needs import DeviceUnavailable
@@ -70,6 +78,7 @@ def unreachable_master(master_url: str, urls: list[str]) -> str | None:
 @router.post(
     "/train",
     status_code=202,
+    openapi_extra=TRAIN_BODY,
     responses={
         **JSON_BODY,
         **conflict("a run is running: POST /stop it first"),
@@ -80,23 +89,26 @@ def unreachable_master(master_url: str, urls: list[str]) -> str | None:
         },
     },
 )
-def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
+def train(
+    body: Annotated[dict[str, Any], Body()], request: Request, state: State
+) -> JSONResponse:
+    config, where, upgraded = read_train_body(body)
     settings = state.settings
     # The default workers file may be absent or empty: the run waits for workers that join. One
     # named by A3C_WORKERS_FILE must be there.
     default_file = "workers_file" not in settings.model_fields_set
     try:
         urls = (
-            parse_workers(body.workers, "workers", allow_none=True, served=settings.tls)
-            if body.workers is not None
+            parse_workers(where.workers, "workers", allow_none=True, served=settings.tls)
+            if where.workers is not None
             else read_workers_file(
                 settings.workers_file, missing_ok=default_file, served=settings.tls
             )
         )
     except WorkerListError as exc:
         raise HTTPException(422, str(exc)) from None
-    if body.master_url:
-        master_url, source = body.master_url, "master_url"
+    if where.master_url:
+        master_url, source = where.master_url, "master_url"
     elif settings.master_url:
         master_url, source = settings.master_url, "A3C_MASTER_URL"
     else:
@@ -115,7 +127,6 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
     # master learns only after start_timeout_s that none runs, and a new POST /train gets 409.
     if source == REQUEST_URL and (problem := unreachable_master(master_url, urls)):
         raise HTTPException(422, problem)
-    config = body.config()
     try:
         run_id, worker_ids = state.start_run(config, urls)
     except (ModelTooLarge, ExplorationError, DeviceUnavailable) as exc:
@@ -136,6 +147,8 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
             f"with A3C_MASTER_URL={master_url})"
         )
         data = {"run_id": run_id, "master_url": master_url, "ends": ends, "workers": []}
+        if upgraded:
+            data["upgraded"] = upgraded
         return JSONResponse({"data": {**data, "note": note}}, status_code=202)
     results = launch(
         state.ledger,
@@ -148,6 +161,8 @@ def train(body: TrainIn, request: Request, state: State) -> JSONResponse:
         push_url=state.receivers.url_for(master_url) if state.receivers is not None else None,
     )
     data = {"run_id": run_id, "master_url": master_url, "ends": ends, "workers": results}
+    if upgraded:
+        data["upgraded"] = upgraded
     if not any(r["started"] for r in results):
         state.finish("no worker could be started")
         why = "; ".join(f"{r['worker_id']} at {r['url']}: {r['error']}" for r in results)

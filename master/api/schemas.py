@@ -4,11 +4,13 @@ heartbeats, whose statistics may grow. Every value must have the JSON type the s
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Header
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from a3c_http.algos.registry import read_config, section_schemas
 from a3c_http.config.training import TrainConfig
 from a3c_http.server.service import conflict
 from a3c_http.wire.protocol import (
@@ -176,10 +178,9 @@ class EpisodeIn(Strict):
     run_id: RunId = None
 
 
-class TrainIn(TrainConfig):
-    """The training config plus where to find the workers and how they reach the master."""
-
-    model_config = ConfigDict(strict=True)
+class Where(Strict):
+    """The fields of POST /train's body beside the training config: where to find the workers
+    and how they reach the master."""
 
     workers: list[str] | None = Field(
         None,
@@ -195,5 +196,44 @@ class TrainIn(TrainConfig):
         "base URL this request was sent to.",
     )
 
-    def config(self) -> TrainConfig:
-        return TrainConfig(**self.model_dump(exclude={"workers", "master_url"}))
+
+
+def _train_body_schema() -> dict[str, Any]:
+    where = Where.model_json_schema()["properties"]
+    return {
+        "title": "TrainIn",
+        "description": "A training config of any algorithm (its section, by `algo`; absent: "
+        "a3c) and where the workers are.",
+        "anyOf": [
+            {**one, "properties": {**one["properties"], **where}} for one in section_schemas()
+        ],
+    }
+
+
+# POST /train's body in /openapi.json: the route reads it itself (`read_train_body`).
+TRAIN_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": _train_body_schema()}},
+    }
+}
+
+
+def read_train_body(body: dict[str, Any]) -> tuple[TrainConfig, Where, str | None]:
+    """POST /train's body as its config (its algorithm's section, strictly typed), where its
+    workers are, and the note of a config of before that was upgraded (None: none was). A body
+    that does not fit is a RequestValidationError, which every route's 422 reports alike."""
+    where = {name: body[name] for name in Where.model_fields if name in body}
+    fields = {name: value for name, value in body.items() if name not in where}
+    errors: list[Any] = []
+    try:
+        place = Where.model_validate(where)
+    except ValidationError as exc:
+        errors += exc.errors()
+    try:
+        config, note = read_config(fields, strict=True)
+    except ValidationError as exc:
+        errors += exc.errors()
+    if errors:
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors])
+    return config, place, note

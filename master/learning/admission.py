@@ -196,7 +196,7 @@ def staleness_problem(
     elif version > current:
         why = "from a version this master never had"
     elif sync and version != current:
-        why = f"{current - version} versions old (sync_mode=sync takes the current one)"
+        why = f"{current - version} versions old (algo a2c takes the current one)"
     elif current - version > max_staleness:
         why = f"{current - version} versions old (max_staleness={max_staleness})"
     else:

@@ -25,8 +25,7 @@ from typing import Any
 
 import torch
 
-from a3c_http.algos.registry import algorithm_class
-from a3c_http.config.training import TrainConfig
+from a3c_http.algos.registry import algorithm_class, config_json
 from a3c_http.models.actor_critic import model_for
 from a3c_http.wire.tensors import Layout
 
@@ -82,7 +81,7 @@ def learner_main(start: Start, inbox: Any, outbox: Any) -> None:
 
 
 def _learn(start: Start, inbox: Any, outbox: Any) -> None:
-    config = TrainConfig.model_validate_json(start.config_json)
+    config = config_json(start.config_json)
     device = torch.device(start.device)
     version, optimizer_every_s = start.version, start.optimizer_every_s
     if device.type == "cpu":  # leave cores to the workers on this host

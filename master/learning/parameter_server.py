@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from a3c_http.algos.registry import algorithm_class
 from a3c_http.config.training import TrainConfig
 from a3c_http.models.actor_critic import ActorCritic
 from a3c_http.optim.flatnet import FlatNetwork, NonFiniteStep
@@ -95,7 +96,8 @@ class ParameterServer(SyncRounds, SavedParameters):
             self.outliers.reset()
             self._reset_rounds()
             self.staleness_total = 0
-            self.target.reset(self.net, self.version, config.value_based, refresh_every(config))
+            kept = algorithm_class(config).target_network
+            self.target.reset(self.net, self.version, kept, refresh_every(config))
 
     def _set_model(self, config: TrainConfig, model: ActorCritic, optimizer_state: Any) -> None:
         self.net = FlatNetwork(model, config, optimizer_state)

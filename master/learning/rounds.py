@@ -1,4 +1,4 @@
-"""What a gradient push is answered with, and the rounds of sync_mode=sync (A2C across machines).
+"""What a gradient push is answered with, and the rounds of algo a2c (A2C across machines).
 
 In sync mode the parameter server (master/learning/parameter_server.py) gathers, for the current
 version, one gradient from each running worker; when every one has sent (or `sync_timeout_s` has
@@ -152,7 +152,7 @@ class SyncRounds:
                 self._reject("round")
                 raise StateConflict(
                     f"worker {update.worker_id} already sent gradients for version "
-                    f"{current.version} in this round (sync_mode=sync takes one per worker and "
+                    f"{current.version} in this round (algo a2c takes one per worker and "
                     "round): wait for the round's reply"
                 )
             self._screen(update, config, refusal, sync=True)

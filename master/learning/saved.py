@@ -92,6 +92,7 @@ class SavedParameters:
             self.temporary = dict(temporary)
             saved_version = state.get("target_version")
             self.target.restore(
-                self.net, self.version, config.value_based, refresh_every(config), target,
+                self.net, self.version, algorithm_class(config).target_network,
+                refresh_every(config), target,
                 int(saved_version) if isinstance(saved_version, int) else None,
             )  # fmt: skip

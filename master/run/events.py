@@ -73,7 +73,6 @@ class RunEvents:
             env_id=c.env_id,
             workers=workers,
             algo=c.algo,
-            sync_mode=c.sync_mode,
             num_envs=c.num_envs,
             hidden_sizes=c.hidden_sizes,
             lr=c.lr,

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from a3c_http.algos.a3c.single_process import train
-from a3c_http.config.training import TrainConfig
+from a3c_http.algos.registry import train_config
 from a3c_http.local.cluster import LocalCluster, ServiceProcess, free_port, wait_for
 from a3c_http.testing.delayproxy import DelayProxy
 from scripts.benchlib.procs import receivers_cores
@@ -59,7 +59,7 @@ def learner_rate(budget: int) -> dict:
             last_said[0] = now
             say(f"    learner: {steps:,} env steps")
 
-    result = train(TrainConfig(seed=0, target_return=UNREACHABLE), budget, progress=progress)
+    result = train(train_config(seed=0, target_return=UNREACHABLE), budget, progress=progress)
     rate, steady = steady_rate(samples, budget)
     return {"steps_per_s": rate, "steady": steady, "env_steps": result.env_steps,
             "seconds": round(result.seconds, 3), "updates": result.updates}

@@ -19,7 +19,7 @@ import torch
 
 from a3c_http.algos.a3c.algorithm import rollout_loss
 from a3c_http.algos.base import gradients
-from a3c_http.config.training import TrainConfig
+from a3c_http.algos.registry import train_config
 from a3c_http.envs.rollout import RolloutCollector
 from a3c_http.local.cluster import LocalCluster
 from a3c_http.models.actor_critic import model_for
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     # A day-long heartbeat timeout: the stand-in worker below never heart-beats.
-    cfg = TrainConfig(seed=0, max_steps=None, target_return=1e9, heartbeat_timeout_s=86_400)
+    cfg = train_config(seed=0, max_steps=None, target_return=1e9, heartbeat_timeout_s=86_400)
     with tempfile.TemporaryDirectory(prefix="a3c-bench-") as tmp, StandInWorker() as worker:
         # This process plays the worker; the stand-in only accepts POST /start_worker.
         cluster = LocalCluster(Path(tmp) / "run", Path(tmp) / "logs", workers=[])

@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 import torch
 
+from a3c_http.algos.registry import train_config
 from a3c_http.config.training import TrainConfig
 from a3c_http.models.actor_critic import model_for
 from scripts.benchlib.report import ROOT, say
@@ -86,7 +87,7 @@ def one_round(algo: str, env_id: str, pushes: int) -> dict[str, Any]:
         run = c.post("/join", json={"name": "bench", "url": "http://127.0.0.1:9"}).json()
         worker_id, run_id = run["data"]["run"]["worker_id"], run["data"]["run"]["run_id"]
         c.post("/worker_started", json={"worker_id": worker_id, "run_id": run_id})
-        cfg = TrainConfig(**run["data"]["run"]["config"])
+        cfg = train_config(**run["data"]["run"]["config"])
         body = rollout_body(cfg)
 
         def learner() -> dict[str, Any]:

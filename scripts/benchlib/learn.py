@@ -45,9 +45,9 @@ from scripts.benchlib.tasks import (
 
 def run_inprocess(env_id: str, seed: int, overrides: dict, budget: int) -> dict:
     from a3c_http.algos.a3c.single_process import train
-    from a3c_http.config.training import TrainConfig
+    from a3c_http.algos.registry import train_config
 
-    r = train(TrainConfig(**{"env_id": env_id, "seed": seed, **overrides}), budget)
+    r = train(train_config(**{"env_id": env_id, "seed": seed, **overrides}), budget)
     return {"solved": r.solved, "env_steps": r.env_steps, "seconds": r.seconds,
             "mean_return_100": r.mean_return_100}
 

@@ -8,7 +8,7 @@ import json
 
 from pydantic import ValidationError
 
-from a3c_http.config.training import TrainConfig
+from a3c_http.algos.registry import train_config
 from a3c_http.server.service import describe_error
 
 
@@ -26,7 +26,7 @@ def config_overrides(text: str, reserved: tuple[str, ...] = (), why: str = "") -
     if taken:
         raise ValueError(f"{', '.join(taken)}: {why}")
     try:
-        TrainConfig(**overrides)
+        train_config(**overrides)
     except ValidationError as exc:
         raise ValueError("; ".join(describe_error(e, "config") for e in exc.errors())) from None
     return overrides

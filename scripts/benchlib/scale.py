@@ -51,8 +51,8 @@ from pathlib import Path
 
 import torch
 
+from a3c_http.algos.registry import train_config
 from a3c_http.config.settings import Settings
-from a3c_http.config.training import TrainConfig
 from a3c_http.local.cluster import (
     LocalCluster,
     ServiceProcess,
@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             for name in models:
                 hidden = MODELS[name]
                 model = figures["models"][name] = {
-                    "hidden_sizes": hidden, "params": n_params(TrainConfig(hidden_sizes=hidden)),
+                    "hidden_sizes": hidden, "params": n_params(train_config(hidden_sizes=hidden)),
                     "levels": []}
                 for n in workers:
                     say(f"\n== {name} model, {n} worker{'s' * (n > 1)}")

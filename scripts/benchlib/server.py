@@ -20,6 +20,7 @@ from pathlib import Path
 
 from a3c_http.algos.a3c.algorithm import rollout_loss
 from a3c_http.algos.base import gradients
+from a3c_http.algos.registry import train_config
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.make import MissingDependency, register_family
 from a3c_http.envs.rollout import RolloutCollector
@@ -86,7 +87,7 @@ def start_run(
               "hidden_sizes": hidden_sizes, "wire_dtype": wire_dtype, **extra}
     reply = cluster.train(**fields, workers=[worker.url])
     reply.raise_for_status()
-    return reply.json()["data"]["run_id"], TrainConfig(**fields)
+    return reply.json()["data"]["run_id"], train_config(**fields)
 
 
 def ms_a_push(cpu_s: float | None, pushes: int, digits: int = 3) -> float | None:

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from a3c_http.algos.a3c.single_process import train
-from a3c_http.config.training import TrainConfig
+from a3c_http.algos.registry import train_config
 from scripts.benchlib.options import config_overrides, counts
 from scripts.benchlib.procs import end_on_signals
 from scripts.benchlib.report import ROOT, commit, fmt, say, table
@@ -43,7 +43,7 @@ OWN_WHY = "set by this script (--task, the run's seed, --budget)"
 
 def one_run(env_id: str, workers: int, lag: int, seed: int, overrides: dict, budget: int) -> dict:
     """Train `env_id` to its target with `workers` played in turn `lag` replies behind."""
-    config = TrainConfig(**{**overrides, "env_id": env_id, "seed": seed, "max_steps": budget})
+    config = train_config(**{**overrides, "env_id": env_id, "seed": seed, "max_steps": budget})
     r = train(config, budget, workers=workers, lag=lag)
     return {"workers": workers, "lag": lag, "seed": seed, "solved": r.solved,
             "env_steps": r.env_steps, "updates": r.updates, "seconds": round(r.seconds, 2),

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import torch
 
-from a3c_http.config.training import TrainConfig
+from a3c_http.algos.registry import train_config
 from a3c_http.local.cluster import LocalCluster, ServiceProcess, free_port, wait_for
 from a3c_http.models.actor_critic import build_model
 from a3c_http.store.runstore import RunStore
@@ -34,14 +34,14 @@ def patient(cluster: LocalCluster) -> list[ServiceProcess]:
     return [cluster.workers[i] for i in PATIENT]
 
 
-@pytest.mark.parametrize("sync_mode", ["gradients", "best_weights"])
-def test_a_short_run_adds_up(cluster: LocalCluster, sync_mode: str) -> None:
+@pytest.mark.parametrize("algo", ["a3c", "best_weights"])
+def test_a_short_run_adds_up(cluster: LocalCluster, algo: str) -> None:
     workers = patient(cluster)
     before = cluster.status()
     # The run's fresh weights are a change of the global weights, unless they are the folder's
     # first: versions keep rising across the runs of a run folder.
     fresh_version = before["model_version"] + (1 if before["run_id"] else 0)
-    reply = cluster.train(**SHORT_RUN, sync_mode=sync_mode, workers=[w.url for w in workers])
+    reply = cluster.train(**SHORT_RUN, algo=algo, workers=[w.url for w in workers])
     assert reply.status_code == 202, reply.text
     assert all(w["started"] for w in reply.json()["data"]["workers"])
 
@@ -70,7 +70,7 @@ def test_a_short_run_adds_up(cluster: LocalCluster, sync_mode: str) -> None:
 
     # The global weights moved away from the seeded initial weights and are finite.
     response = cluster.http.get(f"{cluster.master.url}/global_model_weights")
-    config = TrainConfig(**SHORT_RUN, sync_mode=sync_mode)
+    config = train_config(**SHORT_RUN, algo=algo)
     with torch.random.fork_rng():
         torch.manual_seed(config.seed)
         initial = build_model(config.env_id, config.env_kwargs, config.hidden_sizes)

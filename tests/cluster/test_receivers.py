@@ -17,7 +17,7 @@ import httpx
 import pytest
 import torch
 
-from a3c_http.config.training import TrainConfig
+from a3c_http.algos.registry import train_config
 from a3c_http.local.cluster import (
     LocalCluster,
     ServiceProcess,
@@ -33,7 +33,7 @@ from tests.support.common import AUTH, OCTET, SHORT_RUN, STAND_IN_RUN, TOKEN
 pytestmark = pytest.mark.integration
 
 JSON = {"Content-Type": "application/json"}
-LAYOUT = Layout.of(model_for(TrainConfig()))
+LAYOUT = Layout.of(model_for(train_config()))
 GRADIENTS = LAYOUT.encode(torch.full((LAYOUT.numel,), 1e-4))
 
 

@@ -27,6 +27,7 @@ kernel = torch._fused_adagrad_
 kernel_calls = []
 torch._fused_adagrad_ = lambda *a, **k: kernel_calls.append(1) or kernel(*a, **k)
 
+from a3c_http.algos.registry import train_config
 from a3c_http import tuning
 from a3c_http.optim.optimizers import make_optimizer
 from a3c_http.config.training import TrainConfig
@@ -48,7 +49,7 @@ for _ in range(200):
         break
     time.sleep(0.05)
 state = app.state.cluster
-_, ids = state.start_run(TrainConfig(seed=1, max_steps=None), ["http://127.0.0.1:9"])
+_, ids = state.start_run(train_config(seed=1, max_steps=None), ["http://127.0.0.1:9"])
 before = state.params.net.params.detach().clone()
 bounded = BoundedTransport(max_reply_bytes=1 << 24)
 with httpx.Client(transport=bounded, base_url=f"http://127.0.0.1:{{port}}") as http:
@@ -71,7 +72,7 @@ thread.join(timeout=20)
 # An optimizer step with the switch off is torch's RMSprop's, bit for bit.
 ours = torch.nn.Parameter(torch.randn(1000))
 theirs = torch.nn.Parameter(ours.detach().clone())
-optimizer = make_optimizer([ours], TrainConfig(seed=0))
+optimizer = make_optimizer([ours], train_config(seed=0))
 reference = torch.optim.RMSprop([theirs], lr=optimizer.param_groups[0]["lr"], alpha=0.99, eps=1e-5)
 for _ in range(3):
     ours.grad = torch.randn(1000)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from a3c_http.config.training import TrainConfig
+from a3c_http.algos.registry import train_config
 from a3c_http.models.actor_critic import model_for
 from a3c_http.wire import tensors as wire
 from scripts.benchlib.bar import bar
@@ -53,7 +53,7 @@ def test_the_throughput_figures_are_medians_over_the_rounds_and_ratios_within_th
 
 
 def test_the_ready_made_gradients_fit_the_model_and_report_their_true_norm() -> None:
-    layout = wire.Layout.of(model_for(TrainConfig()))
+    layout = wire.Layout.of(model_for(train_config()))
     spec = layout.spec
     bodies = ready_bodies(layout, count=3)
     assert len({b.data for b in bodies}) == 3

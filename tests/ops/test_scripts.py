@@ -12,11 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from a3c_http.algos.registry import train_config
 from a3c_http.cli.evaluate import play
 from a3c_http.cli.plot import PlotError, plot
 from a3c_http.cli.progress import progress_line, refusal, resume_note
 from a3c_http.config.settings import Settings
-from a3c_http.config.training import TrainConfig
 from a3c_http.store.runstore import RunStore, Snapshot
 from master.state import ClusterState
 
@@ -99,7 +99,7 @@ def test_plot_compares_several_runs_in_one_figure(tmp_path: Path) -> None:
 def run_with_weights(folder: Path) -> int:
     """A run folder as a master saves it (fresh weights); its model version."""
     state = ClusterState(Settings(run_dir=folder))
-    state.start_run(TrainConfig(seed=4, max_steps=None), ["http://127.0.0.1:9"])
+    state.start_run(train_config(seed=4, max_steps=None), ["http://127.0.0.1:9"])
     state.persist(force=True)
     state.close()
     return state.params.version
@@ -154,7 +154,7 @@ def test_evaluate_of_an_environment_module_not_allowed_here_says_what_to_set(
     env_id = "tests.support.envs:FailingCartPole-v0"
     monkeypatch.setenv("A3C_ENV_MODULES", "tests.support.envs")
     state = ClusterState(Settings(run_dir=tmp_path / "run"))
-    state.start_run(TrainConfig(env_id=env_id, seed=4, max_steps=None), ["http://127.0.0.1:9"])
+    state.start_run(train_config(env_id=env_id, seed=4, max_steps=None), ["http://127.0.0.1:9"])
     state.persist(force=True)
     state.close()
     monkeypatch.delenv("A3C_ENV_MODULES")

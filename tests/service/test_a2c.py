@@ -1,4 +1,4 @@
-"""sync_mode=sync (A2C across machines): the master gathers one gradient per running worker for
+"""algo a2c (A2C across machines): the master gathers one gradient per running worker for
 the current version and applies their mean in one step. Through TestClient, the test playing the
 workers from threads; ordering is shown with the round's state, never with timing."""
 
@@ -13,7 +13,7 @@ import httpx
 import torch
 from fastapi.testclient import TestClient
 
-from a3c_http.config.training import TrainConfig
+from a3c_http.algos.registry import train_config
 from a3c_http.local.cluster import wait_for
 from a3c_http.models.actor_critic import model_for
 from a3c_http.wire import tensors as wire
@@ -21,7 +21,7 @@ from master.learning.admission import RunLimits
 from master.learning.parameter_server import ParameterServer
 from tests.support.common import OCTET, master_running
 
-SYNC = {"sync_mode": "sync"}
+SYNC = {"algo": "a2c"}
 
 
 def global_weights(c: TestClient) -> tuple[dict[str, torch.Tensor], int]:
@@ -112,7 +112,7 @@ def test_a_round_waits_for_every_running_worker_and_applies_the_mean(tmp_path: P
         status = c.get("/status").json()
         assert (status["sync_rounds"], status["sync_gradients_per_round"]) == (1, 2.0)
         assert (status["updates_applied"], status["updates_rejected"]) == (2, 0)
-        assert status["config"]["sync_mode"] == "sync"
+        assert status["config"]["algo"] == "a2c"
 
 
 def test_a_round_with_a_silent_worker_closes_at_its_timeout(tmp_path: Path) -> None:
@@ -127,7 +127,7 @@ def test_a_round_with_a_silent_worker_closes_at_its_timeout(tmp_path: Path) -> N
         # w2's late gradients, of the version before the round, are stale: it pulls and goes on.
         late = push(c, "w2", version, random_grads(c, 2))
         assert late.status_code == 409
-        assert "versions old (sync_mode=sync" in late.json()["detail"]
+        assert "versions old (algo a2c" in late.json()["detail"]
         assert "X-A3C-Stop" not in late.headers
         status = c.get("/status").json()
         assert (status["model_version"], status["updates_rejected"]) == (version + 1, 1)
@@ -188,7 +188,7 @@ def test_waiting_requests_hold_no_threadpool_thread(tmp_path: Path) -> None:
 
 def test_a_round_steps_on_the_mean_not_the_sum() -> None:
     """With plain SGD at lr=1 the step is exactly minus the gradients it was given."""
-    config = TrainConfig(seed=1, max_steps=None, sync_mode="sync")
+    config = train_config(seed=1, max_steps=None, algo="a2c")
     params = ParameterServer()
     params.start_run(config, model_for(config), next_version=False)
     params.net.optimizer = torch.optim.SGD([params.net.params], lr=1.0)

@@ -17,6 +17,7 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 
+from a3c_http.algos.registry import train_config
 from a3c_http.config.settings import Settings
 from a3c_http.config.training import TrainConfig
 from a3c_http.local.cluster import wait_for
@@ -34,7 +35,7 @@ from tests.support.log_capture import CapturedEvents
 
 PAYOUT = "tests.support.envs:Payout-v0"
 WORKERS = ["http://127.0.0.1:9"]
-CONFIG = TrainConfig(seed=1, max_steps=None, eval_every_updates=1, eval_episodes=2)
+CONFIG = train_config(seed=1, max_steps=None, eval_every_updates=1, eval_episodes=2)
 EVAL_FIELDS = (
     "evaluations",
     "eval_mean_return",
@@ -79,7 +80,7 @@ def weights_with_policy_bias(config: TrainConfig, bias: list[float]) -> bytes:
 def test_the_greedy_action_earns_a_known_return(
     test_envs: None, continuous: bool, bias: list[float], expected: float
 ) -> None:
-    config = TrainConfig(
+    config = train_config(
         env_id=PAYOUT, env_kwargs={"continuous": continuous}, seed=1, eval_episodes=3
     )
     result = evaluate(config, weights_with_policy_bias(config, bias))
@@ -90,14 +91,14 @@ def test_an_episode_that_never_ends_is_cut(
     test_envs: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(evaluation, "MAX_EPISODE_STEPS", 7)
-    config = TrainConfig(env_id=PAYOUT, env_kwargs={"length": None}, seed=1, eval_episodes=2)
+    config = train_config(env_id=PAYOUT, env_kwargs={"length": None}, seed=1, eval_episodes=2)
     result = evaluate(config, weights_with_policy_bias(config, [0.0, 1.0]))
     assert (result.mean_length, result.mean_return) == (7.0, 7.0)
 
 
 def test_an_evaluation_depends_on_the_weights_and_the_seed_only() -> None:
     # More episodes than environments played at once: some environments play two.
-    config = TrainConfig(seed=5, eval_episodes=evaluation.MAX_PARALLEL_ENVS + 4)
+    config = train_config(seed=5, eval_episodes=evaluation.MAX_PARALLEL_ENVS + 4)
     with torch.random.fork_rng():
         torch.manual_seed(0)
         weights = wire.encode(model_for(config).state_dict())

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 
 from a3c_http.algos.learner import expected_tensors
-from a3c_http.config.training import TrainConfig
+from a3c_http.algos.registry import train_config
 from a3c_http.local.cluster import wait_for
 from a3c_http.models.actor_critic import model_for
 from a3c_http.wire.named_tensors import encode_tensors
@@ -34,7 +34,7 @@ PPO = {"algo": "ppo", "num_envs": 2, "t_max": 8}
 def rollout(**overrides: Any) -> dict[str, torch.Tensor]:
     """A rollout of a PPO CartPole run of PPO's shapes: every step valid, log-probabilities of a
     uniform policy."""
-    cfg = TrainConfig(**{**PPO, **overrides})
+    cfg = train_config(**{**PPO, **overrides})
     tensors = {
         name: torch.zeros(e.shape, dtype=e.dtypes[0])
         for name, e in expected_tensors(cfg, model_for(cfg), ("log_probs",)).items()
@@ -82,7 +82,7 @@ def test_rollouts_reach_the_learner_and_the_reply_brings_newer_weights(
     newer = push(client, rollout(), version)
     assert newer.status_code == 200, newer.text
     assert int(newer.headers["X-Model-Version"]) >= version + 1
-    assert set(st_load(newer.content)) == set(model_for(TrainConfig(**PPO)).state_dict())
+    assert set(st_load(newer.content)) == set(model_for(train_config(**PPO)).state_dict())
 
 
 def test_workers_that_wait_for_each_reply_get_the_update_their_rollouts_made(

@@ -18,8 +18,8 @@ from torch.distributions import Normal
 import a3c_http.algos.a3c.algorithm as a3c_module
 from a3c_http.algos.a3c.algorithm import A3C
 from a3c_http.algos.exploration import Exploration, ExplorationError, derive, widened
+from a3c_http.algos.registry import train_config
 from a3c_http.config.settings import Settings
-from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import RolloutCollector
 from a3c_http.models.actor_critic import build_model, model_for
 from a3c_http.net.client import MasterClient
@@ -32,7 +32,7 @@ from worker.trainer import Progress, Trainer
 
 
 def test_derive_spreads_each_worker_by_its_index_alone_ends_first() -> None:
-    cfg = TrainConfig(entropy_coef=0.01, entropy_coef_max=0.05, log_std_spread=1.0)
+    cfg = train_config(entropy_coef=0.01, entropy_coef_max=0.05, log_std_spread=1.0)
     first, second, third = (derive(cfg, k, A3C) for k in range(3))
     # The ends exactly, not up to rounding: the first two workers, however many join later.
     assert first == Exploration(entropy_coef=0.01, log_std_offset=0.0)
@@ -45,7 +45,7 @@ def test_derive_spreads_each_worker_by_its_index_alone_ends_first() -> None:
 
 
 def test_without_a_spread_every_worker_gets_the_configs_entropy_coef() -> None:
-    cfg = TrainConfig(entropy_coef=0.02)
+    cfg = train_config(entropy_coef=0.02)
     same = Exploration(entropy_coef=0.02, log_std_offset=0.0)
     assert [derive(cfg, k, A3C) for k in range(4)] == [same] * 4
 
@@ -87,7 +87,7 @@ def test_a_worker_acts_and_learns_with_the_same_widened_policy(
 ) -> None:
     """The rollout is sampled from the widened Gaussian and the loss scores it under that same
     Gaussian: on-policy for this worker."""
-    config = TrainConfig(
+    config = train_config(
         env_id="Pendulum-v1", seed=3, num_envs=2, t_max=4
     )
     weights = wire.encode(model_for(config).state_dict())

@@ -9,7 +9,7 @@ from concurrent.futures import Future
 import pytest
 import torch
 
-from a3c_http.config.training import TrainConfig
+from a3c_http.algos.registry import train_config
 from a3c_http.models.actor_critic import model_for
 from a3c_http.optim.flatnet import FlatNetwork
 from a3c_http.optim.optimizers import make_optimizer
@@ -133,7 +133,7 @@ def test_a_queue_lowers_the_limit_instead_of_raising_it(
 def test_the_flat_step_is_the_per_tensor_step_and_takes_a_saved_per_tensor_state() -> None:
     """Stepping the whole vector as one tensor is RMSprop over the model's tensors one by one;
     an optimizer state saved by an earlier version (per tensor) resumes exactly."""
-    config = TrainConfig(seed=0)
+    config = train_config(seed=0)
     torch.manual_seed(0)
     reference = model_for(config)
     optimizer = make_optimizer(reference.parameters(), config)
@@ -275,7 +275,7 @@ def test_a_push_is_answered_at_once_unless_it_must_wait_for_its_sync_round(tmp_p
         reply = first_push(c)
         assert isinstance(reply, tuple) and reply[0] == 200
         assert c.app.state.cluster.params.version == 1
-    with master_running(tmp_path / "sync", sync_mode="sync") as c:
+    with master_running(tmp_path / "sync", algo="a2c") as c:
         pending = first_push(c)  # w2 has not sent: the round stays open
         assert inspect.isawaitable(pending) and c.app.state.cluster.params.version == 0
         pending.close()

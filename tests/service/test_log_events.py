@@ -15,8 +15,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 import worker.app as worker_app
+from a3c_http.algos.registry import train_config
 from a3c_http.config.settings import Settings
-from a3c_http.config.training import TrainConfig
 from a3c_http.local.cluster import free_port, wait_for
 from a3c_http.models.actor_critic import build_model
 from a3c_http.net.client import MasterClient
@@ -180,7 +180,7 @@ def test_a_worker_logs_its_end_and_the_traceback_of_a_surprise(
 def test_the_trainer_logs_a_progress_line_every_interval(
     captured_events: CapturedEvents,
 ) -> None:
-    config = TrainConfig(
+    config = train_config(
         seed=3, num_envs=2, t_max=4, max_in_flight=0, heartbeat_interval_s=60,
         heartbeat_timeout_s=120,
     )  # fmt: skip

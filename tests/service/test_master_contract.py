@@ -26,7 +26,7 @@ from tests.support.common import OCTET
 CONFIG_DEFAULTS = {
     "env_id": "CartPole-v1", "env_kwargs": {}, "num_envs": 8, "hidden_sizes": [64, 64],
     "lr": 0.0007, "gamma": 0.99, "gae_lambda": 1.0, "t_max": 5, "entropy_coef": 0.0,
-    "value_coef": 0.5, "max_grad_norm": 0.5, "sync_mode": "gradients", "max_staleness": 128,
+    "value_coef": 0.5, "max_grad_norm": 0.5, "algo": "a3c", "max_staleness": 128,
     "max_episodes": None, "max_steps": 2000000, "target_return": 475.0,
     "heartbeat_interval_s": 2.0, "shared_torso": False, "optimizer": "rmsprop",
     "lr_schedule": "constant", "normalize_obs": False, "normalize_reward": False,

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from a3c_http.config.training import TrainConfig
+from a3c_http.algos.registry import train_config
 from a3c_http.store.runstore import RunStore
 from a3c_http.wire import tensors as wire
 from master import state as state_module
@@ -103,7 +103,7 @@ def test_a_master_resumed_after_a_crash_never_reuses_a_version(tmp_path: Path) -
     (`close()` without a save is the crash: the process's end gives up the folder.)"""
     settings = make_settings(tmp_path)
     crashed = ClusterState(settings)
-    crashed.start_run(TrainConfig(seed=1), ["http://127.0.0.1:9"])
+    crashed.start_run(train_config(seed=1), ["http://127.0.0.1:9"])
     params = crashed.params
     grads = wire.encode(gradients_like(wire.decode(params.weights()[0], params.spec)))
     crashed.apply_gradients("w1", 0, grads)
@@ -144,7 +144,7 @@ def test_the_jump_passes_versions_handed_out_while_saves_failed(
     clock = [0.0]
     monkeypatch.setattr(state_module, "time", SimpleNamespace(time=lambda: clock[0]))
     first = ClusterState(settings)
-    first.start_run(TrainConfig(seed=1), ["http://127.0.0.1:9"])
+    first.start_run(train_config(seed=1), ["http://127.0.0.1:9"])
     first.close()  # a crash after the save of the run's start
     saved_at = RunStore(settings.run_dir).load().state["saved_at"]
 

@@ -178,7 +178,7 @@ def test_train_bad_master_url_names_the_field(
 
 @pytest.mark.parametrize(
     "algo",
-    [{}, {"sync_mode": "sync"}, {"sync_mode": "best_weights"}, {"algo": "ppo"},
+    [{}, {"algo": "a2c"}, {"algo": "best_weights"}, {"algo": "ppo"},
      {"algo": "impala"}, {"algo": "dqn"}, {"algo": "apex"}],
     ids=["a3c", "sync", "best-weights", "ppo", "impala", "dqn", "apex"],
 )  # fmt: skip

@@ -12,8 +12,8 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
+from a3c_http.algos.registry import train_config
 from a3c_http.config.settings import Settings
-from a3c_http.config.training import TrainConfig
 from a3c_http.models.actor_critic import model_for
 from a3c_http.models.normalize import batch_problem
 from a3c_http.optim.flatnet import FlatNetwork, NonFiniteStep, _bounded
@@ -21,7 +21,7 @@ from master.app import create_app
 from master.learning.admission import RunLimits, gradient_problem
 from tests.support.common import OCTET, master_running, push_rollout, snapshot
 
-NORMALIZED = TrainConfig(seed=1, max_steps=None, normalize_obs=True, normalize_reward=True)
+NORMALIZED = train_config(seed=1, max_steps=None, normalize_obs=True, normalize_reward=True)
 
 
 def moments(mean: float = 0.0, var: float = 1.0, count: float = 40.0) -> dict[str, torch.Tensor]:
@@ -53,7 +53,7 @@ def test_batch_moments_a_rollout_cannot_have_are_refused(batch: dict, named: str
 
 def test_a_step_that_would_leave_anything_non_finite_is_undone() -> None:
     # Gradients of 3e38 square to inf in RMSprop's square_avg (what one push did once).
-    config = TrainConfig(seed=1, max_steps=None)
+    config = train_config(seed=1, max_steps=None)
     net = FlatNetwork(model_for(config), config)
     before = net.flat.clone()
     with pytest.raises(NonFiniteStep, match="the optimizer's square_avg"):
@@ -81,7 +81,7 @@ def test_the_norm_bound_allows_bfloat16s_rounding_and_no_more(
 ) -> None:
     """A worker clips its gradients to max_grad_norm, then each value is rounded to bfloat16;
     the master judges the norm of what it decoded."""
-    bf16 = TrainConfig(seed=1, max_steps=None, wire_dtype="bfloat16")
+    bf16 = train_config(seed=1, max_steps=None, wire_dtype="bfloat16")
     net = FlatNetwork(model_for(bf16), bf16)
     clipped = torch.full((net.layout.numel,), 2.0**-10 * (1 + 1.01 * 2.0**-8))
     max_grad_norm = float(torch.linalg.vector_norm(clipped)) / above
@@ -99,7 +99,7 @@ def test_a_step_known_finite_skips_the_undo_and_one_that_is_not_keeps_it() -> No
     """A checked gradient's step on finite weights far from float32's limit is known finite
     (a3c_http/optim/flatnet.py): no undo buffers, no check; near the limit, or for an optimizer the
     bound does not cover, the step keeps both."""
-    config = TrainConfig(seed=1, max_steps=None)
+    config = train_config(seed=1, max_steps=None)
     net = FlatNetwork(model_for(config), config)
     vector = torch.full((net.layout.numel,), 1e-3)
     weight_bound = net.weight_bound
@@ -190,7 +190,7 @@ def test_an_implausible_report_is_422_and_counts_nothing(
 def test_the_registry_is_bounded(tmp_path: Path) -> None:
     settings = Settings(run_dir=tmp_path / "run", workers_file=tmp_path / "w.txt", max_workers=3)
     with TestClient(create_app(settings), client=("127.0.0.1", 50000)) as c:
-        c.app.state.cluster.start_run(TrainConfig(seed=1), ["http://127.0.0.1:9001"])
+        c.app.state.cluster.start_run(train_config(seed=1), ["http://127.0.0.1:9001"])
         for worker_id in ("w1", "a", "b", "a"):  # w1 was started: "a" and "b" fill the registry
             assert c.post("/worker_started", json={"worker_id": worker_id}).status_code == 200
         r = c.post("/worker_started", json={"worker_id": "c"})

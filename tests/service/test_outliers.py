@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from a3c_http.algos.registry import train_config
 from a3c_http.config.training import TrainConfig
 from a3c_http.models.actor_critic import model_for
 from a3c_http.wire import tensors as wire
@@ -21,7 +22,7 @@ from master.learning.admission import WINDOW, RunLimits, Window
 from master.learning.parameter_server import ParameterServer
 from tests.support.common import OCTET, master_running, snapshot
 
-CONFIG = TrainConfig(seed=1, max_steps=None)
+CONFIG = train_config(seed=1, max_steps=None)
 LIMITS = RunLimits.of(CONFIG)
 
 

@@ -20,8 +20,8 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import save as st_save
 
+from a3c_http.algos.registry import train_config
 from a3c_http.config.settings import Settings
-from a3c_http.config.training import TrainConfig
 from a3c_http.local.cluster import LocalCluster, ServiceProcess
 from master.app import create_app
 
@@ -70,7 +70,7 @@ def master_running(
     with TestClient(create_app(settings), client=("127.0.0.1", 50000)) as c:
         urls = [f"http://127.0.0.1:{9001 + i}" for i in range(workers)]
         _, worker_ids = c.app.state.cluster.start_run(
-            TrainConfig(**{"seed": 1, "max_steps": None, **config}), urls
+            train_config(**{"seed": 1, "max_steps": None, **config}), urls
         )
         for worker_id in worker_ids:
             r = c.post("/worker_started", json={"worker_id": worker_id})

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from a3c_http.algos.registry import train_config
 from a3c_http.config.training import TrainConfig
 from a3c_http.models.actor_critic import ActorCritic, model_for
 from a3c_http.store.runstore import RunStore, Snapshot
@@ -20,11 +21,11 @@ def make_run(folder: Path, **fields: Any) -> tuple[TrainConfig, ActorCritic]:
     running statistics far from the identity, so that their folding shows. CartPole's policy is
     a controller of the raw observation (`balance`): it plays long episodes only with the
     statistics applied."""
-    config = TrainConfig(seed=11, max_steps=None, **fields).resolved()
+    config = train_config(seed=11, max_steps=None, **fields).resolved()
     torch.manual_seed(0)
     model = model_for(config)
     with torch.no_grad():
-        (model.q_head if config.value_based else model.policy_head).weight.mul_(300.0)
+        (model.q_head if config.network == "q_network" else model.policy_head).weight.mul_(300.0)
         if config.normalize_obs:
             n = model.obs_rms.mean.numel()
             model.obs_rms.mean.copy_(torch.linspace(-0.3, 0.4, n))

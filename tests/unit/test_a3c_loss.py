@@ -10,6 +10,7 @@ import torch
 
 from a3c_http.algos.a3c.algorithm import a3c_loss, compute_advantages
 from a3c_http.algos.base import gradients
+from a3c_http.algos.registry import train_config
 from a3c_http.models.actor_critic import ActorCritic
 
 # -- a3c_loss -------------------------------------------------------------------------------------
@@ -214,11 +215,10 @@ def test_gradients_are_copies() -> None:
 
 def test_rollout_loss_is_the_loss_of_the_rollouts_advantages() -> None:
     from a3c_http.algos.a3c.algorithm import rollout_loss
-    from a3c_http.config.training import TrainConfig
     from a3c_http.envs.rollout import RolloutCollector
     from a3c_http.models.actor_critic import build_model
 
-    cfg = TrainConfig(seed=0, num_envs=2, t_max=30, gae_lambda=0.9, entropy_coef=0.05)
+    cfg = train_config(seed=0, num_envs=2, t_max=30, gae_lambda=0.9, entropy_coef=0.05)
     torch.manual_seed(0)
     model = build_model(cfg.env_id, cfg.env_kwargs, cfg.hidden_sizes)
     collector = RolloutCollector(cfg.env_id, cfg.env_kwargs, cfg.num_envs, seed=0)
@@ -241,7 +241,6 @@ def test_the_plain_rmsprop_step_is_torchs(monkeypatch: pytest.MonkeyPatch) -> No
     rounding, and a gradient the kernel cannot read (strided) through torch's operations, bit
     for bit."""
     from a3c_http import tuning
-    from a3c_http.config.training import TrainConfig
     from a3c_http.optim.optimizers import PlainRMSprop, make_optimizer
 
     assert tuning.fused_rmsprop()  # probed before the kernel is counted
@@ -249,7 +248,7 @@ def test_the_plain_rmsprop_step_is_torchs(monkeypatch: pytest.MonkeyPatch) -> No
     kernel = torch._fused_adagrad_
     counted = lambda *args, **kwargs: fused.append(1) or kernel(*args, **kwargs)  # noqa: E731
     monkeypatch.setattr(torch, "_fused_adagrad_", counted)
-    config = TrainConfig(seed=0)
+    config = train_config(seed=0)
     for strided in (False, True):
         torch.manual_seed(1)
         ours = torch.nn.Parameter(torch.randn(1_000))
@@ -286,10 +285,9 @@ def test_the_fused_kernel_probe_says_no_on_a_torch_without_it(
 
 
 def test_adam_is_torchs_fused_adam_within_rounding() -> None:
-    from a3c_http.config.training import TrainConfig
     from a3c_http.optim.optimizers import make_optimizer
 
-    config = TrainConfig(seed=0, optimizer="adam")
+    config = train_config(seed=0, optimizer="adam")
     torch.manual_seed(1)
     ours = torch.nn.Parameter(torch.randn(1_000))
     theirs = torch.nn.Parameter(ours.detach().clone())

@@ -1,11 +1,10 @@
-"""The seam between the cluster and its algorithms (a3c_http/algos/base.py): each sync_mode has its
+"""The seam between the cluster and its algorithms (a3c_http/algos/base.py): each algo has its
 algorithm, which decides what a worker does with a rollout and what the master does with a push,
 through ports that fakes stand in for here."""
 
 from __future__ import annotations
 
 import contextlib
-import typing
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -15,11 +14,19 @@ import torch
 
 from a3c_http.algos.a2c.algorithm import SyncA2C
 from a3c_http.algos.a3c.algorithm import A3C
+from a3c_http.algos.apex.algorithm import ApexActor
 from a3c_http.algos.base import GradientUpdate, Sends
 from a3c_http.algos.best_weights.algorithm import BestWeights
+from a3c_http.algos.dqn.algorithm import AsyncDQN
 from a3c_http.algos.impala.algorithm import Impala
 from a3c_http.algos.ppo.algorithm import PPO
-from a3c_http.algos.registry import ALGORITHMS, algorithm_class, algorithm_for
+from a3c_http.algos.registry import (
+    CONFIGS,
+    SECTIONS,
+    algorithm_class,
+    algorithm_for,
+    train_config,
+)
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import Episode, Rollout, RolloutCollector
 from a3c_http.models.actor_critic import model_for
@@ -82,28 +89,35 @@ def one_rollout(config: TrainConfig, model: torch.nn.Module) -> Rollout:
         collector.close()
 
 
-def test_every_sync_mode_and_algo_a_config_takes_has_an_algorithm() -> None:
-    modes = typing.get_args(TrainConfig.model_fields["sync_mode"].annotation)
-    algos = set(typing.get_args(TrainConfig.model_fields["algo"].annotation)) - {"a3c"}
-    assert set(ALGORITHMS) == set(modes) | algos and len(modes) == 3 and len(algos) == 4
-
-
 @pytest.mark.parametrize(
-    ("mode", "cls", "sends"),
+    ("algo", "cls", "sends"),
     [
-        ("gradients", A3C, Sends.GRADIENTS),
-        ("sync", SyncA2C, Sends.GRADIENTS),
+        ("a3c", A3C, Sends.GRADIENTS),
+        ("a2c", SyncA2C, Sends.GRADIENTS),
         ("best_weights", BestWeights, Sends.WEIGHTS),
+        ("ppo", PPO, Sends.EXPERIENCE),
+        ("impala", Impala, Sends.EXPERIENCE),
+        ("dqn", AsyncDQN, Sends.GRADIENTS),
+        ("apex", ApexActor, Sends.EXPERIENCE),
     ],
 )
-def test_each_sync_mode_has_its_algorithm(mode: str, cls: type, sends: Sends) -> None:
-    config = TrainConfig(sync_mode=mode)
+def test_each_algo_names_its_section_and_its_algorithm(algo: str, cls: type, sends: Sends) -> None:
+    """The registry's one line per algorithm: the section of `algo` names the class whose
+    `name` is that algo, and its workers build it."""
+    config = train_config(algo=algo)
+    assert type(config) is CONFIGS[algo] and config.algo == algo == cls.name
     assert algorithm_class(config) is cls and cls.sends is sends
-    assert type(algorithm_for(config, model_for(config), None)) is cls
+    if sends is not Sends.EXPERIENCE:  # an actor of a learner: the learner's tests
+        assert type(algorithm_for(config, model_for(config), None)) is cls
+
+
+def test_the_registry_holds_every_algorithm_once() -> None:
+    assert list(CONFIGS) == [section.model_fields["algo"].default for section in SECTIONS]
+    assert len(set(CONFIGS)) == len(SECTIONS) == 7
 
 
 def test_a3c_pushes_the_clipped_gradients_of_the_policy_that_acted_without_waiting() -> None:
-    config = TrainConfig(max_in_flight=3, max_staleness=2, max_grad_norm=0.01)
+    config = train_config(max_in_flight=3, max_staleness=2, max_grad_norm=0.01)
     model = model_for(config)
     algorithm = algorithm_for(config, model, model)
     assert algorithm.pushes_in_flight() == 2  # never more than would be refused as stale
@@ -121,7 +135,7 @@ def test_a3c_pushes_the_clipped_gradients_of_the_policy_that_acted_without_waiti
 
 
 def test_sync_waits_for_its_round_and_a3c_steps_at_once_on_the_master() -> None:
-    config = TrainConfig(sync_mode="sync", sync_timeout_s=7.0)
+    config = train_config(algo="a2c", sync_timeout_s=7.0)
     sync = algorithm_for(config, model_for(config), None)
     assert sync.pushes_in_flight() == 0 and sync.push_wait_s() == 7.0
     server, asked = FakeServer(), []
@@ -134,7 +148,7 @@ def test_sync_waits_for_its_round_and_a3c_steps_at_once_on_the_master() -> None:
     assert server.calls == [("join_round", {"w1", "w2"})]
     server.calls.clear()
     asked.clear()
-    assert A3C.apply(server, "u", TrainConfig(), None, expected) == "applied"
+    assert A3C.apply(server, "u", train_config(), None, expected) == "applied"
     assert server.calls == [("apply_gradients", "u")] and not asked  # no round to wait for
 
 
@@ -142,7 +156,7 @@ def test_sync_waits_for_its_round_and_a3c_steps_at_once_on_the_master() -> None:
 def test_best_weights_learns_on_its_own_and_sends_its_weights_after_a_record(
     improved: bool,
 ) -> None:
-    config = TrainConfig(sync_mode="best_weights", t_max=20)
+    config = train_config(algo="best_weights", t_max=20)
     model = model_for(config)
     algorithm = algorithm_for(config, model, model)
     before = [p.detach().clone() for p in model.parameters()]
@@ -163,7 +177,7 @@ def test_best_weights_learns_on_its_own_and_sends_its_weights_after_a_record(
 def test_a_learners_workers_only_act_and_push_the_rollout(algo: str, cls: type) -> None:
     """No loss and no backward pass on the worker: the rollout goes to the learner as it is,
     with one push in flight at most, none with max_in_flight 0."""
-    config = TrainConfig(algo=algo, num_envs=2, t_max=4, max_in_flight=8)
+    config = train_config(algo=algo, num_envs=2, t_max=4, max_in_flight=8)
     model = model_for(config)
     algorithm = algorithm_for(config, model, model)
     assert type(algorithm) is cls and cls.sends is Sends.EXPERIENCE
@@ -195,7 +209,7 @@ class TargetPort(FakePort):
 
 
 def test_a_dqn_worker_fills_its_replay_then_pushes_against_the_masters_target() -> None:
-    config = TrainConfig(
+    config = train_config(
         algo="dqn", hidden_sizes=[8], num_envs=2, t_max=8, learning_starts=20,
         gradient_steps=3, target_update=10, exploration_steps=32,
     )  # fmt: skip

@@ -9,6 +9,7 @@ import torch
 from a3c_http.algos.apex.algorithm import ApexActor, ApexLearner, actor_extras, transitions_of
 from a3c_http.algos.dqn.loss import nstep_transitions
 from a3c_http.algos.learner import rollout_tensors
+from a3c_http.algos.registry import train_config
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import RolloutCollector
 from a3c_http.models.actor_critic import model_for
@@ -18,7 +19,7 @@ from a3c_http.wire.tensors import Layout
 
 def _config(**fields: object) -> TrainConfig:
     base = {"algo": "apex", "hidden_sizes": [16], "num_envs": 2, "t_max": 8, "seed": 0}
-    return TrainConfig(**{**base, **fields})
+    return train_config(**{**base, **fields})
 
 
 def _rollouts(config: TrainConfig, model: torch.nn.Module, n: int) -> list:

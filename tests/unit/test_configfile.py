@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from a3c_http.algos.registry import CONFIGS, train_config
 from a3c_http.cli.train import evaluate_command, main, printed_config, run_config
 from a3c_http.config import files as configfile
 from a3c_http.config.files import ConfigFileError, TomlError, config_toml, load, to_toml
-from a3c_http.config.presets import PRESETS
 from a3c_http.config.settings import Settings
 from a3c_http.config.training import TrainConfig
 from master.state import ClusterState
@@ -27,26 +27,31 @@ def write(path: Path, text: str) -> str:
 
 def as_run(fields: dict) -> TrainConfig:
     """The config the master runs for a body of config fields (its seed left as given)."""
-    config = TrainConfig(**fields)
+    config = train_config(**fields)
     return config.resolved().model_copy(update={"seed": config.seed})
 
 
-@pytest.mark.parametrize("env_id", list(PRESETS))
+@pytest.mark.parametrize(
+    ("algo", "env_id"),
+    [(algo, env_id) for algo, s in CONFIGS.items() for env_id in s.presets if "*" not in env_id],
+)
 def test_every_preset_prints_as_toml_that_reads_back_to_the_same_config(
-    env_id: str, tmp_path: Path
+    algo: str, env_id: str, tmp_path: Path
 ) -> None:
-    text = printed_config({"env_id": env_id})
+    """Each algorithm's presets: its own section's fields, printed and read back."""
+    body = {"algo": algo, "env_id": env_id}
+    text = printed_config(body)
     back = load(write(tmp_path / "run.toml", text))
-    assert as_run(back) == as_run({"env_id": env_id})
-    assert back["env_id"] == env_id and back["preset"] == env_id
-    given = {k for k, v in as_run({"env_id": env_id}).model_dump().items() if v is not None}
+    assert as_run(back) == as_run(body)
+    assert back["env_id"] == env_id and back["preset"] == env_id and back["algo"] == algo
+    given = {k for k, v in as_run(body).model_dump().items() if v is not None}
     assert set(back) == given  # every field but those left None (the seed among them)
 
 
 def test_nulls_are_written_as_absent_fields_or_in_unset(tmp_path: Path) -> None:
     """TOML has no null: a None whose absence reads back as None is left out; max_steps,
     outlier_sigma and the preset of an environment that has one are listed in `unset`."""
-    config = TrainConfig(
+    config = train_config(
         env_id="Acrobot-v1",
         preset=None,
         max_steps=None,
@@ -57,7 +62,7 @@ def test_nulls_are_written_as_absent_fields_or_in_unset(tmp_path: Path) -> None:
     text = config_toml(config)
     assert tomllib.loads(text)["unset"] == ["preset", "max_steps", "outlier_sigma"]
     assert "max_episodes" not in text
-    back = TrainConfig(**load(write(tmp_path / "run.toml", text)))
+    back = train_config(**load(write(tmp_path / "run.toml", text)))
     assert back == config and not back.normalize_obs  # no preset crept in
 
 
@@ -85,20 +90,20 @@ def test_a_runs_saved_config_json_is_a_config_file_as_it_is(tmp_path: Path) -> N
     """Its run_id (the run's own) is left out; everything else, the seed included, is the run's,
     and an earlier version's file gets what its missing fields meant then."""
     state = ClusterState(Settings(run_dir=tmp_path / "run"))
-    state.start_run(TrainConfig(env_id="Acrobot-v1", lr=1e-3).resolved(), ["http://127.0.0.1:9"])
+    state.start_run(train_config(env_id="Acrobot-v1", lr=1e-3).resolved(), ["http://127.0.0.1:9"])
     state.persist(force=True)
     state.close()
     saved = tmp_path / "run" / "config.json"
     body = load(str(saved))
     assert "run_id" not in body and "run_id" in json.loads(saved.read_text())
-    assert TrainConfig(**body) == configfile.saved_config(json.loads(saved.read_text()))
-    assert TrainConfig(**body).lr == 1e-3 and TrainConfig(**body).normalize_obs
+    assert train_config(**body) == configfile.saved_config(json.loads(saved.read_text()))
+    assert train_config(**body).lr == 1e-3 and train_config(**body).normalize_obs
 
     old = {k: v for k, v in json.loads(saved.read_text()).items()
            if k not in ("preset", "shared_torso", "optimizer", "normalize_obs")}  # fmt: skip
     body = load(write(tmp_path / "old.json", json.dumps(old)))
     assert body["shared_torso"] is True and body["optimizer"] == "adam"
-    assert not TrainConfig(**body).normalize_obs  # Acrobot-v1's preset does not creep in
+    assert not train_config(**body).normalize_obs  # Acrobot-v1's preset does not creep in
 
 
 def test_flags_and_later_files_win_field_by_field(tmp_path: Path) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from a3c_http.algos.registry import train_config
 from a3c_http.config.ending import how_it_ends
-from a3c_http.config.training import TrainConfig
 
 
 def _ends(**fields: object) -> str:
-    return how_it_ends(TrainConfig(**fields).resolved())
+    return how_it_ends(train_config(**fields).resolved())
 
 
 def test_a_run_with_a_target_names_it_and_its_budget() -> None:

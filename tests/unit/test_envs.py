@@ -11,14 +11,14 @@ import pytest
 from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation, RecordEpisodeStatistics
 from pydantic import ValidationError
 
-from a3c_http.config.training import TrainConfig
+from a3c_http.algos.registry import train_config
 from a3c_http.envs import make as envs
 from a3c_http.envs.make import env_for
 from a3c_http.models.actor_critic import model_for
 
 
 def test_an_atari_preset_gets_the_papers_frames() -> None:
-    config = TrainConfig(env_id="ALE/Pong-v5")
+    config = train_config(env_id="ALE/Pong-v5")
     assert (config.preprocess, config.frame_stack, config.encoder) == ("atari", 4, "nature_cnn")
     env = env_for(config)
     try:
@@ -33,7 +33,7 @@ def test_an_atari_preset_gets_the_papers_frames() -> None:
 
 
 def test_a_minatar_preset_builds_its_small_cnn_over_the_grids_as_they_come() -> None:
-    config = TrainConfig(env_id="MinAtar/Breakout-v1")
+    config = train_config(env_id="MinAtar/Breakout-v1")
     assert config.encoder == "small_cnn" and config.preset == "MinAtar/Breakout-v1"
     env = env_for(config)
     try:
@@ -51,7 +51,7 @@ def test_a_family_whose_package_is_missing_says_which_extra_installs_it(
     monkeypatch.setitem(sys.modules, "ale_py", None)  # as where ale-py is not installed
     monkeypatch.setattr(envs, "_registered", set())
     with pytest.raises(ValidationError) as caught:
-        TrainConfig(env_id="ALE/Pong-v5", preset=None)
+        train_config(env_id="ALE/Pong-v5", preset=None)
     message = str(caught.value)
     assert "ALE/Pong-v5 needs the packages of the atari extra" in message
     assert "./scripts/setup_venv.sh atari" in message
@@ -122,7 +122,7 @@ def user_module(tmp_path, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_a_class_of_a_module_that_registers_nothing_is_its_entry_point(user_module: str) -> None:
-    config = TrainConfig(env_id="user_envs:Corridor", max_steps=None)
+    config = train_config(env_id="user_envs:Corridor", max_steps=None)
     env = env_for(config)
     try:
         assert type(env.unwrapped).__name__ == "Corridor" and env.unwrapped.length == 3
@@ -156,7 +156,7 @@ def test_a_process_that_never_validated_the_config_registers_the_entry_point_whe
 
 def test_an_entry_point_must_be_an_env_class_or_a_function(user_module: str) -> None:
     with pytest.raises(ValidationError) as caught:
-        TrainConfig(env_id="user_envs:NOT_AN_ENV")
+        train_config(env_id="user_envs:NOT_AN_ENV")
     message = str(caught.value)
     assert "importing 'user_envs' did not register it" in message
     assert "defines no gymnasium.Env class or function of that name" in message
@@ -168,8 +168,8 @@ def test_an_entry_point_of_a_module_not_allowed_is_not_imported(
 ) -> None:
     monkeypatch.setenv("A3C_ENV_MODULES", "")
     with pytest.raises(ValidationError, match="'user_envs' is not in A3C_ENV_MODULES"):
-        TrainConfig(env_id="user_envs:Corridor")
+        train_config(env_id="user_envs:Corridor")
     assert "user_envs" not in sys.modules
     monkeypatch.setattr(envs, "_allowed_here", set())
     envs.allow_modules(["user_envs"])  # what a process allows itself (a3c_http.api)
-    assert TrainConfig(env_id="user_envs:Corridor", max_steps=None).env_id == "user_envs:Corridor"
+    assert train_config(env_id="user_envs:Corridor", max_steps=None).env_id == "user_envs:Corridor"

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from a3c_http.algos.registry import train_config
 from a3c_http.config.files import saved_config
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.make import env_for
@@ -226,10 +227,10 @@ def test_a_bad_run_folder_is_one_line_and_exit_2(
     assert main([str(tmp_path / "garbage"), str(out)]) == 2
     assert "cannot be read" in error_line(capsys)
     for name, config, weights in (
-        ("unweighted", TrainConfig(seed=1).model_dump(), None),
-        ("misconfigured", {**TrainConfig(seed=1).model_dump(), "env_id": "CartPol-v1"}, b"x"),
-        ("mismatched", TrainConfig(seed=1, hidden_sizes=[8]).model_dump(),
-         wire.encode(model_for(TrainConfig(seed=1)).state_dict())),
+        ("unweighted", train_config(seed=1).model_dump(), None),
+        ("misconfigured", {**train_config(seed=1).model_dump(), "env_id": "CartPol-v1"}, b"x"),
+        ("mismatched", train_config(seed=1, hidden_sizes=[8]).model_dump(),
+         wire.encode(model_for(train_config(seed=1)).state_dict())),
     ):
         store = RunStore.acquire(tmp_path / name)
         store.save(Snapshot(config=config, state={"run_id": "r1"}, weights=weights))

@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
+from a3c_http.algos.registry import train_config
 from a3c_http.config.settings import WorkerSettings
-from a3c_http.config.training import TrainConfig
 from worker.app import WorkerService
 from worker.joiner import CannotTrain, Joiner
 
 RUN = {
     "run_id": "r1",
     "worker_id": "w3",
-    "config": {**TrainConfig().model_dump(), "env_id": "not_here:Crawl-v0"},
+    "config": {**train_config().model_dump(), "env_id": "not_here:Crawl-v0"},
     "exploration": {},
 }
 

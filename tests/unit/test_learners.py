@@ -15,7 +15,7 @@ from a3c_http.algos.a3c.algorithm import compute_advantages
 from a3c_http.algos.impala.algorithm import ImpalaLearner, vtrace
 from a3c_http.algos.learner import Batch, expected_tensors, rollout_tensors
 from a3c_http.algos.ppo.algorithm import PPOLearner, clip_range, ppo_loss
-from a3c_http.algos.registry import algorithm_class
+from a3c_http.algos.registry import algorithm_class, train_config
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import RolloutCollector
 from a3c_http.models.actor_critic import model_for
@@ -93,7 +93,7 @@ def test_vtrace_without_importance_keeps_the_values_and_truncates_the_ratios() -
 def test_ppo_clips_the_ratio_where_it_would_gain_by_moving_further() -> None:
     """A positive advantage and a ratio already above 1 + clip: no gradient, counted in
     clip_fraction; the same ratio with a negative advantage still pulls back."""
-    cfg = TrainConfig(algo="ppo", normalize_advantage=False, entropy_coef=0.0, value_coef=0.0)
+    cfg = train_config(algo="ppo", normalize_advantage=False, entropy_coef=0.0, value_coef=0.0)
     old = torch.zeros(2)
     log_prob = torch.full((2,), math.log(1.5), requires_grad=True)
     advantages = torch.tensor([1.0, -1.0])
@@ -110,16 +110,16 @@ def test_ppo_clips_the_values_only_when_asked() -> None:
     log_prob = torch.zeros(2)
     values = torch.tensor([5.0, 5.0])
     old, returns = torch.zeros(2), torch.full((2,), 5.0)
-    plain = TrainConfig(algo="ppo", normalize_advantage=False)
+    plain = train_config(algo="ppo", normalize_advantage=False)
     _, m = ppo_loss(log_prob, log_prob, torch.ones(2), values, old, returns, log_prob, plain, 0.2)
     assert m["train/value_loss"] == 0.0
-    clipped = TrainConfig(algo="ppo", normalize_advantage=False, clip_range_vf=1.0)
+    clipped = train_config(algo="ppo", normalize_advantage=False, clip_range_vf=1.0)
     _, m = ppo_loss(log_prob, log_prob, torch.ones(2), values, old, returns, log_prob, clipped, 0.2)
     assert m["train/value_loss"] == pytest.approx(16.0)
 
 
 def test_the_clip_range_falls_linearly_when_asked() -> None:
-    cfg = TrainConfig(algo="ppo", preset=None, clip_range=0.2, max_steps=1000)
+    cfg = train_config(algo="ppo", preset=None, clip_range=0.2, max_steps=1000)
     assert clip_range(cfg, 500) == pytest.approx(0.2)
     linear = cfg.model_copy(update={"clip_range_schedule": "linear"})
     assert clip_range(linear, 500) == pytest.approx(0.1)
@@ -144,7 +144,7 @@ def test_a_collected_rollout_is_what_the_master_expects(overrides: dict) -> None
     """A worker's rollout passes the master's checks after a trip over the wire, and a learner
     from the same weights takes it as on-policy: one PPO update moves the weights."""
     small = {"algo": "ppo", "num_envs": 2, "t_max": 8, "n_epochs": 1, "batch_size": 8}
-    cfg = TrainConfig(**{**small, **overrides})
+    cfg = train_config(**{**small, **overrides})
     tensors, model = _rollout(cfg)
     body = encode_tensors(tensors, {"a3c": "{}"})
     decoded, metadata = decode_tensors(body, expected_tensors(cfg, model, _own(cfg)))
@@ -164,7 +164,7 @@ def test_a_collected_rollout_is_what_the_master_expects(overrides: dict) -> None
 def test_impala_takes_a_step_on_each_minibatch_of_whole_environments(monkeypatch) -> None:
     """n_epochs passes, each a step on every one of `minibatches` groups of the batch's
     environments, which together are the whole batch; too many minibatches are refused."""
-    cfg = TrainConfig(algo="impala", num_envs=3, t_max=4, queue_size=2, n_epochs=2, minibatches=4)
+    cfg = train_config(algo="impala", num_envs=3, t_max=4, queue_size=2, n_epochs=2, minibatches=4)
     tensors, model = _rollout(cfg)
     learner = ImpalaLearner(cfg, model, torch.device("cpu"))
     seen: list[torch.Tensor] = []
@@ -175,7 +175,7 @@ def test_impala_takes_a_step_on_each_minibatch_of_whole_environments(monkeypatch
     both = Batch.of([tensors, tensors], torch.device("cpu")).obs
     torch.testing.assert_close(torch.cat(seen[:4], dim=1), both)
     with pytest.raises(ValidationError, match="minibatches 7 is more than the 6 environments"):
-        TrainConfig(algo="impala", num_envs=3, queue_size=2, minibatches=7)
+        train_config(algo="impala", num_envs=3, queue_size=2, minibatches=7)
 
 
 @pytest.mark.parametrize(
@@ -200,7 +200,7 @@ def test_impala_takes_a_step_on_each_minibatch_of_whole_environments(monkeypatch
     ids=["missing", "unexpected", "dtype", "shape", "nan", "action", "log-prob", "obs", "last-obs"],
 )
 def test_a_rollout_that_does_not_fit_is_named(change, message: str) -> None:
-    cfg = TrainConfig(algo="ppo", num_envs=2, t_max=4)
+    cfg = train_config(algo="ppo", num_envs=2, t_max=4)
     tensors, model = _rollout(cfg)
     change(tensors)
     with pytest.raises(WireError, match=re.escape(message)):
@@ -221,7 +221,7 @@ def test_a_rollout_that_does_not_fit_is_named(change, message: str) -> None:
 def test_an_ape_x_rollouts_own_tensors_out_of_range_are_refused(
     name: str, value: float, message: str
 ) -> None:
-    cfg = TrainConfig(algo="apex", num_envs=2, t_max=4)
+    cfg = train_config(algo="apex", num_envs=2, t_max=4)
     tensors = _crafted(cfg)
     tensors[name][1, 1] = value
     expected = expected_tensors(cfg, model_for(cfg), _own(cfg))
@@ -280,7 +280,7 @@ def test_finite_extremes_that_pass_the_checks_never_make_a_learner_raise(spoil, 
     priorities, a rollout with no valid step changes nothing; and a plain rollout after it
     still moves the weights. (A figure of such an update may be infinite: the master leaves
     it out of /status.)"""
-    cfg = TrainConfig(num_envs=2, t_max=8, **algo)
+    cfg = train_config(num_envs=2, t_max=8, **algo)
     tensors = _crafted(cfg)
     spoil(tensors)
     expected = expected_tensors(cfg, model_for(cfg), _own(cfg))
@@ -300,13 +300,13 @@ def test_finite_extremes_that_pass_the_checks_never_make_a_learner_raise(spoil, 
 
 def test_ppo_learns_with_sb3s_adam_epsilon_and_the_others_with_torchs() -> None:
     for algo, eps in (("ppo", 1e-5), ("impala", 1e-8), ("apex", 1e-8)):
-        cfg = TrainConfig(algo=algo, optimizer="adam", num_envs=2, t_max=4)
+        cfg = train_config(algo=algo, optimizer="adam", num_envs=2, t_max=4)
         learner = algorithm_class(cfg).learner(cfg, model_for(cfg), torch.device("cpu"))
         assert learner.net.optimizer.param_groups[0]["eps"] == eps, algo
 
 
 def test_a_body_that_is_not_safetensors_is_refused() -> None:
-    cfg = TrainConfig(algo="ppo", num_envs=2, t_max=4)
+    cfg = train_config(algo="ppo", num_envs=2, t_max=4)
     expected = expected_tensors(cfg, model_for(cfg), _own(cfg))
     for body in (b"", b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}", b"\xff" * 8):
         with pytest.raises(WireError):
@@ -316,13 +316,13 @@ def test_a_body_that_is_not_safetensors_is_refused() -> None:
 def test_each_algorithm_starts_from_its_defaults_and_its_own_presets() -> None:
     """PPO takes SB3's PPO defaults and its own preset of the task; a field the body
     gives wins; A3C's presets stay A3C's."""
-    ppo = TrainConfig(algo="ppo", env_id="LunarLander-v3")
+    ppo = train_config(algo="ppo", env_id="LunarLander-v3")
     assert (ppo.optimizer, ppo.n_epochs, ppo.normalize_obs, ppo.t_max) == ("adam", 10, True, 256)
-    assert TrainConfig(algo="ppo", env_id="LunarLander-v3", t_max=128).t_max == 128
-    assert TrainConfig(algo="ppo", env_id="ALE/Pong-v5").encoder == "nature_cnn"
-    assert TrainConfig(algo="ppo", preset=None).t_max == 256  # SB3's 2048 steps an update
-    assert TrainConfig(env_id="LunarLander-v3").optimizer == "rmsprop"
-    with pytest.raises(ValidationError, match="sync_mode 'sync' is A3C's"):
-        TrainConfig(algo="impala", sync_mode="sync")
+    assert train_config(algo="ppo", env_id="LunarLander-v3", t_max=128).t_max == 128
+    assert train_config(algo="ppo", env_id="ALE/Pong-v5").encoder == "nature_cnn"
+    assert train_config(algo="ppo", preset=None).t_max == 256  # SB3's 2048 steps an update
+    assert train_config(env_id="LunarLander-v3").optimizer == "rmsprop"
+    with pytest.raises(ValidationError, match="sync_mode is gone: `algo` alone"):
+        train_config(algo="impala", sync_mode="sync")
     with pytest.raises(ValidationError, match="device"):
-        TrainConfig(algo="ppo", device="tpu")
+        train_config(algo="ppo", device="tpu")

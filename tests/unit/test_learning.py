@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from a3c_http.algos.a3c.single_process import train
-from a3c_http.config.training import TrainConfig
+from a3c_http.algos.registry import train_config
 from a3c_http.envs.rollout import RolloutCollector
 from a3c_http.models.actor_critic import model_for
 from a3c_http.models.normalize import RunningMeanStd, moments
@@ -49,7 +49,7 @@ gym.register("A3CTestSignal-v0", entry_point=Signal)
 
 @pytest.mark.parametrize("normalize", [False, True])
 def test_the_learner_solves_a_tiny_task_in_a_few_hundred_episodes(normalize: bool) -> None:
-    config = TrainConfig(
+    config = train_config(
         env_id="A3CTestSignal-v0", num_envs=4, t_max=5, seed=0, target_return=9.5,
         normalize_obs=normalize, normalize_reward=normalize,
     )
@@ -63,14 +63,14 @@ def test_only_a_recurrent_policy_remembers_the_cue(monkeypatch: pytest.MonkeyPat
     step. The LSTM carries it (mean return about 1); a feed-forward policy sees the same question
     either way and stays near 0, however long it trains."""
     base = {"env_id": "a3c_http/CueMemory-v0", "t_max": 16, "hidden_sizes": [32], "seed": 0}
-    config = TrainConfig(**base, core="lstm", lstm_size=32)
+    config = train_config(**base, core="lstm", lstm_size=32)
     lstm = train(config, max_steps=100_000)
     assert lstm.solved, lstm.mean_return_100
     # Evaluation carries the state too, from a fresh one each episode, in slots it reuses.
     monkeypatch.setattr(evaluation, "MAX_PARALLEL_ENVS", 3)
     weights = wire.encode(lstm.model.state_dict())
     assert evaluate(config, weights, episodes=12).mean_return >= 0.8
-    feed_forward = train(TrainConfig(**base, core="none"), max_steps=20_000)
+    feed_forward = train(train_config(**base, core="none"), max_steps=20_000)
     assert not feed_forward.solved
     assert feed_forward.mean_return_100 is not None and feed_forward.mean_return_100 < 0.5
 
@@ -92,7 +92,7 @@ def test_merging_batches_gives_the_moments_of_all_samples() -> None:
 
 
 def test_a_rollout_measures_its_observations_and_scales_its_rewards() -> None:
-    config = TrainConfig(num_envs=3, seed=0, normalize_obs=True, normalize_reward=True)
+    config = train_config(num_envs=3, seed=0, normalize_obs=True, normalize_reward=True)
     model = model_for(config)
     with torch.no_grad():
         model.ret_rms.var.fill_(4.0)  # rewards of CartPole (1 a step) are scaled to 0.5
@@ -112,7 +112,7 @@ def test_a_rollout_measures_its_observations_and_scales_its_rewards() -> None:
 
 
 def test_the_learner_reports_its_env_steps_after_every_update() -> None:
-    config = TrainConfig(env_id="A3CTestSignal-v0", num_envs=4, t_max=5, seed=0, target_return=1e9)
+    config = train_config(env_id="A3CTestSignal-v0", num_envs=4, t_max=5, seed=0, target_return=1e9)
     seen: list[int] = []
     result = train(config, max_steps=200, progress=seen.append)
     # One call per update, with the steps so far (the reset-only steps left out: at most 20).
@@ -128,7 +128,7 @@ def test_workers_played_in_turn_take_steps_lag_times_workers_minus_one_versions_
     """The emulation of a cluster's staleness (a3c_http/algos/a3c/single_process.py): once every
     worker has loaded a reply, each update is exactly lag x workers - 1 versions old; before, the
     workers act on the first weights, version 0."""
-    config = TrainConfig(env_id="A3CTestSignal-v0", num_envs=4, t_max=5, seed=0, target_return=1e9)
+    config = train_config(env_id="A3CTestSignal-v0", num_envs=4, t_max=5, seed=0, target_return=1e9)
     result = train(config, max_steps=600, workers=workers, lag=lag)
     first = lag * workers
     assert result.updates > first
@@ -136,7 +136,7 @@ def test_workers_played_in_turn_take_steps_lag_times_workers_minus_one_versions_
 
 
 def test_a_worker_a_reply_behind_acts_on_older_weights_than_a2c_and_repeatably() -> None:
-    config = TrainConfig(env_id="A3CTestSignal-v0", num_envs=4, t_max=5, seed=0, target_return=1e9)
+    config = train_config(env_id="A3CTestSignal-v0", num_envs=4, t_max=5, seed=0, target_return=1e9)
     a2c = train(config, max_steps=600)
     behind = [train(config, max_steps=600, lag=2).returns for _ in range(2)]
     assert a2c.staleness_total == 0

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.distributions import Categorical, Independent, Normal
 
-from a3c_http.config.training import TrainConfig
+from a3c_http.algos.registry import train_config
 from a3c_http.models.actor_critic import ActorCritic, UnsupportedSpace, build_model
 
 CARTPOLE_OBS = gym.spaces.Box(-np.inf, np.inf, shape=(4,), dtype=np.float32)
@@ -215,7 +215,7 @@ def test_a_cnn_over_vectors_or_tiny_images_says_what_to_use() -> None:
     with pytest.raises(UnsupportedSpace, match="too small for its convolutions"):
         ActorCritic.for_spaces(tiny, gym.spaces.Discrete(2), [8], encoder="nature_cnn")
     with pytest.raises(ValueError, match="scale image observations"):
-        TrainConfig(env_id="CartPole-v1", encoder="small_cnn", normalize_obs=True)
+        train_config(env_id="CartPole-v1", encoder="small_cnn", normalize_obs=True)
 
 
 def test_the_default_network_keeps_its_parameter_names() -> None:

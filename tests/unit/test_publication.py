@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from a3c_http.config.training import TrainConfig
+from a3c_http.algos.registry import train_config
 from a3c_http.models.actor_critic import model_for
 from a3c_http.store.runstore import NonFiniteValue
 from master.learning.parameter_server import ParameterServer
@@ -27,7 +27,7 @@ def _adam_state(numel: int) -> dict:
 
 def test_a_learners_optimizer_state_is_kept_as_sent_and_saved_and_no_optimizer_of_ours_loads_it(
 ) -> None:  # fmt: skip
-    cfg = TrainConfig(algo="ppo", optimizer="adam", seed=1, max_steps=None)
+    cfg = train_config(algo="ppo", optimizer="adam", seed=1, max_steps=None)
     params = ParameterServer()
     params.start_run(cfg, model_for(cfg), next_version=False)
     weights = params.net.snapshot() + 0.25

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from a3c_http.algos.registry import train_config
 from a3c_http.config.training import TrainConfig
 from a3c_http.models.actor_critic import model_for
 from master.errors import StateConflict
@@ -14,7 +15,7 @@ from master.learning.parameter_server import ParameterServer
 
 
 def server(**config: object) -> tuple[ParameterServer, TrainConfig]:
-    cfg = TrainConfig(seed=1, max_steps=None, **config)
+    cfg = train_config(seed=1, max_steps=None, **config)
     params = ParameterServer()
     params.start_run(cfg, model_for(cfg), next_version=False)
     return params, cfg

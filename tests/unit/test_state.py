@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from a3c_http.algos.registry import train_config
 from a3c_http.config.settings import Settings
-from a3c_http.config.training import TrainConfig
 from a3c_http.local.cluster import wait_for
 from a3c_http.store import runstore as store_module
 from a3c_http.store.runstore import RunStore
@@ -25,7 +25,7 @@ from tests.support.log_capture import CapturedEvents
 WORKERS = ["http://127.0.0.1:9"]
 
 
-CONFIG = TrainConfig(seed=1, max_steps=None)
+CONFIG = train_config(seed=1, max_steps=None)
 
 
 def settings(tmp_path: Path) -> Settings:
@@ -65,7 +65,8 @@ def test_gradients_of_an_earlier_run_are_refused_however_recent_their_version(
 
 
 def test_weights_of_an_earlier_run_never_replace_the_new_runs(state: ClusterState) -> None:
-    first, _ = state.start_run(CONFIG.model_copy(update={"sync_mode": "best_weights"}), WORKERS)
+    best_weights = train_config(CONFIG.model_dump(), algo="best_weights")
+    first, _ = state.start_run(best_weights, WORKERS)
     state.finish("stopped")
     state.start_run(CONFIG, WORKERS)
     before = state.params.weights()
@@ -112,7 +113,7 @@ def test_a_save_taken_first_never_lands_over_a_later_one(
 ) -> None:
     """The housekeeping thread's save is taken, then a request finishes the run and saves: the
     folder must end with the finished run and every episode, not with the older snapshot."""
-    state.start_run(TrainConfig(max_episodes=3, max_steps=None, seed=1), WORKERS)
+    state.start_run(train_config(max_episodes=3, max_steps=None, seed=1), WORKERS)
     state.report_episode("w1", 1.0, 10)
 
     real_save = state.store.save
@@ -155,7 +156,7 @@ def test_a_save_taken_first_never_lands_over_a_later_one(
 
 
 def test_a_config_saved_before_the_learner_fields_resumes_as_it_was_saved() -> None:
-    old = TrainConfig(env_id="Acrobot-v1", preset=None).model_dump()
+    old = train_config(env_id="Acrobot-v1", preset=None).model_dump()
     for field in (
         "preset",
         "shared_torso",
@@ -169,7 +170,7 @@ def test_a_config_saved_before_the_learner_fields_resumes_as_it_was_saved() -> N
     assert config.shared_torso and config.optimizer == "adam" and config.preset is None
     assert config.wire_dtype == "float32"
     assert not config.normalize_obs  # Acrobot-v1's preset does not creep in
-    fresh = TrainConfig(env_id="Acrobot-v1").resolved()
+    fresh = train_config(env_id="Acrobot-v1").resolved()
     assert saved_config(fresh.model_dump()) == fresh  # today's saves read back unchanged
 
 

@@ -15,8 +15,8 @@ from a3c_http.algos.apex.algorithm import ApexActor
 from a3c_http.algos.dqn.algorithm import epsilon_at
 from a3c_http.algos.dqn.loss import Transitions, dqn_loss, nstep_transitions
 from a3c_http.algos.exploration import derive
+from a3c_http.algos.registry import train_config
 from a3c_http.algos.replay import MAX_PRIORITY, Replay, SumTree
-from a3c_http.config.training import TrainConfig
 from a3c_http.models.encoders import UnsupportedSpace
 from a3c_http.models.q_network import EpsilonGreedy, QNetwork
 
@@ -43,14 +43,14 @@ def test_q_network_reads_minatar_grids_and_refuses_continuous_actions() -> None:
 
 
 def test_apex_actors_epsilons_span_the_papers_range_and_act_epsilon_greedily() -> None:
-    config = TrainConfig(algo="apex")
+    config = train_config(algo="apex")
     eps = [derive(config, i, ApexActor).epsilon for i in range(9)]
     # The first two are the paper's ends (0.4 and 0.4^8), the rest between them.
     assert eps[0] == pytest.approx(0.4) and eps[1] == pytest.approx(0.4**8)
     assert all(0.4**8 < e < 0.4 for e in eps[2:]) and len(set(eps)) == 9
     worker = derive(config, 1, ApexActor).config_for(config)
     assert epsilon_at(worker, 0) == epsilon_at(worker, 10**9) == pytest.approx(0.4**8)
-    assert derive(TrainConfig(), 1, A3C).epsilon is None  # only Ape-X's actors have their own
+    assert derive(train_config(), 1, A3C).epsilon is None  # only Ape-X's actors have their own
 
     torch.manual_seed(0)
     net = QNetwork((4,), 3)
@@ -65,7 +65,7 @@ def test_apex_actors_epsilons_span_the_papers_range_and_act_epsilon_greedily() -
 
 
 def test_a_dqn_workers_epsilon_falls_linearly_over_its_own_steps() -> None:
-    config = TrainConfig(algo="dqn", exploration_steps=1000, exploration_final_eps=0.1)
+    config = train_config(algo="dqn", exploration_steps=1000, exploration_final_eps=0.1)
     assert [epsilon_at(config, n) for n in (0, 500, 1000, 5000)] == pytest.approx(
         [1.0, 0.55, 0.1, 0.1]
     )
@@ -213,4 +213,4 @@ def test_a_td_error_no_network_makes_gives_its_row_the_lowest_priority() -> None
 def test_settings_a_q_network_does_not_take_are_refused_by_name() -> None:
     for field, value in (("core", "lstm"), ("normalize_obs", True), ("normalize_reward", True)):
         with pytest.raises(ValueError, match=f"{field}={value!r} with algo 'dqn'"):
-            TrainConfig(algo="dqn", **{field: value})
+            train_config(algo="dqn", **{field: value})

@@ -13,6 +13,7 @@ from safetensors.numpy import save as np_save
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from a3c_http.algos.registry import train_config
 from a3c_http.models.actor_critic import ActorCritic
 from a3c_http.wire import tensors as wire
 
@@ -208,10 +209,9 @@ def test_a_push_header_that_only_begins_as_the_layouts_is_judged_whole(header: b
 
 
 def test_a_model_layout_puts_the_parameters_first() -> None:
-    from a3c_http.config.training import TrainConfig
     from a3c_http.models.actor_critic import model_for
 
-    model = model_for(TrainConfig(normalize_obs=True))
+    model = model_for(train_config(normalize_obs=True))
     layout = wire.Layout.of(model)
     params = [name for name, _ in model.named_parameters()]
     assert layout.names[: len(params)] == params and "obs_rms.mean" in layout.names[len(params) :]
@@ -396,10 +396,9 @@ def test_another_writers_header_is_read_once_and_its_data_every_time(
 
 
 def test_a_model_body_from_any_writer_reads_the_same() -> None:
-    from a3c_http.config.training import TrainConfig
     from a3c_http.models.actor_critic import model_for
 
-    layout = wire.Layout.of(model_for(TrainConfig(normalize_obs=True)))
+    layout = wire.Layout.of(model_for(train_config(normalize_obs=True)))
     vector = torch.randn(layout.numel, generator=torch.Generator().manual_seed(0))
     vector[layout.n_params :] = vector[layout.n_params :].abs()
     for writer, body in other_writers(layout, vector).items():

@@ -1,4 +1,4 @@
-"""Sync A2C across machines (sync_mode `sync`): each worker computes A3C's gradients of its
+"""Sync A2C across machines (algo `a2c`): each worker computes A3C's gradients of its
 rollout (a3c_http/algos/a3c/algorithm.py) and waits for the reply; the master gathers one gradient
 of each running worker for the current version and applies their mean in one step, answering every
 push of the round with the same new weights (the rounds: master/learning/rounds.py). A round closes
@@ -19,7 +19,7 @@ class SyncA2C(A3C):
     """A3C's worker without pushes in flight, whose replies the master holds until the round
     closes; the master's side joins the round instead of stepping at once."""
 
-    name = "sync"
+    name = "a2c"
 
     def pushes_in_flight(self) -> int:
         return 0

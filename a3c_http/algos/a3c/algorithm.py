@@ -1,4 +1,4 @@
-"""A3C (sync_mode `gradients`): each worker computes the entropy-regularised actor-critic loss of
+"""A3C (algo `a3c`): each worker computes the entropy-regularised actor-critic loss of
 its rollout and pushes its clipped gradients; the master applies each push at once with its one
 optimizer, if it is fresh enough (`max_staleness`), and answers with the new weights.
 
@@ -131,7 +131,7 @@ class A3C(Algorithm):
     """Asynchronous gradients: up to `max_in_flight` pushes on the wire while the worker collects
     its next rollouts (never more than `max_staleness`, which would be refused)."""
 
-    name = "gradients"
+    name = "a3c"
     sends = Sends.GRADIENTS
 
     def pushes_in_flight(self) -> int:

@@ -72,6 +72,7 @@ class ApexActor(ExperienceAlgorithm):
     """An actor: its rollouts with their initial priorities go to the learner's replay."""
 
     name = "apex"
+    target_network = True
     learner: type[Learner]
     # The n-step cut and the replay's initial priorities; no log-probabilities.
     own_tensors = ("returns", "discounts", "stops", "priorities")

@@ -1,4 +1,4 @@
-"""The original design (sync_mode `best_weights`, seeds/003): each worker learns with its own
+"""The original design (algo `best_weights`, seeds/003): each worker learns with its own
 optimizer from its own rollouts; when one of its episodes beats the run's best score it sends its
 weights, which become the global weights, and at each heartbeat it sends its weights to its slot
 and adopts the global ones if they are newer (another worker's best). Kept so that its behaviour

@@ -71,6 +71,7 @@ class AsyncDQN(Algorithm):
 
     name = "dqn"
     sends = Sends.GRADIENTS
+    target_network = True
 
     @classmethod
     def target_refresh_every(cls, config: TrainConfig) -> int | None:

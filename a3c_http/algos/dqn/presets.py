@@ -1,15 +1,12 @@
-"""The value-based algorithms' defaults and per-task presets (`algo` dqn and apex), which
-a3c_http/config/presets.py puts beside the others' in `ALGORITHM_DEFAULTS` and
-`ALGORITHM_PRESETS`.
+"""DQN's defaults and per-task presets, and the inputs and games they share with Ape-X's
+(a3c_http/algos/apex/presets.py).
 
-dqn's presets are the RL Zoo's DQN hyperparameters (rl-baselines3-zoo hyperparams/dqn.yml) spread
+They are the RL Zoo's DQN hyperparameters (rl-baselines3-zoo hyperparams/dqn.yml) spread
 over the default cluster of two workers: the Zoo's `train_freq` env steps and `gradient_steps` per
 update become each worker's rollout (t_max x num_envs) and its gradient pushes after it, half of
 each, so that the cluster makes as many gradient steps per env step as the Zoo; its env-step
 counts (learning_starts, the exploration's share of n_timesteps) are halved for each worker's
-own; its target_update_interval becomes versions (the cluster's gradient steps). apex's are the
-Ape-X paper's (Horgan et al. 2018): 3-step double dueling DQN, a prioritized replay with alpha
-0.6 and beta 0.4, the target network every 2,500 learner steps on Atari, batches of 512 there.
+own; its target_update_interval becomes versions (the cluster's gradient steps).
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ from typing import Any
 
 # Atari from pixels as the Zoo's DQN sees it (its AtariWrapper): the Nature CNN over 4 stacked
 # 84x84 frames, rewards clipped and a lost life an episode end for the loss.
-_ATARI_INPUT: dict[str, Any] = {
+ATARI_INPUT: dict[str, Any] = {
     "preprocess": "atari",
     "frame_stack": 4,
     "encoder": "nature_cnn",
@@ -26,20 +23,20 @@ _ATARI_INPUT: dict[str, Any] = {
     "clip_reward": True,
     "life_loss": True,
 }
-_MINATAR_GAMES = [
+MINATAR_GAMES = [
     f"MinAtar/{game}-v{version}"
     for game in ("Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders")
     for version in (0, 1)
 ]
 # The MinAtar paper's network (one 16-filter 3x3 convolution, 128 units) over 4 stacked frames.
-_MINATAR_INPUT: dict[str, Any] = {"encoder": "small_cnn", "frame_stack": 4, "hidden_sizes": []}
+MINATAR_INPUT: dict[str, Any] = {"encoder": "small_cnn", "frame_stack": 4, "hidden_sizes": []}
 
 # SB3's DQN defaults (Adam, lr 1e-4, batches of 32, a gradient step every 4 env steps, gradients
 # clipped to 10) with the exploration and target settings of this module's docstring. A worker
 # waits for each push's reply, so that its next gradient is taken on the weights its last one
 # made, as SB3's steps follow each other: with pushes in flight (16, A3C's default) CartPole was
 # solved in 1 seed of 3 by 100k env steps, without in 3 of 3 (docs/performance.md).
-DQN_DEFAULTS: dict[str, Any] = {
+DEFAULTS: dict[str, Any] = {
     "max_in_flight": 0,
     "optimizer": "adam",
     "lr": 1e-4,
@@ -52,21 +49,6 @@ DQN_DEFAULTS: dict[str, Any] = {
 }
 # Ape-X: one rollout of 50 steps a batch (the paper's actors send every 50 steps), dueling double
 # 3-step DQN, gradients clipped to 40; rollouts are never too old to learn from.
-APEX_DEFAULTS: dict[str, Any] = {
-    "optimizer": "adam",
-    "lr": 1e-4,
-    "num_envs": 1,
-    "t_max": 50,
-    "queue_size": 1,
-    "gradient_steps": 25,
-    "batch_size": 64,
-    "n_step": 3,
-    "dueling": True,
-    "max_grad_norm": 40.0,
-    "target_update": 2500,
-    "max_policy_lag": 1_000_000_000,
-    "max_in_flight": 1,
-}
 
 # The Zoo's classic-control DQN settings: 256x256 ReLU layers. These tasks are judged as the Zoo
 # scores DQN, on greedy episodes (`solved_on: "eval"`): the epsilon-greedy training episodes fall
@@ -74,14 +56,14 @@ APEX_DEFAULTS: dict[str, Any] = {
 # after 200k env steps). CartPole on 10 of them about every 2,000 env steps; the others on 100
 # about every 20,000 (gymnasium's 100 episodes: 10 judged a LunarLander policy of 147 +- 91 over
 # 100 at 216).
-_ZOO_CLASSIC = {"hidden_sizes": [256, 256], "gamma": 0.99, "solved_on": "eval"}
-_HUNDRED = {"eval_episodes": 100}
+ZOO_CLASSIC = {"hidden_sizes": [256, 256], "gamma": 0.99, "solved_on": "eval"}
+HUNDRED = {"eval_episodes": 100}
 DQN_PRESETS: dict[str, dict[str, Any]] = {
     # Zoo: lr 2.3e-3, batch 64, buffer 100k, learning_starts 1000, train_freq 256 with 128
     # gradient steps, target every 10 env steps (every training phase), exploration 0.16 of
     # 50k down to 0.04.
     "CartPole-v1": {
-        **_ZOO_CLASSIC,
+        **ZOO_CLASSIC,
         "lr": 2.3e-3,
         "batch_size": 64,
         "buffer_size": 50_000,
@@ -98,7 +80,7 @@ DQN_PRESETS: dict[str, dict[str, Any]] = {
     # step, target every 250, exploration 0.12 of 100k down to 0.1.
     **{
         env_id: {
-            **_ZOO_CLASSIC,
+            **ZOO_CLASSIC,
             "lr": 6.3e-4,
             "batch_size": 128,
             "buffer_size": 25_000,
@@ -108,7 +90,7 @@ DQN_PRESETS: dict[str, dict[str, Any]] = {
             "target_update": 250,
             "exploration_steps": 6_000,
             "exploration_final_eps": 0.1,
-            **_HUNDRED,
+            **HUNDRED,
             "eval_every_updates": 20_000,
             "max_steps": max_steps,
         }
@@ -119,7 +101,7 @@ DQN_PRESETS: dict[str, dict[str, Any]] = {
     # steps instead of every one.
     **{
         env_id: {
-            **_MINATAR_INPUT,
+            **MINATAR_INPUT,
             "lr": 2.5e-4,
             "buffer_size": 50_000,
             "learning_starts": 2_500,
@@ -128,13 +110,13 @@ DQN_PRESETS: dict[str, dict[str, Any]] = {
             "exploration_final_eps": 0.1,
             "max_steps": 5_000_000,
         }
-        for env_id in _MINATAR_GAMES
+        for env_id in MINATAR_GAMES
     },
     # Zoo's atari: buffer 100k, learning_starts 100k, target every 1,000 env steps (250 gradient
     # steps), exploration 0.1 of 10M down to 0.01.
     **{
         env_id: {
-            **_ATARI_INPUT,
+            **ATARI_INPUT,
             "buffer_size": 50_000,
             "learning_starts": 50_000,
             "target_update": 250,
@@ -146,74 +128,4 @@ DQN_PRESETS: dict[str, dict[str, Any]] = {
         for env_id, extra in (("ALE/Pong-v5", {"target_return": 18.0}), ("ALE/Breakout-v5", {}))
     },
 }
-
-APEX_PRESETS: dict[str, dict[str, Any]] = {
-    "CartPole-v1": {
-        **_ZOO_CLASSIC,
-        "lr": 1e-3,
-        "num_envs": 4,
-        "t_max": 32,
-        "gradient_steps": 64,
-        "learning_starts": 1000,
-        "target_update": 100,
-        "eval_every_updates": 16,
-        "max_steps": 100_000,
-    },
-    **{
-        env_id: {
-            **_ZOO_CLASSIC,
-            "lr": 6.3e-4,
-            "batch_size": 128,
-            "num_envs": 4,
-            "t_max": 32,
-            "gradient_steps": 128,
-            "learning_starts": 1000,
-            "target_update": 250,
-            **_HUNDRED,
-            "eval_every_updates": 80,
-            "max_steps": max_steps,
-        }
-        for env_id, max_steps in (("Acrobot-v1", 200_000), ("LunarLander-v3", 1_000_000))
-    },
-    **{
-        env_id: {
-            **_MINATAR_INPUT,
-            # MinAtar's own observation, as the MinAtar paper's agents see it (IMPALA's preset too).
-            "frame_stack": 1,
-            # Falling to 0 at max_steps: with it constant, the greedy policy fell late in the run
-            # in 2 seeds of 3 (docs/performance.md).
-            "lr": 2.5e-4,
-            "lr_schedule": "linear",
-            "num_envs": 16,
-            "t_max": 16,
-            # The reference's batches of 32 every 4 env steps (64 of them a worker's push of 256
-            # steps): batches of 128 every 16 ended lower (docs/performance.md).
-            "gradient_steps": 64,
-            "batch_size": 32,
-            "learning_starts": 5_000,
-            # The target every 1,000 env steps, as the MinAtar paper's and the reference's.
-            "target_update": 250,
-            "wire_dtype": "bfloat16",
-            "max_steps": 5_000_000,
-        }
-        for env_id in _MINATAR_GAMES
-    },
-    **{
-        env_id: {
-            **_ATARI_INPUT,
-            "lr": 0.00025 / 4,
-            "batch_size": 512,
-            "num_envs": 16,
-            "t_max": 50,
-            "gradient_steps": 4,
-            # A transition keeps both of its frame stacks (2 x 28 KB): 100k of them take 5.6 GB
-            # of the master host's memory (the paper's 2M were compressed).
-            "buffer_size": 100_000,
-            "learning_starts": 50_000,
-            "wire_dtype": "bfloat16",
-            "max_steps": 10_000_000,
-            **extra,
-        }
-        for env_id, extra in (("ALE/Pong-v5", {"target_return": 18.0}), ("ALE/Breakout-v5", {}))
-    },
-}
+DQN_PRESETS["ALE/*"] = DQN_PRESETS["ALE/Breakout-v5"]

@@ -1,0 +1,35 @@
+"""The config fields every algorithm with a learner beside the master shares (ppo, impala, apex):
+the base of their sections, torch-free as every config section is."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from a3c_http.config.training import TrainConfig
+
+
+class LearnerConfig(TrainConfig):
+    """A run whose workers push experience to one learner process beside the master."""
+
+    queue_size: int = Field(
+        2,
+        ge=1,
+        le=1024,
+        description="The rollouts (t_max x num_envs steps each) one update of "
+        "the learner takes. Twice as many may wait for it; beyond that a push's reply is held "
+        "until there is room (the seed's bounded queue).",
+    )
+    max_policy_lag: int = Field(
+        4,
+        ge=0,
+        description="A rollout acted by weights more than this many versions "
+        "older than the learner's is dropped when the learner takes it (counted in /status "
+        "learner.dropped_stale); impala corrects the lag of the rest with V-trace.",
+    )
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$",
+        description="Where the learner runs: auto (the master host's first GPU "
+        "when torch sees one, else the CPU), cpu, cuda, cuda:N or mps. A device the master host "
+        "does not have is refused with 422.",
+    )
