@@ -25,9 +25,8 @@ from master.api import original, run, view, weights
 from master.api.metrics import MasterMetrics
 from master.background import housekeeping
 from master.errors import Invalid
-from master.ingress import experience
-from master.ingress.gradients import GradientRoute, push, take_push
 from master.ingress.receivers import Receivers
+from master.ingress.updates import UpdateRoute, push, take_push
 from master.persistence import tensorboard
 from master.persistence.scalars import Sink
 from master.persistence.wandb_sink import WandB
@@ -98,7 +97,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
            "/target_model_weights", "/local_model_weights"}  # fmt: skip
     quiet = settings.access_log == "quiet"
     # Inside the gate and the body limit that install_common adds (the last added runs first).
-    app.add_middleware(GradientRoute, push=own_push)
+    app.add_middleware(UpdateRoute, push=own_push)
     install_common(
         app,
         settings,
@@ -107,7 +106,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         public_paths=view.PUBLIC_PATHS,
         tensor_paths=weights.TENSOR_PATHS,
     )
-    for module in (original, weights, experience, run, view):
+    for module in (original, weights, run, view):
         app.include_router(module.router)
     app.include_router(view.pages)
 

@@ -1,6 +1,6 @@
 """The facade's part for runs that learn from experience (`algo` ppo, impala and apex): starting
 the learner beside the master (master/learning/learner_process.py), starting it again when it fails,
-and taking the workers' rollouts (`POST /experience`, master/ingress/experience.py). A mixin of
+and taking the workers' rollouts (`POST /experience`, master/ingress/updates.py). A mixin of
 `ClusterState` (master/state.py), whose ledger, parameter server and learner process it uses; the
 facade's lock order holds (a part never calls another while it holds its own lock)."""
 
@@ -25,6 +25,7 @@ from master.learning.learner_loop import Publication
 from master.learning.learner_needs import SharedMemoryShort, check_shared_memory, resolve_device
 from master.learning.learner_process import MAX_FAILURES_IN_A_ROW, LearnerProcess
 from master.learning.parameter_server import ParameterServer
+from master.learning.rounds import Outcome
 from master.run.events import WARNING
 from master.run.ledger import RunLedger
 
@@ -145,29 +146,22 @@ class LearnerRuns:
             # (where letting it pass would leave a run that neither learns nor ends)
             self.finish(f"the learner failed ({error}) and could not be started again: {exc}")
 
-    def apply_experience(
+    def _take_experience(
         self,
         worker_id: str,
         version: int,
         body: bytes,
-        run_id: str | None = None,
-        seq: int | None = None,
-    ) -> tuple[tuple[bytes, int] | int, bool, dict[str, Any]]:
-        """Take one worker's rollout (ppo, impala and apex runs): checked (the worker registered in
-        the running run, every tensor's name, dtype, shape, finiteness and range, the statistics,
-        the report), its finished episodes counted, and queued for the learner; a retry of one taken
-        (its X-A3C-Seq) is answered without being taken again. `version` is the weights that acted.
-        Returns the newest weights and their version when they are newer than `version`, else the
-        current version alone; whether it was a retry; and the run's summary. Raises WireError or
-        Invalid (422) with nothing counted; StateConflict (409) with nothing queued (a registered
-        worker's report of a run that refuses rollouts, a finished one, is counted as a gradient
-        push's is); LearnerBusy (503) with nothing counted when the learner's queue stayed full for
-        EXPERIENCE_HOLD_S (the worker counts as alive while it waits)."""
-        refusal, config, _ = self.ledger.admit_update(worker_id, run_id)
-        if not learns_from_experience(config):
-            raise StateConflict(
-                "this run's workers push gradients (algo 'a3c'): POST /gradients; nothing taken"
-            )
+        run_id: str | None,
+        seq: int | None,
+        refusal: StateConflict | None,
+        config: TrainConfig,
+    ) -> tuple[Outcome, dict[str, Any]]:
+        """An admitted experience push (`ClusterState.apply_update`): checked (every tensor's
+        name, dtype, shape, finiteness and range, the statistics, the report), its finished
+        episodes counted, and queued for the learner. Refused as `apply_update` says; a report
+        of a run that refuses rollouts (a finished one) is counted as a gradient push's is;
+        LearnerBusy when the learner's queue stayed full for EXPERIENCE_HOLD_S (the worker counts
+        as alive while it waits)."""
         tensors, metadata = self._checked_experience(body, config, version)
         report = rollout_report(metadata)
         episodes, stats = (report.episodes, report.stats) if report else ([], None)
@@ -207,9 +201,9 @@ class LearnerRuns:
                 self.params.settle(worker_id, seq, taken)
         if duplicate and not run_summary["duplicate"]:
             self.ledger.count_duplicate(worker_id)
-        if self.params.version > version:
-            return self.params.weights(), duplicate, run_summary
-        return self.params.version, duplicate, run_summary
+        newest = self.params.weights() if self.params.version > version else None
+        weights = newest or (None, self.params.version)
+        return Outcome.ready(weights, duplicate), run_summary
 
     def _hold_s(self, config: TrainConfig) -> float:
         """How long an experience push that does not complete the learner's batch waits for

@@ -6,10 +6,14 @@
 - `persister` (master/persistence/saver.py): the run folder, one mutex for snapshot, write and
   archive.
 
-Lock order: the persister's mutex, then the ledger's lock, then the parameter server's; a part never
-calls another while it holds its own lock, so only the persister, `start_run` and the evaluator
-(master/background/evaluator.py, taking the weights it plays) ever hold two. No file is written
-while the ledger's or the parameter server's lock is held.
+Lock order: `start_run`'s lock, then the learner's lifecycle lock
+(master/learning/learner_process.py: starting or stopping the learner of a run that has one), then
+the persister's mutex, then the ledger's lock, then the lock of the weights the learner shares (held
+while it publishes them to the parameter server), then the parameter server's. A part never calls
+another while it holds its own lock, so only these and the evaluator
+(master/background/evaluator.py, taking the weights it plays) ever hold two. The learner's condition
+(its queue's slots) is a leaf: nothing is called while it is held.
+No file is written while the ledger's or the parameter server's lock is held.
 
 The routes call the parts directly for what concerns one part only; the facade does what spans
 them: starting a run, updates (the ledger admits, the parameter server applies), status, saving
@@ -31,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from a3c_http.algos.base import Sends
 from a3c_http.algos.exploration import check_actions
 from a3c_http.algos.registry import algorithm_class, learns_from_experience
 from a3c_http.config.settings import Settings
@@ -47,6 +52,7 @@ from master.learner_runs import (
     rollout_expectation,
     rollout_report,
 )
+from master.learning.admission import RunLimits
 from master.learning.learner_needs import resolve_device
 from master.learning.learner_process import LearnerBusy, LearnerProcess
 from master.learning.parameter_server import ParameterServer
@@ -69,6 +75,7 @@ __all__ = [
     "VERSIONS_SKIPPED_AFTER_A_CRASH",
     "ClusterState",
     "LearnerBusy",
+    "Sends",
     "StateConflict",
     "saved_config",
     "versions_to_skip",
@@ -235,8 +242,9 @@ class ClusterState(LearnerRuns):
 
     # -- updates ---------------------------------------------------------------------------------
 
-    def apply_gradients(
+    def apply_update(
         self,
+        kind: Sends,
         worker_id: str,
         version: int,
         body: bytes,
@@ -245,23 +253,52 @@ class ClusterState(LearnerRuns):
         loss: float | None = None,
         norm: float | None = None,
     ) -> tuple[Outcome, dict[str, Any]]:
-        """Take one worker's gradients (with the loss and the norm before clipping it reported,
-        if it did): applied at once, or in sync mode added to the current round. The body's
+        """Take one worker's push of `kind` (its route's: master/ingress/updates.py), computed
+        or acted with the weights of `version`, numbered `seq` (a retry of one taken is answered,
+        not taken again). Every kind is admitted alike, by the ledger (no run, another run, a
+        worker that is not registered: StateConflict; a finished run: refused unless a retry),
+        then must be what the run's algorithm's workers push (StateConflict naming the route
+        they push to), then is taken by its plane: gradients (with the loss and the norm before
+        clipping the worker reported) by the parameter server as the algorithm applies them,
+        experience by the learner beside the master (master/learner_runs.py). The body's
         metadata may carry the rollout's finished episodes and the worker's statistics
-        (master/api/schemas.py RolloutReport), counted first, whatever becomes of the gradients.
-        The run's algorithm (a3c_http/algos/) decides what applying means. Returns the outcome
-        (master/learning/rounds.py `await_outcome`: the new weights, their version and
-        whether the request was a retry of gradients taken already) and the run's summary as
-        `POST /episode` answers them. Raises StateConflict (stale, an outlier, no running run,
-        or a worker that is not registered) or WireError; no gradient is taken then, and for an
-        Invalid (an implausible report, gradients beyond their bound) or a WireError nothing at
-        all is counted, and the worker is not taken to be alive."""
+        (master/api/schemas.py RolloutReport), counted first, whatever becomes of the update.
+        Returns the outcome (master/learning/rounds.py `await_outcome`: the newest weights, or
+        None for an experience push whose worker holds them; their version; whether the request
+        was a retry) and the run's summary as `POST /episode` answers them. Refused with
+        nothing taken: StateConflict (409: stale, an outlier, no running run, an unregistered
+        worker), WireError or Invalid (422, and then nothing at all is counted and the worker is
+        not taken to be alive), LearnerBusy (503, nothing counted)."""
         refusal, config, limits = self.ledger.admit_update(worker_id, run_id)
-        if learns_from_experience(config):
+        learner = learns_from_experience(config)
+        if learner != (kind is Sends.EXPERIENCE):
+            route = "/experience" if learner else "/gradients"
             raise StateConflict(
-                f"algo {config.algo!r}: the workers push experience (POST /experience), the "
-                "learner beside the master owns the weights; nothing applied"
+                f"algo {config.algo!r}: its workers push to POST {route} ("
+                + ("rollouts for the learner beside the master" if learner else "gradients")
+                + "); nothing taken"
             )
+        if learner:
+            return self._take_experience(worker_id, version, body, run_id, seq, refusal, config)
+        return self._take_gradients(
+            worker_id, version, body, run_id, seq, loss, norm, refusal, config, limits
+        )
+
+    def _take_gradients(
+        self,
+        worker_id: str,
+        version: int,
+        body: bytes,
+        run_id: str | None,
+        seq: int | None,
+        loss: float | None,
+        norm: float | None,
+        refusal: StateConflict | None,
+        config: TrainConfig,
+        limits: RunLimits,
+    ) -> tuple[Outcome, dict[str, Any]]:
+        """An admitted gradient push (`apply_update`): applied at once, or in sync mode added to
+        the current round; the run's algorithm (a3c_http/algos/) decides what applying means."""
         vector, metadata = self.params.decode(body, gradients=True)
         report = rollout_report(metadata)
         update = self.params.checked_update(

@@ -68,15 +68,16 @@ class Settings(FromEnv):
         "(refused stale updates, counted in updates_rejected_by); other errors and every other "
         "route are logged. all: every request.",
     )
-    # Processes that take the workers' gradient pushes on an address of their own
+    # Processes that take the workers' pushes on an address of their own
     # (master/ingress/receivers.py): 0, the master's own process takes them all.
     receivers: int = Field(
         0,
         ge=0,
         le=64,
         validation_alias=AliasChoices("A3C_RECEIVERS", "A3C_FRONTS"),  # and its old name
-        description="Receiver processes that take the workers' gradient pushes on an address of "
-        "their own, around the master's process; 0: the master's process takes them all.",
+        description="Receiver processes that take the workers' pushes (gradients and experience) "
+        "on an address of their own, around the master's process; 0: the master's process "
+        "takes them all.",
     )
     receivers_bind: str | None = Field(
         None,

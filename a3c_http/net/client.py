@@ -1,10 +1,11 @@
 """`MasterClient`: typed calls to the master over httpx, with timeouts and bounded retries (the
 requests and their errors: a3c_http/net/transport.py, whose names this module also exports).
 
-Episode reports, gradients and weights carry `X-A3C-Seq`, a number that rises with each call and
+Episode reports, pushes and weights carry `X-A3C-Seq`, a number that rises with each call and
 stays the same on its retries, so a retry of a request whose reply was lost is not counted twice by
-the master. With a push process (a3c_http/net/push_process.py), gradient pushes leave the worker's
-process: `push_gradients_async` hands them to it and returns at once.
+the master. Every push (gradients, experience) is built by `_update` and sent by one sender to
+where pushes go (the receivers' `push_url`, else the master): with a push process
+(a3c_http/net/push_process.py) the `_async` calls hand it over and return at once.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import itertools
 import json
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -47,6 +48,12 @@ from a3c_http.wire.protocol import (
     VERSION_HEADER,
     WORKER_ID_HEADER,
 )
+
+
+def _metadata(report: Mapping[str, Any] | None) -> dict[str, str] | None:
+    """A push body's metadata: the rollout's report (master/api/schemas.py RolloutReport)."""
+    return {ROLLOUT_METADATA: json.dumps(report)} if report is not None else None
+
 
 __all__ = [
     "A3CError",
@@ -237,6 +244,8 @@ class MasterClient:
             return None
         return self._weights_reply(response, layout)
 
+    # -- updates: one sender for every push (the master's one route, master/ingress/updates.py) --
+
     def push_gradients(
         self,
         worker_id: str,
@@ -255,11 +264,9 @@ class MasterClient:
         global weights, with the run's summary. `wait_s`: how long the master may hold the
         reply beyond the usual timeout (a sync round's `sync_timeout_s`). Raises `Conflict` when
         they were too stale or an outlier. Safe to call from several threads at once."""
-        request = self._gradients(
-            worker_id, version, grads, layout, loss, grad_norm, wait_s, report
-        )
-        return self._weights_reply(
-            self.pushes.request("POST", "/gradients", direct=request), layout
+        return self._send(
+            self._gradients(worker_id, version, grads, layout, loss, grad_norm, wait_s, report),
+            layout,
         )
 
     def push_gradients_async(
@@ -270,51 +277,11 @@ class MasterClient:
         layout: wire.Layout,
         **extra: Any,
     ) -> Future:
-        """`push_gradients` (the same arguments), sent from the push process or a sender thread
-        (see the constructor): returns at once, with a future of its result."""
-        if self._push_options is None:
-            if self._senders is None:
-                self._senders = ThreadPoolExecutor(self.push_threads, thread_name_prefix="a3c-push")
-            return self._senders.submit(
-                self.push_gradients, worker_id, version, grads, layout, **extra
-            )
-        if self._pusher is None:
-            options = {**self._push_options, **self.pushes.options(), "run_id": self.run_id}
-            self._pusher = PushProcess(options, self.push_threads, self.transport.stop_event)
-        request = self._gradients(worker_id, version, grads, layout, **extra)
-        return self._pusher.submit(
-            "POST", "/gradients", **request,
-            convert=lambda reply: self._weights(reply.headers, reply.content, layout),
+        """`push_gradients` (the same arguments), from the sender (`_send_async`): returns at
+        once, with a future of its result."""
+        return self._send_async(
+            lambda: self._gradients(worker_id, version, grads, layout, **extra), layout
         )
-
-    def _gradients(
-        self,
-        worker_id: str,
-        version: int,
-        grads: Mapping[str, torch.Tensor] | torch.Tensor,
-        layout: wire.Layout,
-        loss: float | None = None,
-        grad_norm: float | None = None,
-        wait_s: float = 0.0,
-        report: Mapping[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        """A gradient push as `Transport.direct`'s arguments (see `push_gradients`)."""
-        vector = grads if isinstance(grads, torch.Tensor) else layout.flatten(grads)
-        metadata = {ROLLOUT_METADATA: json.dumps(report)} if report is not None else None
-        reported = {LOSS_HEADER: loss, GRAD_NORM_HEADER: grad_norm}
-        headers = {
-            "Content-Type": CONTENT_TYPE,
-            WORKER_ID_HEADER: worker_id,
-            VERSION_HEADER: str(version),
-            **self._seq_header(),
-            **({RUN_ID_HEADER: self.run_id} if self.run_id else {}),
-            **{name: repr(float(v)) for name, v in reported.items() if v is not None},
-        }
-        return {
-            "content": layout.encode(vector, metadata),
-            "headers": headers,
-            "timeout": self.transport.timeout_s + wait_s,
-        }
 
     def push_experience(
         self,
@@ -329,36 +296,123 @@ class MasterClient:
         beside the master (`POST /experience`). Returns the newest weights when the master's
         are newer than `version`, else `Weights` without a vector (the master's version and the
         run's summary alone). Safe to call from several threads at once."""
-        metadata = {ROLLOUT_METADATA: json.dumps(report)} if report is not None else None
-        headers = {
-            "Content-Type": CONTENT_TYPE,
-            WORKER_ID_HEADER: worker_id,
-            VERSION_HEADER: str(version),
-            **self._seq_header(),
-            **({RUN_ID_HEADER: self.run_id} if self.run_id else {}),
-        }
-        request = {
-            "content": encode_tensors(tensors, metadata),
-            "headers": headers,
-            "timeout": self.transport.timeout_s + EXPERIENCE_HOLD_S,  # a full queue holds it
-        }
-        response = self.transport.request("POST", "/experience", direct=request)
-        if response.status_code == 204:
-            try:
-                version = int(response.headers[_VERSION])
-            except (KeyError, ValueError):
-                raise ProtocolError(f"the reply has no integer {VERSION_HEADER} header") from None
-            summary = _run_summary(response.headers)
-            stop = response.headers.get(_STOP) == "1"
-            return Weights(None, layout, version, stop=stop, run_summary=summary)
-        return self._weights_reply(response, layout)
+        return self._send(self._experience(worker_id, version, tensors, report), layout)
 
-    def push_experience_async(self, *args: Any, **kwargs: Any) -> Future:
-        """`push_experience` (the same arguments) from a sender thread: returns at once, with a
-        future of its result."""
-        if self._senders is None:
-            self._senders = ThreadPoolExecutor(self.push_threads, thread_name_prefix="a3c-push")
-        return self._senders.submit(self.push_experience, *args, **kwargs)
+    def push_experience_async(
+        self,
+        worker_id: str,
+        version: int,
+        tensors: Mapping[str, torch.Tensor],
+        layout: wire.Layout,
+        report: Mapping[str, Any] | None = None,
+    ) -> Future:
+        """`push_experience` (the same arguments), from the sender (`_send_async`): returns at
+        once, with a future of its result."""
+        return self._send_async(
+            lambda: self._experience(worker_id, version, tensors, report), layout
+        )
+
+    def _gradients(
+        self,
+        worker_id: str,
+        version: int,
+        grads: Mapping[str, torch.Tensor] | torch.Tensor,
+        layout: wire.Layout,
+        loss: float | None = None,
+        grad_norm: float | None = None,
+        wait_s: float = 0.0,
+        report: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A gradient push (see `push_gradients`) as `_update`'s request."""
+        vector = grads if isinstance(grads, torch.Tensor) else layout.flatten(grads)
+        reported = {LOSS_HEADER: loss, GRAD_NORM_HEADER: grad_norm}
+        return self._update(
+            "/gradients",
+            worker_id,
+            version,
+            layout.encode(vector, _metadata(report)),
+            {name: repr(float(v)) for name, v in reported.items() if v is not None},
+            self.transport.timeout_s + wait_s,
+        )
+
+    def _experience(
+        self,
+        worker_id: str,
+        version: int,
+        tensors: Mapping[str, torch.Tensor],
+        report: Mapping[str, Any] | None,
+    ) -> dict[str, Any]:
+        """An experience push (see `push_experience`) as `_update`'s request; a full learner's
+        queue may hold it for EXPERIENCE_HOLD_S."""
+        return self._update(
+            "/experience",
+            worker_id,
+            version,
+            encode_tensors(tensors, _metadata(report)),
+            {},
+            self.transport.timeout_s + EXPERIENCE_HOLD_S,
+        )
+
+    def _update(
+        self,
+        path: str,
+        worker_id: str,
+        version: int,
+        content: bytes,
+        headers: dict[str, str],
+        timeout: float,
+    ) -> dict[str, Any]:
+        """A push to `path` as the sender takes it: `Transport.direct`'s arguments and the path,
+        with the headers every push carries (master/api/schemas.py `PushHeaders`)."""
+        return {
+            "path": path,
+            "content": content,
+            "headers": {
+                "Content-Type": CONTENT_TYPE,
+                WORKER_ID_HEADER: worker_id,
+                VERSION_HEADER: str(version),
+                **self._seq_header(),
+                **({RUN_ID_HEADER: self.run_id} if self.run_id else {}),
+                **headers,
+            },
+            "timeout": timeout,
+        }
+
+    def _send(self, update: dict[str, Any], layout: wire.Layout) -> Weights:
+        """Send one push (`_update`'s) to where pushes go (`push_url`) and read its reply."""
+        path = update.pop("path")
+        return self._reply(self.pushes.request("POST", path, direct=update), layout)
+
+    def _send_async(self, build: Callable[[], dict[str, Any]], layout: wire.Layout) -> Future:
+        """Send the push `build` makes from the push process or a sender thread (see the
+        constructor): returns at once, with a future of `_reply`'s result. A sender thread
+        builds it too (the encoding leaves the caller's thread); the push process takes it
+        built."""
+        if self._push_options is None:
+            if self._senders is None:
+                self._senders = ThreadPoolExecutor(self.push_threads, thread_name_prefix="a3c-push")
+            return self._senders.submit(lambda: self._send(build(), layout))
+        if self._pusher is None:
+            options = {**self._push_options, **self.pushes.options(), "run_id": self.run_id}
+            self._pusher = PushProcess(options, self.push_threads, self.transport.stop_event)
+        update = build()
+        return self._pusher.submit(
+            "POST", update.pop("path"), **update, convert=lambda reply: self._reply(reply, layout)
+        )
+
+    def _reply(self, reply: Any, layout: wire.Layout) -> Weights:
+        """What a push's reply (an httpx.Response, or the push process's `Reply`) brings: the
+        weights (200), or the master's version and the run's summary alone (204: an experience
+        push from a worker whose weights are the newest)."""
+        if reply.status_code != 204:
+            return self._weights(reply.headers, reply.content, layout)
+        try:
+            version = int(reply.headers[_VERSION])
+            summary = _run_summary(reply.headers)
+        except (KeyError, ValueError):
+            raise ProtocolError(f"the reply has no integer {VERSION_HEADER} header") from None
+        stop = reply.headers.get(_STOP) == "1"
+        return Weights(None, layout, version, stop=stop, run_summary=summary)
 
     def push_weights(
         self,

@@ -1,7 +1,10 @@
-"""Tensors over HTTP: the global weights, workers' weights and gradients (safetensors bodies).
+"""Tensors over HTTP: the global weights, workers' weights, gradients and experience (safetensors
+bodies).
 
-POST /gradients, the workers' hot path, is served by master/ingress/gradients.py; it is async so
-that, in sync mode, a request waiting for its round holds no thread (master/learning/rounds.py)."""
+The pushes of the workers' hot path, POST /gradients and POST /experience, are served by
+master/ingress/updates.py and declared here; they are async so that a push waiting for its sync
+round (master/learning/rounds.py) or for a place in the learner's queue holds no thread of the
+event loop."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from typing import Annotated
 from fastapi import Header, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from a3c_http.server.service import BINARY_BODY, INVALID, conflict, protected_router
+from a3c_http.server.service import BINARY_BODY, INVALID, conflict, error, protected_router
 from a3c_http.wire.protocol import (
     CONTENT_TYPE,
     DUPLICATE_HEADER,
@@ -19,7 +22,7 @@ from a3c_http.wire.protocol import (
 )
 from master.api.deps import State
 from master.api.schemas import PushHeaders, Seq, WorkerId
-from master.ingress.gradients import push
+from master.ingress.updates import push
 
 router = protected_router(tags=["weights"])
 # The routes that take a safetensors body (the rest take JSON, or nothing).
@@ -131,9 +134,51 @@ async def local_model_weights(
 async def gradients(
     request: Request, state: State, headers: Annotated[PushHeaders, Header()]
 ) -> Response:
-    """Served by master/ingress/gradients.py `GradientRoute` before FastAPI routes it; declared here
+    """Served by master/ingress/updates.py `UpdateRoute` before FastAPI routes it; declared here
     for its schema, and answered here alike should a request get past that layer."""
     status, reply_headers, content = await push(
-        state, request.app.state.metrics, headers, await request.body()
+        state, request.app.state.metrics, "/gradients", headers, await request.body()
+    )
+    return Response(content, status_code=status, headers=dict(reply_headers))
+
+
+_ROLLOUT_BODY = {
+    "content": {CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+    "description": "one safetensors file of the rollout's tensors, [t_max, num_envs] each "
+    "(observations with their own trailing dimensions): obs, actions, log_probs, rewards, "
+    "terminated, truncated, valid, starts, last_obs [num_envs, ...], last_start [num_envs], "
+    "state.0 and state.1 for an lstm core, the running statistics' batch moments",
+}
+
+
+@router.post(
+    "/experience",
+    tags=["experience"],
+    response_class=Response,
+    responses={
+        200: {
+            "content": {CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+            "description": "the newest weights, newer than X-Model-Version",
+        },
+        204: {"description": "taken; the worker's weights are the newest"},
+        **BINARY_BODY,
+        **conflict(
+            "no run is running, `X-Run-Id` names another run, `X-Worker-Id` is not registered "
+            "in the run, or the run's workers push gradients (POST /gradients); nothing taken"
+        ),
+        503: error("the learner's queue stayed full, or the learner is not running: retry"),
+    },
+    openapi_extra={"requestBody": {"required": True, **_ROLLOUT_BODY}},
+)
+async def experience(
+    request: Request, state: State, headers: Annotated[PushHeaders, Header()]
+) -> Response:
+    """A rollout for the learner beside the master (algo ppo, impala and apex): its body one
+    safetensors file of the rollout's tensors (a3c_http/algos/learner.py `rollout_tensors`), its
+    metadata the rollout's report as a gradient push's, its headers a gradient push's, with
+    `X-Model-Version` the version of the weights that acted. Checked whole before anything is
+    counted. Served by `UpdateRoute` as `POST /gradients` is, and through the receivers alike."""
+    status, reply_headers, content = await push(
+        state, request.app.state.metrics, "/experience", headers, await request.body()
     )
     return Response(content, status_code=status, headers=dict(reply_headers))

@@ -1,15 +1,15 @@
-"""A receiver of the master: a process that takes gradient pushes on the receivers' address and
+"""A receiver of the master: a process that takes the workers' pushes on the receivers' address and
 hands them to the master, so that reading, judging and answering pushes use more cores than the one
 the master's own process has (master/ingress/receivers.py starts them).
 
-A receiver serves `POST /gradients` exactly as the master's own hot path does
-(master/ingress/gradients.py `GradientRoute`, behind the same gate, header bounds and body limit:
+A receiver serves `POST /gradients` and `POST /experience` exactly as the master's own hot path does
+(master/ingress/updates.py `UpdateRoute`, behind the same gate, header bounds and body limit:
 a3c_http/server/service.py `install_common`, with the same settings, read from the same
 environment), but its `push` sends
 the push's headers and body to the master over a socket pair and answers with what the master
 answers: the master alone counts, screens, steps and saves, so every guarantee of a push holds
-as it does on the master's own port. Everything but `POST /gradients` and `GET /healthz` is for
-the master's own port: 404 here.
+as it does on the master's own port. Everything but those pushes and `GET /healthz` is for the
+master's own port: 404 here.
 
     python -m master.ingress.receiver LISTEN_FD CHANNEL_FD   (the descriptors of its two sockets)
 
@@ -38,7 +38,7 @@ from a3c_http.server.service import install_common
 from a3c_http.wire.frames import LENGTHS, decode_head, frame_parts
 from master.api.schemas import PushHeaders
 from master.api.weights import TENSOR_PATHS
-from master.ingress.gradients import GradientRoute, Reply
+from master.ingress.updates import Reply, UpdateRoute
 
 
 class Channel:
@@ -56,7 +56,7 @@ class Channel:
         reader, self._writer = await asyncio.open_unix_connection(sock=self.sock)
         return asyncio.create_task(self._read(reader))
 
-    async def push(self, headers: PushHeaders, body: bytes) -> Reply:
+    async def push(self, path: str, headers: PushHeaders, body: bytes) -> Reply:
         call = next(self._ids)
         answer = asyncio.get_running_loop().create_future()
         self._waiting[call] = answer
@@ -64,7 +64,8 @@ class Channel:
         # By their header names, which the master validates them by again
         # (master/ingress/receivers.py).
         given = headers.model_dump(by_alias=True, exclude_none=True)
-        self._writer.writelines(frame_parts({"id": call, "headers": given}, body))  # no join
+        head = {"id": call, "path": path, "headers": given}
+        self._writer.writelines(frame_parts(head, body))  # no join
         head, content = await answer
         return head["status"], [tuple(pair) for pair in head["headers"]], content
 
@@ -96,7 +97,7 @@ def create_app(settings: Settings, channel: Channel) -> FastAPI:
         title="a3c-http master receiver", lifespan=lifespan, docs_url=None, redoc_url=None,
         openapi_url=None,
     )
-    app.add_middleware(GradientRoute, push=channel.push)
+    app.add_middleware(UpdateRoute, push=channel.push)
     install_common(app, settings, tensor_paths=TENSOR_PATHS)
     return app
 

@@ -1,22 +1,24 @@
-"""The master's receivers: processes that take the workers' gradient pushes on a port of their own,
-around the master's process, which owns the parameters (`A3C_RECEIVERS`, `A3C_RECEIVERS_BIND`).
+"""The master's receivers: processes that take the workers' pushes (gradients and experience) on a
+port of their own, around the master's process, which owns the parameters (`A3C_RECEIVERS`,
+`A3C_RECEIVERS_BIND`).
 
 One Python process saturates one core: reading a push's HTTP, judging its headers and answering it
 with the weights cost the master about as much as the update itself. With receivers, that work is
 spread over as many processes, on as many cores, all accepting on one listening socket; each hands
 the push it read to the master over a socket pair (master/ingress/receiver.py), and the master does
-what only the owner of the run can do: count the push's episodes, screen it, step the optimizer and
-save; its answer, the new weights and the run's summary, goes back the same way. So every guarantee
-of a push holds as on the master's own port (no lost update, a retry counted once, the staleness,
-outlier and run checks, persistence), and what grows with the receivers is the HTTP work around it.
-Everything else (runs, status, reports, weights) stays on the master's own port, which takes pushes
-too; workers the master starts are told the receivers' URL (`push_url`).
+what only the owner of the run can do: count the push's episodes, screen it, step the optimizer or
+queue the rollout for the learner, and save; its answer, the new weights and the run's summary, goes
+back the same way. So every guarantee of a push holds as on the master's own port (no lost update, a
+retry counted once, the staleness, outlier and run checks, persistence), and what grows with the
+receivers is the HTTP work around it. Everything else (runs, status, reports, weights) stays on the
+master's own port, which takes pushes too; workers the master starts are told the receivers' URL
+(`push_url`).
 
 On the master's side each receiver's socket pair is a connection of the master's event loop
 (`_Channel`): the frames it reads are pushes, each applied by the master's own hot path
-(master/ingress/gradients.py `take_push`) as a push of its own port is, and each answer is written
+(master/ingress/updates.py `take_push`) as a push of its own port is, and each answer is written
 back by the loop's transport, which never blocks: a receiver that stops reading gets no more of its
-pushes read until its answers drain. A push answered at once (async mode: every worker's push) needs
+pushes read until its answers drain. A push answered at once (a gradient push in async mode) needs
 no task, and the answers to one read leave in one write. No thread stands between a receiver and the
 loop: crossing threads cost the master as much as the receivers saved it (docs/performance.md, "A
 master on more than one core: receivers"). A receiver that dies is started again; the receivers end
@@ -42,7 +44,7 @@ from urllib.parse import urlsplit
 from a3c_http.config.settings import Settings
 from a3c_http.wire.frames import FrameReader, frame_parts
 from master.api.schemas import PushHeaders
-from master.ingress.gradients import Reply
+from master.ingress.updates import Reply
 
 logger = logging.getLogger("a3c.master.receivers")
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,7 +132,7 @@ class _Channel(asyncio.BufferedProtocol):
                 # Judged by the receiver already: validating them again (by their header names)
                 # costs less than pydantic's model_construct.
                 headers = PushHeaders.model_validate(head["headers"])
-                reply = self.receivers.take_push(headers, body)
+                reply = self.receivers.take_push(head["path"], headers, body)
             except Exception:
                 reply = self._failed()
             if isinstance(reply, tuple):
@@ -176,7 +178,7 @@ class Receivers:
     def __init__(
         self,
         settings: Settings,
-        take_push: Callable[[PushHeaders, bytes], Reply | Awaitable[Reply]],
+        take_push: Callable[[str, PushHeaders, bytes], Reply | Awaitable[Reply]],
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.count = settings.receivers

@@ -72,6 +72,8 @@ class LearnerProcess:
         self._failed = failed
         self.optimizer_every_s = optimizer_every_s
         self.hold_s = hold_s
+        # A leaf lock: nothing outside this object is called while it is held (the callbacks
+        # `reserve` and `submit` take are called between waits, with it released).
         self._cond = threading.Condition()
         # Held by start and stop: a learner started while another call stops one is stopped
         # after it, never left running. Taken before `_cond`, never while it is held.
@@ -194,21 +196,24 @@ class LearnerProcess:
         """A slot for one rollout, waiting up to `hold_s` for one (LearnerBusy); `waiting` is
         called every second of the wait (the pushing worker is alive). Returns its number."""
         deadline = time.monotonic() + self.hold_s
-        with self._cond:
-            while self._process is not None and not self._free:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise LearnerBusy(
-                        f"the learner's queue is full ({self._capacity} rollouts wait for it): "
-                        "retry shortly"
-                    )
-                if not self._cond.wait(min(left, 1.0)):
-                    waiting()
-            if self._process is None:
-                raise LearnerBusy(self.error or "the learner is not running")
-            slot = self._free.pop()
-            self._reserved.add(slot)
-            return slot
+        while True:
+            with self._cond:
+                if self._process is not None and not self._free:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise LearnerBusy(
+                            f"the learner's queue is full ({self._capacity} rollouts wait for "
+                            "it): retry shortly"
+                        )
+                    if self._cond.wait(min(left, 1.0)):
+                        continue
+                else:
+                    if self._process is None:
+                        raise LearnerBusy(self.error or "the learner is not running")
+                    slot = self._free.pop()
+                    self._reserved.add(slot)
+                    return slot
+            waiting()  # a second went by: outside the condition, which is a leaf lock
 
     def release(self, slot: int) -> None:
         """Give back a slot `reserve` took for a rollout that was not submitted."""
@@ -259,15 +264,18 @@ class LearnerProcess:
         if not self._waits_for_update or not (completes or partial_s > 0):
             return
         deadline = time.monotonic() + (self.hold_s if completes else partial_s)
-        with self._cond:
-            while (
-                self._process is not None
-                and self.updates == updates
-                and (self._waiting >= self._batch or not completes)
-                and (left := deadline - time.monotonic()) > 0
-            ):
-                if not self._cond.wait(min(left, 1.0)):
-                    waiting()
+        while True:
+            with self._cond:
+                if not (
+                    self._process is not None
+                    and self.updates == updates
+                    and (self._waiting >= self._batch or not completes)
+                    and (left := deadline - time.monotonic()) > 0
+                ):
+                    return
+                if self._cond.wait(min(left, 1.0)):
+                    continue
+            waiting()  # a second went by: outside the condition, which is a leaf lock
 
     def stop(self, wait_s: float = STOP_WAIT_S) -> None:
         """Stop the learner, taking its last weights and optimizer state first if it sends them

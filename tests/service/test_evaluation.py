@@ -17,6 +17,7 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 
+from a3c_http.algos.base import Sends
 from a3c_http.algos.registry import train_config
 from a3c_http.config.settings import Settings
 from a3c_http.config.training import TrainConfig
@@ -162,7 +163,7 @@ def push(state: ClusterState, n: int) -> int:
     spec = state.params.spec
     grads = wire.encode({name: torch.full(shape, 1e-3) for name, shape in spec.items()})
     for _ in range(n):
-        state.apply_gradients("w1", state.params.version, grads)
+        state.apply_update(Sends.GRADIENTS, "w1", state.params.version, grads)
     return state.params.version
 
 

@@ -14,7 +14,7 @@ from a3c_http.models.actor_critic import model_for
 from a3c_http.optim.flatnet import FlatNetwork
 from a3c_http.optim.optimizers import make_optimizer
 from a3c_http.server.service import QuietAccessLog
-from master.ingress.gradients import GradientRoute
+from master.ingress.updates import UpdateRoute
 from master.learning.admission import WIDTH, SeqWindow
 from worker.pipeline import Pipeline
 
@@ -235,7 +235,7 @@ def test_the_hot_path_and_the_declared_route_answer_a_push_alike(tmp_path) -> No
     with master_running(tmp_path / "hot") as c:
         hot = answers(c)
     with master_running(tmp_path / "route") as c:
-        c.app.user_middleware = [m for m in c.app.user_middleware if m.cls is not GradientRoute]
+        c.app.user_middleware = [m for m in c.app.user_middleware if m.cls is not UpdateRoute]
         c.app.middleware_stack = c.app.build_middleware_stack()
         route = answers(c)
     assert [status for status, _, _ in hot] == [200, 200, 422, 422, 409]
@@ -256,20 +256,21 @@ def test_glibc_takes_the_settings_that_keep_freed_buffers() -> None:
 
 
 def test_a_push_is_answered_at_once_unless_it_must_wait_for_its_sync_round(tmp_path) -> None:
-    """master/ingress/gradients.py `take_push`: the answer itself where the master waits for nothing
+    """master/ingress/updates.py `take_push`: the answer itself where the master waits for nothing
     (what the receivers' channel answers without a task), an awaitable where a sync round must close
     first."""
     import inspect
 
     from master.api.schemas import PushHeaders
-    from master.ingress.gradients import take_push
+    from master.ingress.updates import take_push
     from tests.support.common import master_running
 
     def first_push(c) -> object:
         state, metrics = c.app.state.cluster, c.app.state.metrics
         layout = state.params.net.wire
         headers = PushHeaders.model_validate({"X-Worker-Id": "w1", "X-Model-Version": 0})
-        return take_push(state, metrics, headers, layout.encode(torch.full((layout.numel,), 1e-3)))
+        body = layout.encode(torch.full((layout.numel,), 1e-3))
+        return take_push(state, metrics, "/gradients", headers, body)
 
     with master_running(tmp_path / "async") as c:
         reply = first_push(c)

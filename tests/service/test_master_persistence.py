@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from a3c_http.algos.base import Sends
 from a3c_http.algos.registry import train_config
 from a3c_http.store.runstore import RunStore
 from a3c_http.wire import tensors as wire
@@ -106,12 +107,12 @@ def test_a_master_resumed_after_a_crash_never_reuses_a_version(tmp_path: Path) -
     crashed.start_run(train_config(seed=1), ["http://127.0.0.1:9"])
     params = crashed.params
     grads = wire.encode(gradients_like(wire.decode(params.weights()[0], params.spec)))
-    crashed.apply_gradients("w1", 0, grads)
+    crashed.apply_update(Sends.GRADIENTS, "w1", 0, grads)
     crashed.persist()  # a periodic save; then more versions, lost with the crash
     saved, _ = params.weights()
     saved_at = RunStore(settings.run_dir).load().state["saved_at"]
     for version in (1, 2):
-        crashed.apply_gradients("w1", version, grads)
+        crashed.apply_update(Sends.GRADIENTS, "w1", version, grads)
     assert params.version == 3
     crashed.close()
 
@@ -123,7 +124,7 @@ def test_a_master_resumed_after_a_crash_never_reuses_a_version(tmp_path: Path) -
     assert jump >= VERSIONS_SKIPPED_AFTER_A_CRASH
     assert resumed.params.weights() == (saved, resumed.params.version)  # the saved weights
     with pytest.raises(StateConflict, match="versions old"):
-        resumed.apply_gradients("w1", 3, grads)  # computed on lost weights: refused
+        resumed.apply_update(Sends.GRADIENTS, "w1", 3, grads)  # computed on lost weights: refused
     resumed.close()
     # Crashing again right away skips again from the save the resumed master made at once.
     again = ClusterState(settings)
@@ -158,7 +159,7 @@ def test_the_jump_passes_versions_handed_out_while_saves_failed(
     params = resumed.params
     grads = wire.encode(gradients_like(wire.decode(params.weights()[0], params.spec)))
     for _ in range(5):
-        resumed.apply_gradients("w1", params.version, grads)
+        resumed.apply_update(Sends.GRADIENTS, "w1", params.version, grads)
     handed_out = params.version
     resumed.close()  # and a crash
     clock[0] += 1.0

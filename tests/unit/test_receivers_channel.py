@@ -32,10 +32,10 @@ class StandInReceivers:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    def take_push(self, headers: Any, body: bytes) -> Any:
+    def take_push(self, path: str, headers: Any, body: bytes) -> Any:
         """Answered at once, as a push in async mode is; every other push's answer comes later,
         as a sync round's does."""
-        reply = 200, [("x-a3c-worker", headers.worker_id)], WEIGHTS
+        reply = 200, [("x-a3c-worker", headers.worker_id), ("x-path", path)], WEIGHTS
         return self._later(reply) if int(headers.worker_id[1:]) % 2 else reply
 
     async def _later(self, reply: Any) -> Any:
@@ -52,7 +52,14 @@ class StandInReceiver:
 
 def pushes(first: int, count: int) -> bytes:
     return b"".join(
-        frame({"id": i, "headers": {WORKER_ID_HEADER: f"w{i}", VERSION_HEADER: 0}}, b"g" * 10)
+        frame(
+            {
+                "id": i,
+                "path": "/gradients",
+                "headers": {WORKER_ID_HEADER: f"w{i}", VERSION_HEADER: 0},
+            },
+            b"g" * 10,
+        )
         for i in range(first, first + count)
     )
 

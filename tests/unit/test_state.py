@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from a3c_http.algos.base import Sends
 from a3c_http.algos.registry import train_config
 from a3c_http.config.settings import Settings
 from a3c_http.local.cluster import wait_for
@@ -51,7 +52,7 @@ def test_gradients_of_an_earlier_run_are_refused_however_recent_their_version(
 ) -> None:
     state.start_run(CONFIG, WORKERS)
     for version in range(6):
-        state.apply_gradients("w1", version, ones(state))
+        state.apply_update(Sends.GRADIENTS, "w1", version, ones(state))
     state.finish("stopped")
     state.start_run(CONFIG, WORKERS)
     before = state.params.weights()
@@ -59,7 +60,7 @@ def test_gradients_of_an_earlier_run_are_refused_however_recent_their_version(
     # A late push of the first run that does not name its run (as curl users send them), from
     # an id the new run has too.
     with pytest.raises(StateConflict, match="earlier run"):
-        state.apply_gradients("w1", 1, ones(state))
+        state.apply_update(Sends.GRADIENTS, "w1", 1, ones(state))
     assert state.params.weights() == before
     assert state.status()["updates_rejected"] == 1
 
@@ -198,7 +199,7 @@ def test_a_full_disk_loses_nothing_in_memory_and_saving_resumes_by_itself(
     disk_full(state)
     for i in range(299):
         state.report_episode("w1", float(i), 10)
-    state.apply_gradients("w1", 0, ones(state))
+    state.apply_update(Sends.GRADIENTS, "w1", 0, ones(state))
     state.put_weights("w2", ones(state), temporary=True)
     taken = {"model_version": 1, "elapsed_s": 1.0, "global_steps": 10}
     result = {"mean_return": 3.0, "std_return": 1.0, "episodes": 2, "mean_length": 9.0}
@@ -228,7 +229,7 @@ def test_a_users_copy_that_fails_leaves_no_temp_file_and_the_next_save_writes_it
     state: ClusterState, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state.start_run(CONFIG, WORKERS)
-    state.apply_gradients("w1", 0, ones(state))
+    state.apply_update(Sends.GRADIENTS, "w1", 0, ones(state))
 
     def no_space(fd: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -245,7 +246,7 @@ def test_a_users_copy_that_fails_leaves_no_temp_file_and_the_next_save_writes_it
 
 def test_weights_or_an_optimizer_state_holding_nan_are_never_saved(state: ClusterState) -> None:
     state.start_run(CONFIG, WORKERS)
-    state.apply_gradients("w1", 0, ones(state))
+    state.apply_update(Sends.GRADIENTS, "w1", 0, ones(state))
     state.persist()
     before = RunStore(state.settings.run_dir).load()
     net = state.params.net

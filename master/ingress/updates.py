@@ -1,15 +1,22 @@
-"""`POST /gradients`, the workers' hot path, served straight from ASGI.
+"""The master's one update route: every push a worker makes, served straight from ASGI.
 
-A push through FastAPI's router, its dependency injection and its request and response objects
-cost the master about as much as the update itself (docs/performance.md, "The parameter
-server"). So `GradientRoute`, an ASGI
-middleware inside the gate and the body limit (a3c_http/server/service.py `install_common`: a push
-still passes the token, page, content-type, size and time checks first), answers
-`POST /gradients` itself. The route stays declared in master/api/weights.py, which gives it
-its OpenAPI schema and serves it through FastAPI should a request ever get past this layer; both
-call `push`, and judge the headers with one model (master/api/schemas.py `PushHeaders`), so they
-answer alike: the same 422 body for bad headers, the same 409 and 422 for what the master
-refuses, the same weights and run summary on success.
+- `POST /gradients` (algo a3c, a2c, best_weights, dqn): an update computed on a worker, applied by
+  the parameter server; the reply is the new weights.
+- `POST /experience` (algo ppo, impala, apex): a rollout or a batch of transitions, for the learner
+  beside the master; the reply is the newest weights when the worker's are older (200), else the
+  version alone (204), or 503 with `Retry-After` when the learner's queue stayed full.
+
+Both are one safetensors body with the same headers (master/api/schemas.py `PushHeaders`), judged
+by one model, admitted once and taken by one facade (`ClusterState.apply_update`), which asks the
+run's algorithm what its workers push. A push through FastAPI's router, its dependency injection
+and its request and response objects cost the master about as much as the update itself
+(docs/performance.md, "The parameter server"), so `UpdateRoute`, an ASGI middleware inside the gate
+and the body limit (a3c_http/server/service.py `install_common`: a push still passes the token,
+page, content-type, size and time checks first), answers them itself; the receivers
+(master/ingress/receivers.py) run the same route and hand what it read to `take_push` here. The
+routes stay declared in master/api/weights.py and master/ingress/experience.py, which give them
+their OpenAPI schema and serve them through FastAPI should a request ever get past this layer;
+both call `push`, so they answer alike.
 """
 
 from __future__ import annotations
@@ -39,9 +46,10 @@ from master.api.metrics import MasterMetrics
 from master.api.schemas import PushHeaders
 from master.errors import Invalid, StateConflict
 from master.learning.rounds import Outcome, await_outcome, outcome_reply
-from master.state import ClusterState
+from master.state import ClusterState, LearnerBusy, Sends
 
-PATH = "/gradients"
+# The route of each kind of push, and the kind of each route.
+PATHS = {"/gradients": Sends.GRADIENTS, "/experience": Sends.EXPERIENCE}
 # A gradient body up to this size is applied on the event loop itself: the hop to a threadpool
 # thread and back, and the GIL passed between them, cost more than the loop's pause (about 0.6 ms
 # of a 1M push, docs/performance.md "The parameter server"). 8 MiB takes models of up to two
@@ -55,35 +63,38 @@ Reply = tuple[int, list[tuple[str, str]], bytes]
 
 
 def take_push(
-    state: ClusterState, metrics: MasterMetrics, headers: PushHeaders, body: bytes
+    state: ClusterState, metrics: MasterMetrics, path: str, headers: PushHeaders, body: bytes
 ) -> Reply | Awaitable[Reply]:
-    """One gradient push: its status, headers and body (the new weights, or the error's JSON),
-    at once where the master waits for nothing (a body of up to INLINE_BYTES in async mode: a
-    worker's every push), else an awaitable of them (a larger body, applied off the loop; a
-    sync round, answered when it closes). A caller that takes the answer at once saves the task
-    a coroutine would need (the receivers' channel, master/ingress/receivers.py)."""
+    """One push to `path` (a key of PATHS): its status, headers and body (the new weights, or
+    the error's JSON), at once where the master waits for nothing (a gradient body of up to
+    INLINE_BYTES in async mode: a worker's every push), else an awaitable of them (a larger
+    body, applied off the loop; a sync round, answered when it closes; an experience push, which
+    may wait for a place in the learner's queue). A caller that takes the answer at once saves
+    the task a coroutine would need (the receivers' channel, master/ingress/receivers.py)."""
     started = time.perf_counter()
-    if len(body) > INLINE_BYTES:
-        return _offloaded(state, metrics, headers, body, started)
+    kind = PATHS[path]
+    if kind is Sends.EXPERIENCE or len(body) > INLINE_BYTES:
+        return _offloaded(state, metrics, kind, headers, body, started)
     try:
-        outcome, run_summary = state.apply_gradients(*_arguments(headers, body))
+        outcome, run_summary = state.apply_update(kind, *_arguments(headers, body))
         if not outcome.is_done():
-            return _awaited_reply(state, metrics, outcome, run_summary, started)
-        return _success(metrics, started, outcome_reply(outcome), run_summary)
+            return _awaited_reply(state, metrics, kind, outcome, run_summary, started)
+        return _success(metrics, kind, started, outcome_reply(outcome), run_summary)
     except _REFUSALS as exc:
         return _refusal(exc)
 
 
 async def push(
-    state: ClusterState, metrics: MasterMetrics, headers: PushHeaders, body: bytes
+    state: ClusterState, metrics: MasterMetrics, path: str, headers: PushHeaders, body: bytes
 ) -> Reply:
     """`take_push`'s answer, awaited where it must be."""
-    reply = take_push(state, metrics, headers, body)
+    reply = take_push(state, metrics, path, headers, body)
     return reply if isinstance(reply, tuple) else await reply
 
 
-# What the master refuses a push for: 409 (StateConflict) or 422; the global state is untouched.
-_REFUSALS = (StateConflict, WireError, Invalid)
+# What the master refuses a push for: 409 (StateConflict), 422 or 503 (LearnerBusy); the global
+# state is untouched.
+_REFUSALS = (StateConflict, WireError, Invalid, LearnerBusy)
 
 
 def _arguments(headers: PushHeaders, body: bytes) -> tuple[Any, ...]:
@@ -99,20 +110,26 @@ def _arguments(headers: PushHeaders, body: bytes) -> tuple[Any, ...]:
 
 
 async def _offloaded(
-    state: ClusterState, metrics: MasterMetrics, headers: PushHeaders, body: bytes, started: float
+    state: ClusterState,
+    metrics: MasterMetrics,
+    kind: Sends,
+    headers: PushHeaders,
+    body: bytes,
+    started: float,
 ) -> Reply:
     try:
         outcome, run_summary = await run_in_threadpool(
-            state.apply_gradients, *_arguments(headers, body)
+            state.apply_update, kind, *_arguments(headers, body)
         )
     except _REFUSALS as exc:
         return _refusal(exc)
-    return await _awaited_reply(state, metrics, outcome, run_summary, started)
+    return await _awaited_reply(state, metrics, kind, outcome, run_summary, started)
 
 
 async def _awaited_reply(
     state: ClusterState,
     metrics: MasterMetrics,
+    kind: Sends,
     outcome: Outcome,
     run_summary: dict[str, Any],
     started: float,
@@ -121,36 +138,39 @@ async def _awaited_reply(
         answer = await await_outcome(outcome, state.params.close_round)
     except _REFUSALS as exc:
         return _refusal(exc)
-    return _success(metrics, started, answer, run_summary)
+    return _success(metrics, kind, started, answer, run_summary)
 
 
 def _success(
     metrics: MasterMetrics,
+    kind: Sends,
     started: float,
-    answer: tuple[bytes, int, bool],
+    answer: tuple[bytes | None, int, bool],
     run_summary: dict[str, Any],
 ) -> Reply:
+    """200 with the weights, or 204 (an experience push from a worker whose weights are the
+    newest: `weights` None), with the version and the run's summary."""
     weights, version, duplicate = answer
-    reply_headers = [
-        ("content-type", CONTENT_TYPE),
-        (VERSION_HEADER, str(version)),
-        ("etag", f'"{version}"'),
-        *summary_headers(run_summary),
-    ]
+    reply_headers = [(VERSION_HEADER, str(version)), *summary_headers(run_summary)]
     if duplicate:
         reply_headers.append((DUPLICATE_HEADER, "1"))
-    metrics.push_seconds.observe(time.perf_counter() - started)
-    return 200, reply_headers, weights
+    if kind is Sends.GRADIENTS:
+        metrics.push_seconds.observe(time.perf_counter() - started)
+    if weights is None:
+        return 204, reply_headers, b""
+    return 200, [("content-type", CONTENT_TYPE), ("etag", f'"{version}"'), *reply_headers], weights
 
 
 def _refusal(exc: Exception) -> Reply:
     if isinstance(exc, StateConflict):
         return _error(409, {"detail": str(exc)}, [(STOP_HEADER, "1")] if exc.stop else [])
+    if isinstance(exc, LearnerBusy):
+        return _error(503, {"detail": str(exc)}, [("retry-after", "1")])
     return _error(422, {"detail": str(exc)})
 
 
 def summary_headers(run_summary: dict[str, Any]) -> Iterable[tuple[str, str]]:
-    """The run's summary on a gradient push's reply, as POST /episode answers them."""
+    """The run's summary on a push's reply, as POST /episode answers them."""
     yield GLOBAL_EPISODE_HEADER, str(run_summary["global_episode"])
     yield IMPROVED_HEADER, "1" if run_summary["improved"] else "0"
     yield STOP_HEADER, "1" if run_summary["stop"] else "0"
@@ -166,20 +186,21 @@ def _error(status: int, body: dict[str, Any], headers: list[tuple[str, str]] = (
     return status, [("content-type", "application/json"), *headers], json.dumps(body).encode()
 
 
-Push = Callable[[PushHeaders, bytes], Awaitable[Reply]]
+Push = Callable[[str, PushHeaders, bytes], Awaitable[Reply]]
 
 
-class GradientRoute:
-    """ASGI middleware: `POST /gradients` answered here (see the module's docstring) by `push`
-    (the master's own, `push` above bound to its state; a receiver's forwards it to the master,
-    master/ingress/receiver.py); every other request goes on to the app."""
+class UpdateRoute:
+    """ASGI middleware: a `POST` to one of PATHS answered here (see the module's docstring) by
+    `push` (the master's own, `push` above bound to its state; a receiver's forwards it to the
+    master, master/ingress/receiver.py); every other request goes on to the app."""
 
     def __init__(self, app: ASGIApp, push: Push) -> None:
         self.app = app
         self.push = push
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != PATH or scope["method"] != "POST":
+        path = scope.get("path")
+        if scope["type"] != "http" or path not in PATHS or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
         given = {}
@@ -196,7 +217,7 @@ class GradientRoute:
             errors = [{**e, "loc": ("header", *e["loc"])} for e in exc.errors()]
             reply = _error(422, validation_body(errors))
         else:
-            reply = await self.push(headers, body)
+            reply = await self.push(path, headers, body)
         status, headers_out, content = reply
         raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers_out]
         raw.append((b"content-length", str(len(content)).encode()))
@@ -207,7 +228,7 @@ class GradientRoute:
 async def _body(receive: Receive) -> bytes | bytearray | None:
     """The request's whole body (its size and time are bounded by the body limit outside), or
     None when the client left first. A body in several chunks is joined into a bytearray,
-    which the decoder then takes as the gradient vector's memory (a3c_http/wire/tensors.py
+    which the decoder of a gradient push then takes as the vector's memory (a3c_http/wire/tensors.py
     `Layout.decode`): one pass over a large model's body instead of two."""
     chunks: list[bytes] = []
     while True:
