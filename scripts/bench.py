@@ -9,6 +9,8 @@ section by section (scripts/benchlib/bar.py); with one, that benchmark:
     .venv/bin/python scripts/bench.py http [--n 300]
     .venv/bin/python scripts/bench.py push_body [--workers 16] [--rounds 3]
     .venv/bin/python scripts/bench.py tls [--workers 16] [--rounds 3]
+    .venv/bin/python scripts/bench.py ingest [--algo impala] [--env MinAtar/Breakout-v1] ...
+    .venv/bin/python scripts/bench.py path [--algos ppo,apex]
 
 `scripts/bench.py COMMAND --help` gives each one's options. The code is scripts/benchlib/, one
 module per concern; this file only finds it and hands the arguments on.
@@ -33,6 +35,7 @@ COMMANDS = {
     "push_body": ("push_body", "the master's CPU a push by who wrote its body: a worker or not"),
     "tls": ("tls_cost", "what TLS and mutual TLS cost the master: pushes/s and CPU a push"),
     "ingest": ("ingest", "the master's and the learner's CPU per 1,000 env steps of rollouts"),
+    "path": ("path", "the project's files on the path of one experience push and update"),
 }
 
 

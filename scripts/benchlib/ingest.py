@@ -27,11 +27,14 @@ from typing import Any
 import httpx
 import torch
 
-from a3c_http.algos.registry import train_config
 from a3c_http.config.training import TrainConfig
 from a3c_http.models.actor_critic import model_for
 from scripts.benchlib.report import ROOT, say
 
+try:
+    from a3c_http.algos.registry import train_config
+except ImportError:  # a checkout from before the algorithms' own config sections (2614e60)
+    train_config = TrainConfig
 try:
     from a3c_http.algos.learner import expected_tensors
     from a3c_http.algos.registry import algorithm_class

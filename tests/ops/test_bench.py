@@ -265,7 +265,7 @@ def test_each_command_of_bench_py_has_its_options_and_an_unknown_one_is_refused(
 
     options = {"": "--sections", "scale": "--pin", "learn": "--learners", "solve": "--runs",
                "staleness": "--lags", "http": "--n", "push_body": "--workers",
-               "tls": "--connects", "ingest": "--pushes"}
+               "tls": "--connects", "ingest": "--pushes", "path": "--algos"}
     assert set(options) == {"", *bench.COMMANDS}
     for command, option in options.items():
         with pytest.raises(SystemExit) as exit_:
