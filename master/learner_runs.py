@@ -155,13 +155,14 @@ class LearnerRuns:
         seq: int | None,
         refusal: StateConflict | None,
         config: TrainConfig,
+        wait: bool = True,
     ) -> tuple[Outcome, dict[str, Any]]:
         """An admitted experience push (`ClusterState.apply_update`): checked (every tensor's
         name, dtype, shape, finiteness and range, the statistics, the report), its finished
         episodes counted, and queued for the learner. Refused as `apply_update` says; a report
         of a run that refuses rollouts (a finished one) is counted as a gradient push's is;
         LearnerBusy when the learner's queue stayed full for EXPERIENCE_HOLD_S (the worker counts
-        as alive while it waits)."""
+        as alive while it waits); `wait` False: WouldWait, nothing taken, where it would wait."""
         tensors, metadata = self._checked_experience(body, config, version)
         report = rollout_report(metadata)
         episodes, stats = (report.episodes, report.stats) if report else ([], None)
@@ -175,7 +176,7 @@ class LearnerRuns:
         slot = None
         try:
             if not duplicate and refusal is None:
-                slot = self.learner.reserve(alive)
+                slot = self.learner.reserve(alive, wait)
             try:
                 # Counted as a gradient push's are, also when the run refuses the rollout.
                 run_summary = self._after_change(

@@ -54,7 +54,7 @@ from master.learner_runs import (
 )
 from master.learning.admission import RunLimits
 from master.learning.learner_needs import resolve_device
-from master.learning.learner_process import LearnerBusy, LearnerProcess
+from master.learning.learner_process import LearnerBusy, LearnerProcess, WouldWait
 from master.learning.parameter_server import ParameterServer
 from master.learning.rounds import Outcome
 from master.persistence.resume import (
@@ -75,6 +75,7 @@ __all__ = [
     "VERSIONS_SKIPPED_AFTER_A_CRASH",
     "ClusterState",
     "LearnerBusy",
+    "WouldWait",
     "Sends",
     "StateConflict",
     "saved_config",
@@ -252,6 +253,7 @@ class ClusterState(LearnerRuns):
         seq: int | None = None,
         loss: float | None = None,
         norm: float | None = None,
+        wait: bool = True,
     ) -> tuple[Outcome, dict[str, Any]]:
         """Take one worker's push of `kind` (its route's: master/ingress/updates.py), computed
         or acted with the weights of `version`, numbered `seq` (a retry of one taken is answered,
@@ -268,7 +270,9 @@ class ClusterState(LearnerRuns):
         was a retry) and the run's summary as `POST /episode` answers them. Refused with
         nothing taken: StateConflict (409: stale, an outlier, no running run, an unregistered
         worker), WireError or Invalid (422, and then nothing at all is counted and the worker is
-        not taken to be alive), LearnerBusy (503, nothing counted)."""
+        not taken to be alive), LearnerBusy (503, nothing counted). `wait` False (a push taken on
+        the event loop): an experience push that would wait for the learner raises WouldWait,
+        nothing taken."""
         refusal, config, limits = self.ledger.admit_update(worker_id, run_id)
         learner = learns_from_experience(config)
         if learner != (kind is Sends.EXPERIENCE):
@@ -279,7 +283,9 @@ class ClusterState(LearnerRuns):
                 + "); nothing taken"
             )
         if learner:
-            return self._take_experience(worker_id, version, body, run_id, seq, refusal, config)
+            return self._take_experience(
+                worker_id, version, body, run_id, seq, refusal, config, wait
+            )
         return self._take_gradients(
             worker_id, version, body, run_id, seq, loss, norm, refusal, config, limits
         )

@@ -46,15 +46,15 @@ from master.api.metrics import MasterMetrics
 from master.api.schemas import PushHeaders
 from master.errors import Invalid, StateConflict
 from master.learning.rounds import Outcome, await_outcome, outcome_reply
-from master.state import ClusterState, LearnerBusy, Sends
+from master.state import ClusterState, LearnerBusy, Sends, WouldWait
 
 # The route of each kind of push, and the kind of each route.
 PATHS = {"/gradients": Sends.GRADIENTS, "/experience": Sends.EXPERIENCE}
-# A gradient body up to this size is applied on the event loop itself: the hop to a threadpool
-# thread and back, and the GIL passed between them, cost more than the loop's pause (about 0.6 ms
-# of a 1M push, docs/performance.md "The parameter server"). 8 MiB takes models of up to two
+# A body up to this size is taken on the event loop itself: the hop to a threadpool thread and
+# back, and the GIL passed between them, cost more than the loop's pause (about 0.6 ms of a 1M
+# gradient push, docs/performance.md "The parameter server"). 8 MiB takes models of up to two
 # million parameters inline, with a pause of a few milliseconds for other requests; larger ones
-# go to the threadpool.
+# go to the threadpool, as does an experience push that would wait for the learner.
 INLINE_BYTES = 8 << 20
 # PushHeaders's fields by the lower-case header names ASGI gives.
 _ALIASES = {field.alias.lower(): field.alias for field in PushHeaders.model_fields.values()}
@@ -66,22 +66,24 @@ def take_push(
     state: ClusterState, metrics: MasterMetrics, path: str, headers: PushHeaders, body: bytes
 ) -> Reply | Awaitable[Reply]:
     """One push to `path` (a key of PATHS): its status, headers and body (the new weights, or
-    the error's JSON), at once where the master waits for nothing (a gradient body of up to
-    INLINE_BYTES in async mode: a worker's every push), else an awaitable of them (a larger
-    body, applied off the loop; a sync round, answered when it closes; an experience push, which
-    may wait for a place in the learner's queue). A caller that takes the answer at once saves
+    the error's JSON), at once where the master waits for nothing (a body of up to INLINE_BYTES:
+    a gradient push in async mode, a rollout with room in the learner's queue), else an
+    awaitable of them (a larger body, applied off the loop; a sync round, answered when it
+    closes; a rollout that waits for room in the learner's queue, or for its update). A caller that takes the answer at once saves
     the task a coroutine would need (the receivers' channel, master/ingress/receivers.py)."""
     started = time.perf_counter()
     kind = PATHS[path]
-    if kind is Sends.EXPERIENCE or len(body) > INLINE_BYTES:
+    if len(body) > INLINE_BYTES:
         return _offloaded(state, metrics, kind, headers, body, started)
     try:
-        outcome, run_summary = state.apply_update(kind, *_arguments(headers, body))
+        outcome, run_summary = state.apply_update(kind, *_arguments(headers, body), wait=False)
         if not outcome.is_done():
             return _awaited_reply(state, metrics, kind, outcome, run_summary, started)
         return _success(metrics, kind, started, outcome_reply(outcome), run_summary)
     except _REFUSALS as exc:
         return _refusal(exc)
+    except WouldWait:  # nothing was taken: again, where it may wait for the learner
+        return _offloaded(state, metrics, kind, headers, body, started)
 
 
 async def push(

@@ -57,6 +57,11 @@ class LearnerBusy(Exception):
     """No room in the learner's queue within the hold time."""
 
 
+class WouldWait(Exception):
+    """A push asked not to wait (taken on the event loop) would wait for the learner: nothing
+    was taken, and it is to be taken again where it may wait."""
+
+
 class LearnerProcess:
     def __init__(
         self,
@@ -192,12 +197,18 @@ class LearnerProcess:
         """Rollouts reserved or in the learner's queue, not yet used or dropped."""
         return self._capacity - len(self._free)
 
-    def reserve(self, waiting: Callable[[], None] = lambda: None) -> int:
+    def reserve(self, waiting: Callable[[], None] = lambda: None, wait: bool = True) -> int:
         """A slot for one rollout, waiting up to `hold_s` for one (LearnerBusy); `waiting` is
-        called every second of the wait (the pushing worker is alive). Returns its number."""
+        called every second of the wait (the pushing worker is alive). Returns its number.
+        `wait` False: WouldWait, nothing reserved, where the push would wait, for a slot or
+        (a learner that `waits_for_update`) in `submit`."""
         deadline = time.monotonic() + self.hold_s
         while True:
             with self._cond:
+                if not wait and self._process is not None and (
+                    not self._free or self._waits_for_update
+                ):
+                    raise WouldWait
                 if self._process is not None and not self._free:
                     left = deadline - time.monotonic()
                     if left <= 0:
