@@ -37,10 +37,9 @@ import torch
 
 from a3c_http.algos.base import Sends
 from a3c_http.algos.exploration import check_actions
-from a3c_http.algos.registry import algorithm_class, learns_from_experience
+from a3c_http.algos.registry import algorithm_class, learns_from_experience, model_for
 from a3c_http.config.settings import Settings
 from a3c_http.config.training import TrainConfig
-from a3c_http.models.actor_critic import model_for
 from a3c_http.optim.optimizers import learning_rate
 from a3c_http.store.runstore import RunStore
 from a3c_http.wire import tensors as wire

@@ -27,10 +27,10 @@ import torch
 from a3c_http.algos.base import Algorithm, GradientUpdate
 from a3c_http.algos.exploration import widened
 from a3c_http.algos.learner import rollout_tensors
-from a3c_http.algos.registry import algorithm_for
+from a3c_http.algos.registry import algorithm_for, model_for
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import Episode, Rollout, RolloutCollector
-from a3c_http.models.actor_critic import ActorCritic, model_for
+from a3c_http.models.actor_critic import ActorCritic
 from a3c_http.net.client import A3CError, Conflict, MasterClient, Stopped, Weights
 from a3c_http.optim.flatnet import bind
 from a3c_http.server.logs import Events, ProgressClock

@@ -40,6 +40,7 @@ from torch import nn
 
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import Episode, Rollout
+from a3c_http.models.actor_critic import build_model
 
 
 class Sends(StrEnum):
@@ -131,14 +132,35 @@ class Algorithm:
     """One algorithm of the cluster. Subclasses set `name` (the config's `algo` that selects
     it; its section, a3c_http/algos/<algo>/config.py, names the class) and `sends`, and
     implement `on_rollout`; the rest has the plain gradient-pushing defaults. What the cluster's
-    shared code needs to know of an algorithm it asks the class (`sends`, `target_network`,
-    `target_refresh_every`, `epsilon_of`), never its name."""
+    shared code needs to know of an algorithm it asks the class (`model`, `sends`,
+    `target_network`, `target_refresh_every`, `epsilon_of`), never its name."""
 
     name: ClassVar[str]
     sends: ClassVar[Sends]
     # Whether the master keeps a target network of the run beside its weights (saved and
     # served with them: the value-based algorithms').
     target_network: ClassVar[bool] = False
+
+    @classmethod
+    def model(cls, config: TrainConfig) -> nn.Module:
+        """The network a run of the algorithm trains, as `config` describes it: the master, the
+        workers, the learner and evaluation all build it here (a3c_http/algos/registry.py
+        `model_for`), so they agree on every name and shape. The actor-critic of
+        a3c_http/models/actor_critic.py unless the algorithm has a network of its own."""
+        return build_model(
+            config.env_id,
+            config.env_kwargs,
+            config.hidden_sizes,
+            preprocess=config.preprocess,
+            frame_stack=config.frame_stack,
+            shared_torso=config.shared_torso,
+            log_std_init=config.log_std_init,
+            normalize_obs=config.normalize_obs,
+            normalize_reward=config.normalize_reward,
+            encoder=config.encoder,
+            core=config.core,
+            lstm_size=config.lstm_size,
+        )
 
     @classmethod
     def target_refresh_every(cls, config: TrainConfig) -> int | None:

@@ -164,6 +164,13 @@ def algorithm_class(config: TrainConfig) -> type[Algorithm]:
     return type(config).algorithm()
 
 
+def model_for(config: TrainConfig) -> nn.Module:
+    """The network a run trains, as its algorithm builds it (`Algorithm.model`): the master, the
+    workers, the learner and evaluation all build it here, so they agree on every name and
+    shape."""
+    return algorithm_class(config).model(config)
+
+
 def learns_from_experience(config: TrainConfig) -> bool:
     """Whether the run's workers push experience to a learner beside the master."""
     from a3c_http.algos.base import Sends

@@ -45,11 +45,10 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # What a section declares of its algorithm besides its fields: the values it starts from
-    # before a task's preset, its presets by env_id (a family's under its pattern, "ALE/*"), and
-    # the network it trains (a3c_http/models/actor_critic.py `model_for`).
+    # before a task's preset, and its presets by env_id (a family's under its pattern, "ALE/*").
+    # The network it trains is its algorithm's (a3c_http/algos/base.py `Algorithm.model`).
     defaults: ClassVar[dict[str, Any]] = {}
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
-    network: ClassVar[Literal["actor_critic", "q_network"]] = "actor_critic"
 
     env_id: str = Field(
         "CartPole-v1",

@@ -26,13 +26,11 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
-from a3c_http.config.training import TrainConfig
 from a3c_http.envs.make import make_env
 from a3c_http.models.encoders import ImageEncoder, UnsupportedSpace, flat, layer, mlp
 from a3c_http.models.normalize import RunningMeanStd
-from a3c_http.models.q_network import QNetwork
 
-__all__ = ["ActorCritic", "State", "UnsupportedSpace", "build_model", "model_for"]
+__all__ = ["ActorCritic", "State", "UnsupportedSpace", "build_model"]
 
 # A recurrent state: (h, c) of `[N, lstm_size]` each, or () for a feed-forward network.
 State = tuple[torch.Tensor, ...]
@@ -206,38 +204,6 @@ class ActorCritic(nn.Module):
     def greedy(dist: Distribution) -> torch.Tensor:
         """The deterministic action of evaluation: the most likely one, or the Gaussian's mean."""
         return dist.probs.argmax(-1) if isinstance(dist, Categorical) else dist.mean
-
-
-def model_for(config: TrainConfig) -> ActorCritic:
-    """The network a training config describes (the master, the workers and evaluation all build
-    it here, so they agree on every name and shape): an actor-critic, or for the value-based
-    algorithms (dqn, apex) a Q-network (a3c_http/models/q_network.py), which acts as one."""
-    if config.network == "q_network":
-        env = make_env(config.env_id, config.env_kwargs, config.preprocess, config.frame_stack)
-        try:
-            return QNetwork.for_spaces(  # type: ignore[return-value]
-                env.observation_space,
-                env.action_space,
-                hidden_sizes=config.hidden_sizes,
-                encoder=config.encoder,
-                dueling=config.dueling,
-            )
-        finally:
-            env.close()
-    return build_model(
-        config.env_id,
-        config.env_kwargs,
-        config.hidden_sizes,
-        preprocess=config.preprocess,
-        frame_stack=config.frame_stack,
-        shared_torso=config.shared_torso,
-        log_std_init=config.log_std_init,
-        normalize_obs=config.normalize_obs,
-        normalize_reward=config.normalize_reward,
-        encoder=config.encoder,
-        core=config.core,
-        lstm_size=config.lstm_size,
-    )
 
 
 def build_model(

@@ -19,10 +19,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from a3c_http.algos.registry import model_for
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.make import env_for
 from a3c_http.envs.rollout import obs_tensor
-from a3c_http.models.actor_critic import ActorCritic, model_for
+from a3c_http.models.actor_critic import ActorCritic
 from a3c_http.wire import tensors as wire
 
 # Added to the run's seed, so that the evaluation's episodes are not the workers' first ones

@@ -69,8 +69,9 @@ def take_push(
     the error's JSON), at once where the master waits for nothing (a body of up to INLINE_BYTES:
     a gradient push in async mode, a rollout with room in the learner's queue), else an
     awaitable of them (a larger body, applied off the loop; a sync round, answered when it
-    closes; a rollout that waits for room in the learner's queue, or for its update). A caller that takes the answer at once saves
-    the task a coroutine would need (the receivers' channel, master/ingress/receivers.py)."""
+    closes; a rollout that waits for room in the learner's queue, or for its update). A caller
+    that takes the answer at once saves the task a coroutine would need (the receivers' channel,
+    master/ingress/receivers.py)."""
     started = time.perf_counter()
     kind = PATHS[path]
     if len(body) > INLINE_BYTES:

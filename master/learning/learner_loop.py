@@ -25,8 +25,7 @@ from typing import Any
 
 import torch
 
-from a3c_http.algos.registry import algorithm_class, config_json
-from a3c_http.models.actor_critic import model_for
+from a3c_http.algos.registry import algorithm_class, config_json, model_for
 from a3c_http.wire.tensors import Layout
 
 log = logging.getLogger("a3c.master")

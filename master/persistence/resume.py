@@ -28,10 +28,11 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
+from a3c_http.algos.registry import model_for
 from a3c_http.config.files import saved_config
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.make import listed_modules
-from a3c_http.models.actor_critic import ActorCritic, model_for
+from a3c_http.models.actor_critic import ActorCritic
 from a3c_http.optim.flatnet import non_finite_optimizer_state
 from a3c_http.store.runstore import DB, RunStore, Snapshot, find_non_finite
 from a3c_http.wire import tensors as wire

@@ -19,10 +19,9 @@ import torch
 
 from a3c_http.algos.a3c.algorithm import rollout_loss
 from a3c_http.algos.base import gradients
-from a3c_http.algos.registry import train_config
+from a3c_http.algos.registry import model_for, train_config
 from a3c_http.envs.rollout import RolloutCollector
 from a3c_http.local.cluster import LocalCluster
-from a3c_http.models.actor_critic import model_for
 from a3c_http.net.client import MasterClient
 from a3c_http.testing.standin import StandInWorker
 from a3c_http.wire import tensors as wire

@@ -2,14 +2,17 @@
 impala, apex), what a rollout costs the processes that take it.
 
     .venv/bin/python scripts/bench.py ingest [--algo impala] [--env MinAtar/Breakout-v1]
-        [--pushes 400] [--rounds 3] [--json runs/bench_ingest.json]
+        [--pushes 400] [--rounds 3] [--actors 1] [--config '{}'] [--json runs/bench_ingest.json]
 
-One real master (uvicorn) runs the algorithm's preset for the environment with no worker to
-start; this process joins as its one worker and pushes one rollout of the run's shapes (encoded
-once, before: frames of random pixels, every step valid) --pushes times, taking the version each
-reply names, after a warm-up of three batches. The master's CPU (its process, /proc) over the
-pushes and the learner's (its process) until it has taken them all, each divided by the env steps
-pushed, are a round's figures; the medians over --rounds are printed. The code measured is
+One real master (uvicorn) runs the algorithm's preset for the environment (with --config's
+overrides) with no worker to start; this process joins as --actors simulated actors, each a worker
+on a connection of its own, which push one rollout of the run's shapes (encoded once, before:
+frames of random pixels, every step valid) --pushes times between them, each taking the version
+its replies name, after a warm-up of three batches. The master's CPU (its process, /proc) over
+the pushes and the learner's (its process) until it has taken them all, each divided by the env
+steps pushed, and the env steps (transitions) a second the learner took, are a round's figures;
+the medians over --rounds are printed. Ape-X's replay alone fills with
+`--config '{"learning_starts": 1000000000}'` (no gradient step is taken). The code measured is
 whatever `a3c_http` and `master` this process imports; a checkout from before the renames of
 55802ce is reached by its old names, so the same measurement runs on both sides of a change.
 """
@@ -20,6 +23,7 @@ import argparse
 import json
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,13 +32,16 @@ import httpx
 import torch
 
 from a3c_http.config.training import TrainConfig
-from a3c_http.models.actor_critic import model_for
 from scripts.benchlib.report import ROOT, say
 
 try:
     from a3c_http.algos.registry import train_config
 except ImportError:  # a checkout from before the algorithms' own config sections (2614e60)
     train_config = TrainConfig
+try:
+    from a3c_http.algos.registry import model_for
+except ImportError:  # a checkout from before the algorithms' own networks
+    from a3c_http.models.actor_critic import model_for  # type: ignore[no-redef]
 try:
     from a3c_http.algos.learner import expected_tensors
     from a3c_http.algos.registry import algorithm_class
@@ -77,7 +84,9 @@ def rollout_body(cfg: TrainConfig) -> bytes:
     return encode_tensors(tensors, {"a3c": json.dumps({"episodes": [], "stats": None})})
 
 
-def one_round(algo: str, env_id: str, pushes: int) -> dict[str, Any]:
+def one_round(
+    algo: str, env_id: str, pushes: int, actors: int = 1, overrides: dict[str, Any] | None = None
+) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="a3c-ingest-"))
     env = {"A3C_RUN_DIR": str(folder / "run"), "A3C_WORKERS_FILE": str(folder / "workers.txt")}
     master = ServiceProcess("master.app:app", free_port(), folder / "master.log", env=env)
@@ -85,47 +94,71 @@ def one_round(algo: str, env_id: str, pushes: int) -> dict[str, Any]:
     try:
         c = httpx.Client(base_url=master.url, timeout=120)
         r = c.post("/train", json={"workers": [], "seed": 1, "algo": algo, "env_id": env_id,
-                                   "master_url": master.url})  # fmt: skip
+                                   "master_url": master.url, **(overrides or {})})  # fmt: skip
         r.raise_for_status()
-        run = c.post("/join", json={"name": "bench", "url": "http://127.0.0.1:9"}).json()
-        worker_id, run_id = run["data"]["run"]["worker_id"], run["data"]["run"]["run_id"]
-        c.post("/worker_started", json={"worker_id": worker_id, "run_id": run_id})
-        cfg = train_config(**run["data"]["run"]["config"])
+        simulated = [Actor(master.url, c, i) for i in range(actors)]
+        cfg = train_config(**c.get("/status").json()["config"])
         body = rollout_body(cfg)
 
         def learner() -> dict[str, Any]:
             return c.get("/status").json()["learner"]
 
         wait_for(lambda: learner()["running"], 120, "the learner")
-        pid, version = learner()["pid"], [c.get("/status").json()["model_version"]]
-
-        def push() -> None:
-            headers = {"content-type": "application/octet-stream", "X-Worker-Id": worker_id,
-                       "X-Model-Version": str(version[0]), "X-Run-Id": run_id}  # fmt: skip
-            reply = c.post("/experience", content=body, headers=headers)
-            reply.raise_for_status()
-            version[0] = int(reply.headers["X-Model-Version"])
-
+        pid, version = learner()["pid"], c.get("/status").json()["model_version"]
+        for actor in simulated:
+            actor.version = version
         for _ in range(3 * cfg.queue_size):
-            push()
+            simulated[0].push(body)
         wait_for(lambda: learner()["queued"] == 0, 300, "the warm-up")
         used = learner()["rollouts_used"]
         master0, learner0 = cpu_seconds(master.pid), cpu_seconds(pid)
         started = time.monotonic()
-        for _ in range(pushes):
-            push()
+        threads = [
+            threading.Thread(target=a.push_many, args=(body, pushes // actors)) for a in simulated
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
         master1 = cpu_seconds(master.pid)
+        pushed = actors * (pushes // actors)
         wait_for(lambda: learner()["queued"] == 0, 600, "the learner")
+        taken_s = time.monotonic() - started
         learner1, used = cpu_seconds(pid), learner()["rollouts_used"] - used
         steps = cfg.t_max * cfg.num_envs / 1000
         return {
             "body_bytes": len(body),
-            "master_cpu_per_1k_steps": (master1 - master0) / (pushes * steps),
+            "master_cpu_per_1k_steps": (master1 - master0) / (pushed * steps),
             "learner_cpu_per_1k_steps": (learner1 - learner0) / (used * steps),
-            "wall_s": time.monotonic() - started,
+            "transitions_per_s": used * steps * 1000 / taken_s,
+            "wall_s": taken_s,
         }
     finally:
         master.stop()
+
+
+class Actor:
+    """One simulated actor: joined as a worker of its own, on a connection of its own, pushing
+    the same body with the version each reply names."""
+
+    def __init__(self, url: str, c: httpx.Client, index: int) -> None:
+        run = c.post("/join", json={"name": f"bench-{index}", "url": "http://127.0.0.1:9"})
+        self.worker_id = run.json()["data"]["run"]["worker_id"]
+        self.run_id = run.json()["data"]["run"]["run_id"]
+        c.post("/worker_started", json={"worker_id": self.worker_id, "run_id": self.run_id})
+        self.client = httpx.Client(base_url=url, timeout=120)
+        self.version = 0
+
+    def push(self, body: bytes) -> None:
+        headers = {"content-type": "application/octet-stream", "X-Worker-Id": self.worker_id,
+                   "X-Model-Version": str(self.version), "X-Run-Id": self.run_id}  # fmt: skip
+        reply = self.client.post("/experience", content=body, headers=headers)
+        reply.raise_for_status()
+        self.version = int(reply.headers["X-Model-Version"])
+
+    def push_many(self, body: bytes, n: int) -> None:
+        for _ in range(n):
+            self.push(body)
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -134,20 +167,26 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--env", default="MinAtar/Breakout-v1")
     parser.add_argument("--pushes", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--actors", type=int, default=1, help="simulated actors pushing at once")
+    parser.add_argument("--config", default="{}", help="overrides of the run's config, JSON")
     parser.add_argument("--json", type=Path, default=ROOT / "runs" / "bench_ingest.json")
     args = parser.parse_args(argv)
     say(f"code measured: {Path(expected_tensors.__code__.co_filename).resolve().parents[2]}")
     rounds = []
     for i in range(args.rounds):
-        rounds.append(one_round(args.algo, args.env, args.pushes))
+        rounds.append(
+            one_round(args.algo, args.env, args.pushes, args.actors, json.loads(args.config))
+        )
         say(f"round {i + 1}: {json.dumps(rounds[-1])}")
     summary = {
         key: statistics.median(r[key] for r in rounds)
-        for key in ("master_cpu_per_1k_steps", "learner_cpu_per_1k_steps", "wall_s")
+        for key in ("master_cpu_per_1k_steps", "learner_cpu_per_1k_steps", "transitions_per_s",
+                    "wall_s")  # fmt: skip
     }
     say(f"{args.algo} on {args.env}, medians of {args.rounds}: the master "
         f"{summary['master_cpu_per_1k_steps']:.4f} s and the learner "
-        f"{summary['learner_cpu_per_1k_steps']:.4f} s of CPU per 1,000 env steps")  # fmt: skip
+        f"{summary['learner_cpu_per_1k_steps']:.4f} s of CPU per 1,000 env steps; "
+        f"{summary['transitions_per_s']:,.0f} env steps a second taken by the learner")  # fmt: skip
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"rounds": rounds, "medians": summary}, indent=2))
     return 0

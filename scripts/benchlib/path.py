@@ -26,8 +26,7 @@ from typing import Any
 import torch
 
 from a3c_http.algos.registry import algorithm_class
-from a3c_http.models.actor_critic import model_for
-from scripts.benchlib.ingest import _expected, encode_tensors, train_config
+from scripts.benchlib.ingest import _expected, encode_tensors, model_for, train_config
 from scripts.benchlib.report import ROOT, say
 
 try:

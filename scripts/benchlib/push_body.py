@@ -25,8 +25,8 @@ import statistics
 import time
 from pathlib import Path
 
+from a3c_http.algos.registry import model_for
 from a3c_http.local.cluster import cpu_delta
-from a3c_http.models.actor_critic import model_for
 from a3c_http.wire import tensors as wire
 from scripts.benchlib.load import WRITERS, push_level, ready_bodies
 from scripts.benchlib.report import ROOT, say

@@ -20,12 +20,12 @@ from pathlib import Path
 
 from a3c_http.algos.a3c.algorithm import rollout_loss
 from a3c_http.algos.base import gradients
-from a3c_http.algos.registry import train_config
+from a3c_http.algos.registry import model_for, train_config
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.make import MissingDependency, register_family
 from a3c_http.envs.rollout import RolloutCollector
 from a3c_http.local.cluster import LocalCluster, cpu_delta, free_port
-from a3c_http.models.actor_critic import ActorCritic, model_for
+from a3c_http.models.actor_critic import ActorCritic
 from a3c_http.net import tls
 from a3c_http.net.client import MasterClient
 from a3c_http.testing.delayproxy import DelayProxy

@@ -25,9 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from a3c_http.algos.registry import model_for
 from a3c_http.cli.certs import CertError, make_ca, make_host
 from a3c_http.local.cluster import LocalCluster, cpu_delta
-from a3c_http.models.actor_critic import model_for
 from a3c_http.net import tls
 from a3c_http.wire import tensors as wire
 from scripts.benchlib.load import push_level, ready_bodies

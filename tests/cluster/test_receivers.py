@@ -17,7 +17,7 @@ import httpx
 import pytest
 import torch
 
-from a3c_http.algos.registry import train_config
+from a3c_http.algos.registry import model_for, train_config
 from a3c_http.local.cluster import (
     LocalCluster,
     ServiceProcess,
@@ -25,7 +25,6 @@ from a3c_http.local.cluster import (
     stat_fields,
     wait_for,
 )
-from a3c_http.models.actor_critic import model_for
 from a3c_http.testing.standin import StandInWorker
 from a3c_http.wire.tensors import Layout
 from tests.support.common import AUTH, OCTET, SHORT_RUN, STAND_IN_RUN, TOKEN

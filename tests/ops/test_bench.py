@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from a3c_http.algos.registry import train_config
-from a3c_http.models.actor_critic import model_for
+from a3c_http.algos.registry import model_for, train_config
 from a3c_http.wire import tensors as wire
 from scripts.benchlib.bar import bar
 from scripts.benchlib.cluster import median_round, steady_rate

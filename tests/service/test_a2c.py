@@ -13,9 +13,8 @@ import httpx
 import torch
 from fastapi.testclient import TestClient
 
-from a3c_http.algos.registry import train_config
+from a3c_http.algos.registry import model_for, train_config
 from a3c_http.local.cluster import wait_for
-from a3c_http.models.actor_critic import model_for
 from a3c_http.wire import tensors as wire
 from master.learning.admission import RunLimits
 from master.learning.parameter_server import ParameterServer

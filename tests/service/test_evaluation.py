@@ -18,11 +18,10 @@ from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 
 from a3c_http.algos.base import Sends
-from a3c_http.algos.registry import train_config
+from a3c_http.algos.registry import model_for, train_config
 from a3c_http.config.settings import Settings
 from a3c_http.config.training import TrainConfig
 from a3c_http.local.cluster import wait_for
-from a3c_http.models.actor_critic import model_for
 from a3c_http.policy import evaluation
 from a3c_http.policy.evaluation import EvalResult, evaluate
 from a3c_http.store.runstore import RunStore

@@ -16,9 +16,8 @@ from fastapi.testclient import TestClient
 from safetensors.torch import load as st_load
 
 from a3c_http.algos.learner import expected_tensors
-from a3c_http.algos.registry import train_config
+from a3c_http.algos.registry import model_for, train_config
 from a3c_http.local.cluster import wait_for
-from a3c_http.models.actor_critic import model_for
 from a3c_http.wire.named_tensors import encode_tensors
 from master import learner_runs
 from master.learning import learner_needs

@@ -18,10 +18,10 @@ from torch.distributions import Normal
 import a3c_http.algos.a3c.algorithm as a3c_module
 from a3c_http.algos.a3c.algorithm import A3C
 from a3c_http.algos.exploration import Exploration, ExplorationError, derive, widened
-from a3c_http.algos.registry import train_config
+from a3c_http.algos.registry import model_for, train_config
 from a3c_http.config.settings import Settings
 from a3c_http.envs.rollout import RolloutCollector
-from a3c_http.models.actor_critic import build_model, model_for
+from a3c_http.models.actor_critic import build_model
 from a3c_http.net.client import MasterClient
 from a3c_http.testing.standin import StandInWorker
 from a3c_http.wire import tensors as wire

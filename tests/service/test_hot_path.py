@@ -9,8 +9,7 @@ from concurrent.futures import Future
 import pytest
 import torch
 
-from a3c_http.algos.registry import train_config
-from a3c_http.models.actor_critic import model_for
+from a3c_http.algos.registry import model_for, train_config
 from a3c_http.optim.flatnet import FlatNetwork
 from a3c_http.optim.optimizers import make_optimizer
 from a3c_http.server.service import QuietAccessLog

@@ -12,9 +12,8 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from a3c_http.algos.registry import train_config
+from a3c_http.algos.registry import model_for, train_config
 from a3c_http.config.settings import Settings
-from a3c_http.models.actor_critic import model_for
 from a3c_http.models.normalize import batch_problem
 from a3c_http.optim.flatnet import FlatNetwork, NonFiniteStep, _bounded
 from master.app import create_app

@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from a3c_http.algos.registry import train_config
+from a3c_http.algos.registry import model_for, train_config
 from a3c_http.config.training import TrainConfig
-from a3c_http.models.actor_critic import model_for
 from a3c_http.wire import tensors as wire
 from master.errors import Invalid, StateConflict
 from master.learning.admission import WINDOW, RunLimits, Window

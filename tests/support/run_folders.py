@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from a3c_http.algos.registry import train_config
+from a3c_http.algos.registry import model_for, train_config
 from a3c_http.config.training import TrainConfig
-from a3c_http.models.actor_critic import ActorCritic, model_for
+from a3c_http.models.actor_critic import ActorCritic
 from a3c_http.store.runstore import RunStore, Snapshot
 from a3c_http.wire import tensors as wire
 
@@ -25,7 +25,7 @@ def make_run(folder: Path, **fields: Any) -> tuple[TrainConfig, ActorCritic]:
     torch.manual_seed(0)
     model = model_for(config)
     with torch.no_grad():
-        (model.q_head if config.network == "q_network" else model.policy_head).weight.mul_(300.0)
+        (model.q_head if hasattr(model, "q_head") else model.policy_head).weight.mul_(300.0)
         if config.normalize_obs:
             n = model.obs_rms.mean.numel()
             model.obs_rms.mean.copy_(torch.linspace(-0.3, 0.4, n))

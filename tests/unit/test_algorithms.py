@@ -25,11 +25,11 @@ from a3c_http.algos.registry import (
     SECTIONS,
     algorithm_class,
     algorithm_for,
+    model_for,
     train_config,
 )
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import Episode, Rollout, RolloutCollector
-from a3c_http.models.actor_critic import model_for
 
 
 class FakePort:

@@ -9,10 +9,9 @@ import torch
 from a3c_http.algos.apex.algorithm import ApexActor, ApexLearner, actor_extras, transitions_of
 from a3c_http.algos.dqn.loss import nstep_transitions
 from a3c_http.algos.learner import rollout_tensors
-from a3c_http.algos.registry import train_config
+from a3c_http.algos.registry import model_for, train_config
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import RolloutCollector
-from a3c_http.models.actor_critic import model_for
 from a3c_http.models.q_network import EpsilonGreedy
 from a3c_http.wire.tensors import Layout
 

@@ -11,10 +11,9 @@ import pytest
 from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation, RecordEpisodeStatistics
 from pydantic import ValidationError
 
-from a3c_http.algos.registry import train_config
+from a3c_http.algos.registry import model_for, train_config
 from a3c_http.envs import make as envs
 from a3c_http.envs.make import env_for
-from a3c_http.models.actor_critic import model_for
 
 
 def test_an_atari_preset_gets_the_papers_frames() -> None:

@@ -16,11 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from a3c_http.algos.registry import train_config
+from a3c_http.algos.registry import model_for, train_config
 from a3c_http.config.files import saved_config
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.make import env_for
-from a3c_http.models.actor_critic import model_for
 from a3c_http.policy.evaluation import MAX_EPISODE_STEPS, eval_seed, evaluate
 from a3c_http.policy.export import METADATA, main, sidecar
 from a3c_http.store.runstore import RunStore, Snapshot

@@ -15,10 +15,9 @@ from a3c_http.algos.a3c.algorithm import compute_advantages
 from a3c_http.algos.impala.algorithm import ImpalaLearner, vtrace
 from a3c_http.algos.learner import Batch, expected_tensors, rollout_tensors
 from a3c_http.algos.ppo.algorithm import PPOLearner, clip_range, ppo_loss
-from a3c_http.algos.registry import algorithm_class, train_config
+from a3c_http.algos.registry import algorithm_class, model_for, train_config
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import RolloutCollector
-from a3c_http.models.actor_critic import model_for
 from a3c_http.wire.named_tensors import decode_tensors, encode_tensors
 from a3c_http.wire.tensors import WireError
 

@@ -13,9 +13,8 @@ import pytest
 import torch
 
 from a3c_http.algos.a3c.single_process import train
-from a3c_http.algos.registry import train_config
+from a3c_http.algos.registry import model_for, train_config
 from a3c_http.envs.rollout import RolloutCollector
-from a3c_http.models.actor_critic import model_for
 from a3c_http.models.normalize import RunningMeanStd, moments
 from a3c_http.policy import evaluation
 from a3c_http.policy.evaluation import evaluate

@@ -10,8 +10,7 @@ import math
 import pytest
 import torch
 
-from a3c_http.algos.registry import train_config
-from a3c_http.models.actor_critic import model_for
+from a3c_http.algos.registry import model_for, train_config
 from a3c_http.store.runstore import NonFiniteValue
 from master.learning.parameter_server import ParameterServer
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from a3c_http.algos.registry import train_config
+from a3c_http.algos.registry import model_for, train_config
 from a3c_http.config.training import TrainConfig
-from a3c_http.models.actor_critic import model_for
 from master.errors import StateConflict
 from master.learning.admission import RunLimits
 from master.learning.parameter_server import ParameterServer

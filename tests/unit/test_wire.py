@@ -209,7 +209,7 @@ def test_a_push_header_that_only_begins_as_the_layouts_is_judged_whole(header: b
 
 
 def test_a_model_layout_puts_the_parameters_first() -> None:
-    from a3c_http.models.actor_critic import model_for
+    from a3c_http.algos.registry import model_for
 
     model = model_for(train_config(normalize_obs=True))
     layout = wire.Layout.of(model)
@@ -396,7 +396,7 @@ def test_another_writers_header_is_read_once_and_its_data_every_time(
 
 
 def test_a_model_body_from_any_writer_reads_the_same() -> None:
-    from a3c_http.models.actor_critic import model_for
+    from a3c_http.algos.registry import model_for
 
     layout = wire.Layout.of(model_for(train_config(normalize_obs=True)))
     vector = torch.randn(layout.numel, generator=torch.Generator().manual_seed(0))

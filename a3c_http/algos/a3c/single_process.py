@@ -29,9 +29,10 @@ import torch
 
 from a3c_http.algos.a3c.algorithm import rollout_loss
 from a3c_http.algos.base import gradients
+from a3c_http.algos.registry import model_for
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import RolloutCollector
-from a3c_http.models.actor_critic import ActorCritic, model_for
+from a3c_http.models.actor_critic import ActorCritic
 from a3c_http.optim.flatnet import FlatNetwork, bind
 from a3c_http.optim.optimizers import learning_rate, lr_scale, set_learning_rate
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from a3c_http.algos.dqn.algorithm import AnnealedEpsilon
+from a3c_http.algos.dqn.algorithm import AnnealedEpsilon, q_network
 from a3c_http.algos.dqn.loss import Transitions, cut_transitions, dqn_loss, nstep_cut
 from a3c_http.algos.learner import ExperienceAlgorithm, Learner, rollout_tensors
 from a3c_http.algos.replay import Replay
@@ -76,6 +76,10 @@ class ApexActor(ExperienceAlgorithm):
     learner: type[Learner]
     # The n-step cut and the replay's initial priorities; no log-probabilities.
     own_tensors = ("returns", "discounts", "stops", "priorities")
+
+    @classmethod
+    def model(cls, config: TrainConfig) -> QNetwork:
+        return q_network(config)
 
     @classmethod
     def epsilon_of(cls, config: TrainConfig, share: float) -> float | None:

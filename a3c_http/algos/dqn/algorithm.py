@@ -28,10 +28,26 @@ from a3c_http.algos.dqn.loss import Transitions, dqn_loss, nstep_transitions
 from a3c_http.algos.learner import rollout_tensors
 from a3c_http.algos.replay import Replay
 from a3c_http.config.training import TrainConfig
+from a3c_http.envs.make import make_env
 from a3c_http.envs.rollout import Rollout
-from a3c_http.models.q_network import EpsilonGreedy
+from a3c_http.models.q_network import EpsilonGreedy, QNetwork
 from a3c_http.optim.flatnet import bind
 from a3c_http.wire import tensors as wire
+
+
+def q_network(config: TrainConfig) -> QNetwork:
+    """The Q-network the value-based algorithms (dqn, apex) train, for the run's spaces."""
+    env = make_env(config.env_id, config.env_kwargs, config.preprocess, config.frame_stack)
+    try:
+        return QNetwork.for_spaces(
+            env.observation_space,
+            env.action_space,
+            hidden_sizes=config.hidden_sizes,
+            encoder=config.encoder,
+            dueling=config.dueling,
+        )
+    finally:
+        env.close()
 
 
 def epsilon_at(config: TrainConfig, env_steps: int) -> float:
@@ -72,6 +88,10 @@ class AsyncDQN(Algorithm):
     name = "dqn"
     sends = Sends.GRADIENTS
     target_network = True
+
+    @classmethod
+    def model(cls, config: TrainConfig) -> nn.Module:
+        return q_network(config)
 
     @classmethod
     def target_refresh_every(cls, config: TrainConfig) -> int | None:

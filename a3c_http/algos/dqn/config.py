@@ -16,8 +16,6 @@ class ValueBasedConfig(TrainConfig):
     """What the algorithms that learn Q-values share: a Q-network (a3c_http/models/q_network.py),
     n-step transitions in a replay, a target network."""
 
-    network: ClassVar[Literal["actor_critic", "q_network"]] = "q_network"
-
     buffer_size: int = Field(
         100_000,
         ge=1,
