@@ -193,13 +193,19 @@ class FlatNetwork:
         return None
 
 
-def non_finite_optimizer_state(state: dict[str, Any]) -> str | None:
-    """The first entry of an optimizer's state dict that holds a NaN or an infinity
-    (`'exp_avg_sq' of the optimizer state`), or None."""
-    for entry in state.get("state", {}).values():
-        for key, value in entry.items():
-            if torch.is_tensor(value) and not bool(torch.isfinite(value).all()):
-                return f"{key!r} of the optimizer state"
+def non_finite_optimizer_state(state: Any, key: str = "") -> str | None:
+    """The first tensor of an optimizer's state dict that holds a NaN or an infinity
+    (`'exp_avg_sq' of the optimizer state`), or None; a learner's state of several optimizers
+    and other tensors (nested dicts and lists) is looked through whole."""
+    if torch.is_tensor(state):
+        finite = not state.is_floating_point() or bool(torch.isfinite(state).all())
+        return None if finite else f"{key!r} of the optimizer state"
+    if not isinstance(state, dict | list | tuple):
+        return None
+    for name, value in state.items() if isinstance(state, dict) else enumerate(state):
+        bad = non_finite_optimizer_state(value, name if isinstance(name, str) else key)
+        if bad is not None:
+            return bad
     return None
 
 

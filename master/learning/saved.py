@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from a3c_http.algos.registry import algorithm_class
+from a3c_http.algos.registry import algorithm_class, learns_from_experience
 from a3c_http.config.training import TrainConfig
 from a3c_http.models.actor_critic import ActorCritic
 from a3c_http.optim.flatnet import non_finite_optimizer_state
@@ -74,9 +74,14 @@ class SavedParameters:
         target: torch.Tensor | None = None,
     ) -> None:
         """Take up a saved run (master/persistence/resume.py read and checked it); `skip_versions`:
-        how far the version jumps after a crash; `target`: the saved target network's weights."""
+        how far the version jumps after a crash; `target`: the saved target network's weights.
+        A run with a learner beside the master keeps its learner's state as saved, whatever its
+        algorithm put in it, to start the learner from (the master steps no optimizer then)."""
+        learner = learns_from_experience(config)
         with self.lock:
-            self._set_model(config, model, optimizer_state)
+            self._set_model(config, model, None if learner else optimizer_state)
+            if learner:
+                self._learner_optimizer = optimizer_state
             self.version = int(state.get("model_version", 0)) + skip_versions
             self.first_version = int(state.get("first_version", 0))
             self.updates_applied = int(state.get("updates_applied", 0))
