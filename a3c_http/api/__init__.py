@@ -10,8 +10,8 @@ run, and play its policy without the services (docs/guide/python-api.md).
     obs, _ = env.reset(seed=0)
     action, state = policy.act(obs)
 
-- `train` (a3c_http/api/training.py) returns a `Run` (a3c_http/api/run.py); what a user can
-  mend raises `TrainError`;
+- `train` (a3c_http/api/training.py) returns a `Run` (a3c_http/api/run.py), and `attach` the run
+  a running master runs now; what a user can mend raises `TrainError`;
 - `load_policy` (a3c_http/api/policy.py) returns a `Policy`;
 - how `train`'s `env` becomes an env_id every host can make: a3c_http/api/environments.py.
 """
@@ -19,6 +19,6 @@ run, and play its policy without the services (docs/guide/python-api.md).
 from a3c_http.api.errors import TrainError
 from a3c_http.api.policy import Policy, load_policy
 from a3c_http.api.run import History, Progress, Run
-from a3c_http.api.training import train
+from a3c_http.api.training import attach, train
 
-__all__ = ["History", "Policy", "Progress", "Run", "TrainError", "load_policy", "train"]
+__all__ = ["History", "Policy", "Progress", "Run", "TrainError", "attach", "load_policy", "train"]

@@ -17,7 +17,7 @@ import httpx
 
 from a3c_http.api.errors import TrainError
 from a3c_http.api.policy import Policy, load_policy, policy_of
-from a3c_http.cli.progress import progress_line
+from a3c_http.cli.progress import RECONNECT_S, MasterLost, outliving, progress_line, read_status
 from a3c_http.envs.make import allow_modules
 from a3c_http.local.cluster import LocalCluster
 from a3c_http.store.runstore import RunStore
@@ -66,8 +66,10 @@ class Run:
     `id`: the run id; `master_url`; `ends`: how the run ends (a sentence, as POST /train said
     it); `workers`: each worker's start (`worker_id`, `url`, `started`, `error`); `local`:
     whether the master and workers are processes this run started (ended with the run, by
-    their pids; also at the interpreter's exit). Used as a context manager, leaving the block
-    ends the run if it still runs, and those processes."""
+    their pids; also at the interpreter's exit); `attached`: a run started elsewhere that this
+    only follows (`a3c_http.attach`), which nothing here stops but `stop()`. Used as a context
+    manager, leaving the block ends the run if it still runs (unless attached), and those
+    processes."""
 
     def __init__(
         self,
@@ -77,12 +79,14 @@ class Run:
         modules: Iterable[str] = (),
         progress: Progress = True,
         cluster: LocalCluster | None = None,
+        attached: bool = False,
     ) -> None:
         self.id: str = data["run_id"]
         self.master_url = url
         self.ends: str | None = data.get("ends")
         self.workers: list[dict[str, Any]] = list(data.get("workers", []))
         self.local = cluster is not None
+        self.attached = attached
         self.result: dict[str, Any] | None = None  # the last status once the run ended
         self._http = http
         self._cluster = cluster
@@ -93,7 +97,8 @@ class Run:
         self._warned: set[tuple[Any, Any]] = set()
         self._folder = cluster.run_dir.resolve() if cluster is not None else None
         self._finalizer = weakref.finalize(self, _end, cluster, http)
-        self._say(f"run {self.id} started on {url}")
+        self._say(f"{'following run' if attached else 'run'} {self.id} "
+                  f"{'on' if attached else 'started on'} {url}")  # fmt: skip
         if self.ends:
             self._say(f"it {self.ends}")
         if self._folder is not None:
@@ -171,12 +176,16 @@ class Run:
 
     # -- following and ending it ------------------------------------------------------------
 
-    def wait(self, timeout_s: float | None = None) -> dict[str, Any]:
+    def wait(
+        self, timeout_s: float | None = None, reconnect_s: float = RECONNECT_S
+    ) -> dict[str, Any]:
         """Follow the run until it ends (progress as `train` was told), then end the processes
         it started here; its last status (`result`). TimeoutError after `timeout_s`, the run
-        still running. TrainError when the run ended because every worker left it with an error
-        (their errors in the message)."""
-        return self._follow(timeout_s, stop_at_cap=False)
+        still running. A master elsewhere that cannot be reached (killed, restarted) is waited
+        for up to `reconnect_s`, with a line saying so, and the run followed again once the
+        master resumed it; TrainError after that. TrainError when the run ended because every
+        worker left it with an error (their errors in the message)."""
+        return self._follow(timeout_s, stop_at_cap=False, reconnect_s=reconnect_s)
 
     def stop(self) -> dict[str, Any]:
         """End the run (POST /stop, when it still runs) and the processes it started here; its
@@ -196,8 +205,9 @@ class Run:
         client. Idempotent."""
         if self._closed:
             return
-        with contextlib.suppress(httpx.HTTPError, TrainError):
-            self.stop()
+        if not self.attached:
+            with contextlib.suppress(httpx.HTTPError, TrainError):
+                self.stop()
         self._closed = True
         self._finalizer()
 
@@ -212,15 +222,34 @@ class Run:
         state = "running" if self.result is None else self.result.get("finish_reason")
         return f"<Run {self.id} {where}: {state}>"
 
-    def _follow(self, timeout_s: float | None, stop_at_cap: bool) -> dict[str, Any]:
+    def _follow(
+        self, timeout_s: float | None, stop_at_cap: bool, reconnect_s: float = RECONNECT_S
+    ) -> dict[str, Any]:
         """Follow the run until it ends; at `timeout_s`, stop it (`stop_at_cap`) or raise
-        TimeoutError. Anything else that interrupts it (Ctrl-C) stops the run first."""
+        TimeoutError. A master elsewhere that cannot be reached is waited for up to
+        `reconnect_s` (a local one, this run's process, does not come back). Anything else that
+        interrupts it (Ctrl-C) stops the run first, unless it is attached."""
         if self.result is not None:
             return self._check_workers(self.result)
         started = shown = time.monotonic()
         capped = False
+        reconnect_s = 0.0 if self.local else reconnect_s
+
+        def status_outliving() -> dict[str, Any]:
+            if self._closed or self.result is not None:
+                return self.status()
+            try:
+                status = outliving(
+                    lambda: read_status(self._http), self.master_url, reconnect_s, self._say
+                )
+            except (httpx.HTTPError, MasterLost) as exc:
+                raise TrainError(f"cannot follow the master at {self.master_url}: {exc}") from None
+            if status.get("run_id") == self.id:
+                self._last = status
+            return status
+
         try:
-            previous = status = self.status()
+            previous = status = status_outliving()
             while status.get("run_id") == self.id and status.get("state") == "running":
                 if not capped and timeout_s is not None and time.monotonic() - started > timeout_s:
                     if not stop_at_cap:
@@ -229,7 +258,7 @@ class Run:
                     self._call("POST", "/stop", json={})
                     capped = True
                 time.sleep(POLL_S)
-                status = self.status()
+                status = status_outliving()
                 self._warn_failed(status)
                 if callable(self._progress):
                     self._progress(status)
@@ -240,8 +269,9 @@ class Run:
         except TimeoutError:
             raise
         except BaseException:
-            with contextlib.suppress(httpx.HTTPError, TrainError):
-                self.stop()
+            if not self.attached:
+                with contextlib.suppress(httpx.HTTPError, TrainError):
+                    self.stop()
             raise
         self._end_here()
         return self._check_workers(self.result)

@@ -1,6 +1,7 @@
 """Training from Python: `train(env, ...)` starts a run, on a cluster of this host that it starts
 (a master and `workers` workers, uvicorn processes as a3c-train starts them) or on a running
-master (`master=URL`), and returns it as a `Run` (a3c_http/api/run.py).
+master (`master=URL`), and returns it as a `Run` (a3c_http/api/run.py); `attach(URL)` returns the
+run a running master runs now, started elsewhere, to follow.
 
 Every HTTP client of the API is made by `_client`, and only there.
 """
@@ -22,7 +23,7 @@ from a3c_http.algos.registry import LEGACY_FIELDS, owners, train_config
 from a3c_http.api.environments import EnvChoice, EnvChoiceError, EnvLike, resolve
 from a3c_http.api.errors import TrainError
 from a3c_http.api.run import Progress, Run
-from a3c_http.cli.progress import why_refused
+from a3c_http.cli.progress import read_status, why_refused
 from a3c_http.config.ending import how_it_ends
 from a3c_http.config.files import BODY_FIELDS
 from a3c_http.config.hints import unknown_field
@@ -32,7 +33,7 @@ from a3c_http.local.cluster import LocalCluster, free_port
 from a3c_http.net import tls
 from a3c_http.server.service import describe_error
 
-__all__ = ["train"]
+__all__ = ["attach", "train"]
 
 # What the master says of a worker that did not answer POST /start_worker (master/background/
 # launcher.py UNREACHABLE): a host that is down, not one that cannot train the run.
@@ -214,15 +215,51 @@ def _process_env(choice: EnvChoice) -> dict[str, str]:
     return env
 
 
-def _train_on(
-    master: str, choice: EnvChoice, body: dict[str, Any], token: str | None, progress: Progress
+def attach(
+    master: str,
+    *,
+    token: str | None = None,
+    env_modules: Iterable[str] = (),
+    progress: Progress = True,
 ) -> Run:
+    """The run the master at `master` (a URL) runs now, or its last one: started elsewhere (by
+    a3c-train, curl or another process) or resumed after a restart, to follow (`Run.wait`), read
+    (`status`, `history`, `policy`: `env_modules` as for `train`) and stop (`Run.stop`).
+    Nothing starts, and nothing here stops it but `Run.stop`. TrainError when the master cannot
+    be reached or has no run."""
+    url = _master_url(master)
+    http = _client(url, token or os.environ.get("A3C_TOKEN") or None)
+    try:
+        status = read_status(http)
+    except httpx.HTTPError as exc:
+        http.close()
+        raise TrainError(f"cannot read the master at {url}: {exc}") from None
+    if not status.get("run_id"):
+        http.close()
+        raise TrainError(f"the master at {url} has no run to follow: start one")
+    try:
+        ends = how_it_ends(train_config(status.get("config") or {}))
+    except (ValidationError, ValueError):  # a config this version does not read
+        ends = None
+    data = {"run_id": status["run_id"], "ends": ends, "workers": []}
+    return Run(http, url, data, env_modules, progress, attached=True)
+
+
+def _master_url(master: str) -> str:
+    """`master` as a URL with its port; TrainError for what is not one."""
     try:
         url = normalize_url(master, default_port=True) if "://" in master else ""
     except WorkerListError:
         url = ""
     if not url:
         raise TrainError(f"master: expected a URL such as http://10.0.0.10:33333, not {master!r}")
+    return url
+
+
+def _train_on(
+    master: str, choice: EnvChoice, body: dict[str, Any], token: str | None, progress: Progress
+) -> Run:
+    url = _master_url(master)
     http = _client(url, token)
     try:
         data = _start(http, url, body, replace_running=False)

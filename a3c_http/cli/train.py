@@ -5,17 +5,23 @@ followed the same way.
 
     a3c-train [--env Acrobot-v1] [--config run.toml] [--port 33333] [--time-cap 840]
     a3c-train --master http://10.0.0.10:33333 --config run.toml
+    a3c-train --master http://10.0.0.10:33333 --follow
     a3c-train --env Acrobot-v1 --print-config > run.toml
 
 The run's config: the defaults, under them the preset of its env_id, then each --config in turn
 (a .toml or .json file, a run folder's config.json, or an inline JSON object; a later one's fields
 replace an earlier one's), then --env, which replaces env_id alone. The master validates it.
 
+With `--master`, a master that goes away (killed, restarted) is waited for up to
+`--reconnect-s` seconds, with a line saying so, and the run followed again once the master has
+resumed it. `--follow` starts nothing: it follows the run the master runs now (one started
+elsewhere, or resumed), and leaves it running when interrupted.
+
 Exit code: 0 when the run was solved (mean return of the last 100 episodes >= target_return),
-1 when it finished unsolved, hit the time cap or was interrupted, 2 when no run started (a bad
-config, a master that refused it or could not be reached: one line that says what is wrong).
-Every process it started is ended, also on Ctrl-C; a run on another master that it started is
-stopped then (POST /stop).
+1 when it finished unsolved, hit the time cap, lost its master or was interrupted, 2 when no run
+started (a bad config, a master that refused it or could not be reached, nothing to follow: one
+line that says what is wrong). Every process it started is ended, also on Ctrl-C; a run on
+another master that it started is stopped then (POST /stop).
 """
 
 from __future__ import annotations
@@ -35,12 +41,12 @@ import httpx
 from pydantic import ValidationError
 
 from a3c_http.algos.registry import train_config
-from a3c_http.cli.progress import follow, start_run
+from a3c_http.cli.progress import RECONNECT_S, Stopped, follow, start_run
+from a3c_http.cli.remote import on_master
 from a3c_http.config import files as configfile
 from a3c_http.config.ending import how_it_ends
-from a3c_http.config.workerlist import WorkerListError, normalize_url, read_workers_file
+from a3c_http.config.workerlist import WorkerListError, read_workers_file
 from a3c_http.local.cluster import LocalCluster
-from a3c_http.net import tls
 from a3c_http.server.edge import is_loopback
 from a3c_http.server.service import describe_error
 
@@ -48,10 +54,6 @@ from a3c_http.server.service import describe_error
 DEFAULT_WORKERS = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
 # The time cap of a run on this host, the quickstart's (CartPole-v1 solves in 7 to 12 s).
 LOCAL_TIME_CAP_S = 840.0
-
-
-class Stopped(Exception):
-    pass
 
 
 def _on_signal(signum, frame):  # noqa: ANN001
@@ -91,6 +93,19 @@ def parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="start the run on this running master (token: A3C_TOKEN) instead of starting a "
         "master and workers here",
+    )
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="with --master: start nothing, follow the run the master runs now (started "
+        "elsewhere, or resumed) until it ends; Ctrl-C leaves it running",
+    )
+    p.add_argument(
+        "--reconnect-s",
+        type=float,
+        default=RECONNECT_S,
+        help=f"with --master: how long to wait for a master that cannot be reached (killed, "
+        f"restarted) before giving the run up (default {RECONNECT_S:.0f})",
     )
     p.add_argument(
         "--time-cap",
@@ -158,9 +173,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     before = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    if args.follow and (not args.master or body or args.time_cap is not None):
+        why = (
+            "needs --master URL" if not args.master
+            else "takes no --config, --env or --time-cap"
+        )  # fmt: skip
+        print(f"error: --follow {why}: it follows the run a master runs", file=sys.stderr)
+        return 2
     try:
         if args.master:
-            return on_master(args.master, body, args.time_cap, args.every)
+            return on_master(
+                args.master, None if args.follow else body, args.time_cap, args.every,
+                reconnect_s=args.reconnect_s,
+            )  # fmt: skip
         time_cap = LOCAL_TIME_CAP_S if args.time_cap is None else args.time_cap
         return on_this_host(args, body, time_cap)
     finally:
@@ -225,7 +250,10 @@ def on_this_host(args: argparse.Namespace, body: dict[str, Any], time_cap: float
         if data is None:
             return 2  # the reason is printed; `finally` ends the processes
         print(f"run folder {args.run_dir}")
-        status = follow(cluster.http, cluster.master.url, data["run_id"], time_cap, args.every)
+        # The master is this command's: one that died does not come back.
+        status = follow(
+            cluster.http, cluster.master.url, data["run_id"], time_cap, args.every, reconnect_s=0
+        )
         solved = bool(status["solved"])
     except Stopped as exc:
         print(f"\n{exc}: stopping every process this command started")
@@ -276,62 +304,3 @@ def _shown(path: Path) -> str:
     with contextlib.suppress(ValueError):
         return str(path.relative_to(Path.cwd()))
     return str(path)
-
-
-def on_master(
-    url: str,
-    body: dict[str, Any],
-    time_cap: float | None,
-    every: float,
-    transport: httpx.BaseTransport | None = None,
-) -> int:
-    """A run on the running master at `url`, followed until it finishes (`transport`: how to
-    reach it, if not over the network)."""
-    try:
-        served = tls.current()
-        served.require_https(url, "--master")
-    except tls.TLSError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        url = normalize_url(url, default_port=True) if "://" in url else ""
-    except WorkerListError:
-        url = ""
-    if not url:
-        print("error: --master: expected a URL such as http://10.0.0.10:33333", file=sys.stderr)
-        return 2
-    token = os.environ.get("A3C_TOKEN") or None
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    verify = served.client_context()  # A3C_TLS_CA, and this host's certificate under mutual TLS
-    with httpx.Client(
-        headers=headers, timeout=30, trust_env=False, transport=transport, verify=verify
-    ) as http:
-        return follow_on_master(http, url, body, time_cap, every)
-
-
-def follow_on_master(
-    http: httpx.Client, url: str, body: dict[str, Any], time_cap: float | None, every: float
-) -> int:
-    """Start a run of `body` on the master at `url` through `http` and follow it: the exit code.
-    A run already running there is left alone (exit 2); the run this started is stopped when
-    this is interrupted."""
-    data = None
-    status: dict[str, Any] = {}
-    try:
-        data = start_run(http, url, body, replace_running=False)
-        if data is None:
-            return 2
-        status = follow(http, url, data["run_id"], time_cap, every)
-    except Stopped as exc:
-        print(f"\n{exc}: stopping the run" if data else f"\n{exc}")
-    except httpx.HTTPError as exc:
-        print(f"error: {url}: {exc}", file=sys.stderr)
-    finally:
-        if data is not None and not status:
-            with contextlib.suppress(httpx.HTTPError):
-                http.post(f"{url}/stop", json={}, timeout=10)
-    if data is None:
-        return 2
-    solved = bool(status.get("solved"))
-    print("SOLVED" if solved else "not solved")
-    return 0 if solved else 1

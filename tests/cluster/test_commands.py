@@ -21,7 +21,7 @@ import pytest
 import setuptools
 from fastapi.testclient import TestClient
 
-from a3c_http.cli import plot, servers, train
+from a3c_http.cli import plot, remote, servers, train
 from a3c_http.config.workerlist import WorkerListError
 from a3c_http.local.cluster import free_port, wait_for
 from tests.support.master_api import _clean_env as _clean_env
@@ -117,7 +117,7 @@ class StandInMaster:
             return httpx.Response(200, json=a_status("idle", None))
         self.reads += 1
         if self.reads == self.interrupt_at:
-            raise train.Stopped("SIGINT")
+            raise remote.Stopped("SIGINT")
         if self.reads <= self.polls:
             return httpx.Response(200, json=a_status("running", "r1"))
         return httpx.Response(200, json=a_status("finished", "r1", **self.end))
@@ -128,7 +128,7 @@ class StandInMaster:
 
 def on_stand_in(master: StandInMaster, body: dict[str, Any] | None = None, **kw: Any) -> int:
     options = {"time_cap": None, "every": 0.0, **kw}
-    return train.on_master(
+    return remote.on_master(
         "http://m:33333", body or {}, transport=httpx.MockTransport(master), **options
     )
 
@@ -183,7 +183,7 @@ def test_master_mode_leaves_a_running_run_alone_and_exits_2_when_nothing_started
     def down(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("Connection refused", request=request)
 
-    assert train.on_master("http://m:33333", {}, None, 0.0, httpx.MockTransport(down)) == 2
+    assert remote.on_master("http://m:33333", {}, None, 0.0, httpx.MockTransport(down)) == 2
     assert capsys.readouterr().err.startswith("error: http://m:33333: Connection refused")
     assert train.main(["--master", "m:33333"]) == 2
     assert "expected a URL such as http://10.0.0.10:33333" in capsys.readouterr().err
@@ -201,7 +201,7 @@ def test_a_runs_saved_config_json_starts_the_same_run_on_a_master(
     assert json.loads(saved.read_text())["run_id"] == first
 
     body = train.run_config([str(saved)], env=None)
-    assert train.follow_on_master(client, "http://testserver", body, 0.0, 0.0) == 1  # capped
+    assert remote.follow_on_master(client, "http://testserver", body, 0.0, 0.0) == 1  # capped
     second = json.loads(saved.read_text())
     assert second["run_id"] != first
     assert launched[1]["config"] == launched[0]["config"]
