@@ -4,6 +4,7 @@ stop button stops the run. Skipped, with the reason, where no Chromium is instal
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,14 @@ def test_the_dashboard_draws_the_run_lists_every_worker_and_stops_it(
                            20, "the workers table")
         assert set(listed) == worker_ids
         assert page.js("document.querySelector('#state').textContent") == "running"
+        # The curve names the run's algorithm; a time of the status reads as a date, not as
+        # seconds since the epoch.
+        assert page.js("document.querySelector('#env-id').textContent") == "CartPole-v1 · a3c"
+        saved = page.wait(
+            """[...document.querySelectorAll('#run tr')].filter(
+                 r => r.cells[0].textContent === 'last_saved_at' && r.cells[1].textContent !== '–'
+               ).map(r => r.cells[1].textContent)[0]""", 20, "a save")
+        assert not saved.replace(".", "").isdigit() and str(time.localtime().tm_year) in saved
 
         # A reload does not ask again; the token is in neither the URL nor the master's log.
         page.send("Page.reload")

@@ -77,7 +77,17 @@
 
   // -- drawing ----------------------------------------------------------------------------------
 
-  const number = (v, digits = 1) => (v == null ? "–" : Number(v).toLocaleString(undefined, { maximumFractionDigits: digits }));
+  // A figure with the decimals its size needs: 1.38 stays 1.38 (a target of 1.4 would be
+  // another target), 17.25 reads 17.3, 475 reads 475; `digits` fixes them (0: counts).
+  function number(v, digits) {
+    if (v == null) return "–";
+    const size = Math.abs(Number(v));
+    const places = digits ?? (size >= 100 ? 0 : size >= 10 ? 1 : 2);
+    return Number(v).toLocaleString(undefined, { maximumFractionDigits: places });
+  }
+
+  // Seconds since the epoch (the status's `*_at` fields) as this browser's date and time.
+  const moment = (seconds) => new Date(seconds * 1000).toLocaleString();
 
   function duration(seconds) {
     if (seconds == null) return "–";
@@ -109,7 +119,7 @@
     $("#state").textContent = status.state;
     $("#state").className = `badge ${status.state}`;
     $("#run-id").textContent = status.run_id ? `run ${status.run_id}` : "no run yet";
-    $("#env-id").textContent = status.env_id || "";
+    $("#env-id").textContent = [status.env_id, config.algo].filter(Boolean).join(" · ");
     const evaluation = status.eval_mean_return == null ? (status.eval_error ? "failed" : "none yet")
       : `${number(status.eval_mean_return)} ± ${number(status.eval_std_return)}`;
     const figures = {
@@ -150,7 +160,7 @@
     const waiting = status.waiting_workers || [];
     $("#waiting").textContent = waiting.length ? `Waiting for a run: ${waiting.join(", ")}` : "";
     $("#waiting").hidden = !waiting.length;
-    keyValues($("#run"), scalars.map(([k, v]) => [k, v === null ? "–" : v]));
+    keyValues($("#run"), scalars.map(([k, v]) => [k, v === null ? "–" : k.endsWith("_at") ? moment(v) : v]));
     keyValues($("#config"), Object.entries(config));
     $("#stop").disabled = status.state !== "running";
     A3CChart.draw($("#curve"), { x: run.x, y: run.y, mean: run.mean, target: config.target_return, evals: run.evals });
