@@ -20,6 +20,7 @@ computes the values itself, so a worker sends the observation after its last ste
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -49,6 +50,7 @@ class ExperienceAlgorithm(Algorithm):
     version old."""
 
     sends = Sends.EXPERIENCE
+    bootstraps_on_worker = False  # the learner values the rollout with its own weights
     learner: ClassVar[type[Learner]]
     # The per-step tensors of its own its workers send beside STEP_TENSORS (a Rollout's
     # attribute, or an entry of its `extras`), each one its learner reads: the behaviour
@@ -232,6 +234,13 @@ class Learner:
         self.device = device
         self.net = FlatNetwork(model.to(device), config, optimizer_state, self.adam_eps)
         self.model = self.net.model
+        # Backpropagation writes the gradients into one vector (each parameter's .grad a view of
+        # its region, in the layout's order), which the flat optimizer steps as it is.
+        self._grads = torch.zeros(self.net.layout.numel, device=device)
+        offset = 0
+        for p in self.model.parameters():
+            p.grad = self._grads[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
         self.updates = 0
         self.nonfinite_steps = 0  # optimizer steps undone (NonFiniteStep)
         self._statistics = self.net.layout.numel > self.net.layout.n_params
@@ -275,22 +284,19 @@ class Learner:
         """Backpropagate `loss`, clip the gradients to max_grad_norm and take one optimizer step
         on the flat network (undone, and counted, if it would leave a value non-finite).
         Returns the gradients' norm before clipping."""
-        self.model.zero_grad(set_to_none=True)
-        loss.backward()
-        params = [p for _, p in self.model.named_parameters()]
-        norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
-        vector = torch.zeros(self.net.layout.numel, device=self.device)
-        offset = 0
-        for p in params:  # the layout's parameter region is named_parameters in order
-            n = p.numel()
-            if p.grad is not None:
-                vector[offset : offset + n] = p.grad.reshape(-1)
-            offset += n
+        self._grads.zero_()
+        loss.backward()  # into the parameters' .grad: views of `_grads`
+        grads, limit = self.net.gradient(self._grads), self.config.max_grad_norm
+        norm = float(torch.linalg.vector_norm(grads))
+        if not norm <= limit:  # clip_grad_norm_'s scaling (a non-finite norm spoils the step)
+            grads.mul_(limit / (norm + 1e-6))
+        # A norm that is not finite leaves the step to be checked after it, and undone.
+        checked = min(norm, limit) if math.isfinite(norm) else None
         try:
-            self.net.step([vector], 1.0, min(float(norm), self.config.max_grad_norm))
+            self.net.step([self._grads], 1.0, checked)
         except NonFiniteStep:
             self.nonfinite_steps += 1
-        return float(norm)
+        return norm
 
     def weights(self) -> torch.Tensor:
         """The weights and statistics to publish: a float32 vector on the CPU."""
