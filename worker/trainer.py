@@ -138,7 +138,9 @@ class Trainer:
                 self._rollout_started = time.monotonic()
                 # The algorithm's acting policy: the model, its widened Gaussian, or a value-based
                 # worker's epsilon-greedy Q-network.
-                rollout = collector.collect(algorithm.policy, cfg.t_max, self.version)
+                rollout = collector.collect(
+                    algorithm.policy, cfg.t_max, self.version, algorithm.bootstraps_on_worker
+                )
                 self.progress.time_rollout_s += time.monotonic() - self._rollout_started
                 self.progress.env_steps += rollout.num_steps
                 algorithm.on_rollout(self, rollout)

@@ -33,7 +33,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import torch
 from torch import nn
@@ -132,11 +132,21 @@ class Algorithm:
     """One algorithm of the cluster. Subclasses set `name` (the config's `algo` that selects
     it; its section, a3c_http/algos/<algo>/config.py, names the class) and `sends`, and
     implement `on_rollout`; the rest has the plain gradient-pushing defaults. What the cluster's
-    shared code needs to know of an algorithm it asks the class (`model`, `sends`,
+    shared code needs to know of an algorithm it asks the class (`model`, `sends`, `plays`,
     `target_network`, `target_refresh_every`, `epsilon_of`), never its name."""
 
     name: ClassVar[str]
     sends: ClassVar[Sends]
+    # How the run's policy is played wherever it is judged and used: the master's evaluations,
+    # a3c-evaluate, a3c-export and load_policy. "sample": as it samples (an actor-critic's
+    # stochastic policy, what its training episodes played), each draw from seeded noise, so
+    # that an evaluation and an exported file given the same noise play alike; "greedy": the
+    # most likely action (a Q-network's highest value), judged on evaluations (`solved_on`).
+    plays: ClassVar[Literal["sample", "greedy"]] = "sample"
+    # Whether a worker's rollout carries the value after its last step (`Rollout.last_value`,
+    # A3C's bootstrap); False where a learner values the rollout itself, so that the worker
+    # spares that forward pass (a sixth of an IMPALA MinAtar worker's).
+    bootstraps_on_worker: ClassVar[bool] = True
     # Whether the master keeps a target network of the run beside its weights (saved and
     # served with them: the value-based algorithms').
     target_network: ClassVar[bool] = False

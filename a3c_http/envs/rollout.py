@@ -49,7 +49,9 @@ class Rollout:
     terminated: torch.Tensor  # [T, N] bool (with life_loss, also where a life was lost)
     truncated: torch.Tensor  # [T, N] bool
     valid: torch.Tensor  # [T, N] bool: False on autoreset steps
-    last_value: torch.Tensor  # [N], V of the observation after the last step
+    # [N], V of the observation after the last step; None where the collector was told its
+    # algorithm does not bootstrap on the worker (a learner values the rollout itself).
+    last_value: torch.Tensor | None
     # Where an observation begins an episode ([T, N] bool), and the recurrent state the rollout
     # began with (() for a feed-forward policy): the loss unrolls the policy again from it.
     starts: torch.Tensor
@@ -158,8 +160,11 @@ class RolloutCollector:
             life_loss=config.life_loss,
         )
 
-    def collect(self, model: ActorCritic, t_max: int, policy_version: int = 0) -> Rollout:
-        """`t_max` steps of every environment with `model` (the weights of `policy_version`)."""
+    def collect(
+        self, model: ActorCritic, t_max: int, policy_version: int = 0, bootstrap: bool = True
+    ) -> Rollout:
+        """`t_max` steps of every environment with `model` (the weights of `policy_version`);
+        `bootstrap`: with the value of the observation after the last step (`last_value`)."""
         obs_buf, act_buf, rew_buf, val_buf, dists = [], [], [], [], []
         term_buf, trunc_buf, valid_buf, disc_buf, start_buf = [], [], [], [], []
         episodes: list[Episode] = []
@@ -210,8 +215,10 @@ class RolloutCollector:
             self._autoreset = ended
             self._obs = next_obs
         last_obs, last_start = obs_tensor(self._obs), torch.as_tensor(self._fresh)
-        with torch.no_grad():
-            _, last_value, _ = model.act(last_obs, self._state, last_start)
+        last_value = None
+        if bootstrap:
+            with torch.no_grad():
+                _, last_value, _ = model.act(last_obs, self._state, last_start)
         obs, valid = torch.stack(obs_buf), torch.stack(valid_buf)
         statistics: dict[str, torch.Tensor] = {}
         if hasattr(model, "obs_rms"):
