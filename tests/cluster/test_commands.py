@@ -34,10 +34,11 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 SCRIPTS = PYPROJECT["project"]["scripts"]
 COMMANDS = [
     "a3c-master", "a3c-worker", "a3c-train", "a3c-evaluate", "a3c-plot", "a3c-export", "a3c-certs",
+    "a3c-hosts",
 ]  # fmt: skip
 
 
-def test_the_package_declares_the_seven_commands_in_packages_it_ships() -> None:
+def test_the_package_declares_the_eight_commands_in_packages_it_ships() -> None:
     assert sorted(SCRIPTS) == sorted(COMMANDS)
     find = PYPROJECT["tool"]["setuptools"]["packages"]["find"]
     packages = setuptools.find_packages(str(ROOT), include=find["include"])
