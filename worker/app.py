@@ -17,8 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from a3c_http import tuning
 from a3c_http.algos.a3c.config import A3CConfig
+from a3c_http.algos.base import Sends
 from a3c_http.algos.exploration import Exploration
-from a3c_http.algos.registry import AnyTrainConfig
+from a3c_http.algos.registry import AnyTrainConfig, algorithm_class
 from a3c_http.config.settings import WorkerSettings
 from a3c_http.net.client import A3CError, MasterClient, MasterUnavailable
 from a3c_http.net.tls import TLSError
@@ -100,6 +101,7 @@ class WorkerService:
             self._stop = threading.Event()
             events = logs.Events(logging.getLogger("a3c.worker"), body.run_id, body.worker_id)
             settings, cfg = self.settings, body.config
+            gradients = algorithm_class(cfg).sends is Sends.GRADIENTS
             push_process = {
                 "log_level": settings.log_level,
                 "log_format": settings.log_format,
@@ -113,7 +115,10 @@ class WorkerService:
                 stop=self._stop,
                 events=events,
                 push_threads=min(cfg.max_in_flight, cfg.max_staleness),
-                push_process=push_process if settings.push_process else None,
+                # Gradient pushes, many in flight between a training thread's backward passes,
+                # go from the push process; a rollout (one in flight) costs a thread less than a
+                # pipe to a process (docs/performance.md, "A worker's own cost").
+                push_process=push_process if settings.push_process and gradients else None,
                 max_reply_bytes=settings.max_body_bytes,
                 proxy_from_env=settings.proxy_from_env,
                 push_url=body.push_url,

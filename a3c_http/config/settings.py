@@ -172,5 +172,6 @@ class WorkerSettings(FromEnv):
     push_process: bool = Field(
         True,
         description="true: gradient pushes go from a child process of the worker "
-        "(a3c_http/net/push_process.py); false: from threads of the worker's own process.",
+        "(a3c_http/net/push_process.py); false: from threads of the worker's own process. "
+        "Rollouts (algo ppo, impala, apex: one push in flight) go from a thread either way.",
     )
