@@ -6,7 +6,8 @@
 network and applied inside it, as on the workers and in the project's evaluation. A recurrent
 policy (config `core: "lstm"`) carries its state through the caller: `initial_state()` before an
 episode, then the state `act` returns. A3C, PPO and IMPALA runs act with their actor-critic,
-DQN and Ape-X runs with their Q-network (the action of highest Q-value).
+DQN and Ape-X runs with their Q-network (the action of highest Q-value); each plays as its run's
+algorithm plays it (`Policy.plays`), unless `act` is told otherwise.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 from pydantic import ValidationError
 
+from a3c_http.algos.registry import algorithm_class
 from a3c_http.api.errors import TrainError
 from a3c_http.config.files import RunFolderError, read_run, saved_config
 from a3c_http.config.training import TrainConfig
@@ -54,6 +56,7 @@ class Policy:
         finally:
             env.close()
         self.recurrent = bool(getattr(self.model, "recurrent", False))
+        self.plays = algorithm_class(config).plays  # "sample" or "greedy"
 
     @property
     def env_id(self) -> str:
@@ -74,14 +77,25 @@ class Policy:
 
     @torch.no_grad()
     def act(
-        self, obs: Any, state: State | None = None, deterministic: bool = True
+        self,
+        obs: Any,
+        state: State | None = None,
+        deterministic: bool | None = None,
+        noise: Any = None,
     ) -> tuple[Any, State]:
         """The action for one observation (as the environment returns it) or a batch of them
         (a leading dimension), and the state after it. `state`: what the last call returned, or
-        None at an episode's start (the initial state). `deterministic`: the action of the
-        project's evaluation (the most likely one, the Gaussian's mean, the highest Q-value);
-        else one drawn from the policy. The action fits the action space: an int (a numpy array
-        of them for a batch) for Discrete, an array clipped to the Box for Box."""
+        None at an episode's start (the initial state). `deterministic`: True, the most likely
+        action (the Gaussian's mean, the highest Q-value); False, one drawn from the policy;
+        None, as the run's algorithm plays its policy (`plays`: an actor-critic's drawn, a
+        Q-network's greedy), the policy its run was judged on. `noise`: what draws a drawn action
+        (`ActorCritic.drawn`, as an exported file takes it: one uniform number in [0, 1) per
+        observation for a discrete action, standard normals per action dimension for a Box), so
+        that the evaluation's noise (a3c_http/policy/evaluation.py `episode_noise`) plays its
+        episodes; None: a fresh draw. The action fits the action space: an int (a numpy array of
+        them for a batch) for Discrete, an array clipped to the Box for Box."""
+        if deterministic is None:
+            deterministic = self.plays == "greedy"
         array = np.asarray(obs)
         shape = tuple(self.observation_space.shape or ())
         single = array.shape == shape
@@ -94,7 +108,13 @@ class Policy:
         if state is None:
             state = self.initial_state(batch.shape[0])
         dist, _, state = self.model.act(batch, state)
-        actions = self.model.greedy(dist) if deterministic else dist.sample()
+        if deterministic:
+            actions = self.model.greedy(dist)
+        elif noise is None:
+            actions = dist.sample()
+        else:
+            draws = torch.as_tensor(np.asarray(noise, dtype=np.float32))
+            actions = self.model.drawn(dist, draws[None] if single else draws)
         fitted = self._fit(actions.numpy())
         if not single:
             return fitted, state
@@ -108,9 +128,9 @@ class Policy:
         return actions.astype(np.int64)
 
     def play(self, episodes: int = 1, seed: int | None = None, **options: Any) -> list[float]:
-        """The returns of `episodes` episodes on `make_env(**options)` with the deterministic
-        action, the first reset with `seed`: the loop a user writes, for a quick look (render
-        with `render_mode="human"` where the environment can)."""
+        """The returns of `episodes` episodes on `make_env(**options)`, the policy played as its
+        run plays it (`act`), the first reset with `seed`: the loop a user writes, for a quick
+        look (render with `render_mode="human"` where the environment can)."""
         env = self.make_env(**options)
         returns = []
         try:
@@ -129,7 +149,8 @@ class Policy:
 
     def evaluate(self, episodes: int = 10) -> EvalResult:
         """The project's evaluation of these weights (what the master's evaluations and
-        a3c-evaluate report): `episodes` deterministic episodes, seeded from the run's seed."""
+        a3c-evaluate report): `episodes` episodes played as the run plays its policy, seeded
+        from the run's seed (a3c_http/policy/evaluation.py)."""
         try:
             return evaluate(self.config, self._weights, episodes)
         except MissingDependency as exc:

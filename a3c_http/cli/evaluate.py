@@ -1,9 +1,11 @@
 """`a3c-evaluate RUN_DIR [--episodes N] [--video DIR]`: play a run's global weights.
 
 Loads the run folder's weights (with the running statistics of a normalising model, which travel in
-them) and its config, plays N episodes with the deterministic action (a3c_http/policy/evaluation.py:
-the most likely action, or the Gaussian's mean), prints a table, and as its last line one JSON
-object: mean_return, std_return, mean_length, episodes, env_id, model_version, run_id, returns.
+them) and its config, plays N episodes as the run's algorithm plays its policy, the policy the run
+was judged on (a3c_http/policy/evaluation.py: an actor-critic as it samples, from seeded noise; a
+Q-network greedily), prints a table, and as its last line one JSON object: mean_return,
+std_return, mean_length, episodes, env_id, played ("sample" or "greedy"), model_version, run_id,
+returns.
 `--video DIR` records every episode with gymnasium's RecordVideo (needs moviepy, and pygame to
 draw the classic-control tasks: the `video` extra).
 """
@@ -20,6 +22,7 @@ import gymnasium as gym
 import torch
 from gymnasium.error import DependencyNotInstalled
 
+from a3c_http.algos.registry import algorithm_class
 from a3c_http.config.files import RunFolderError, read_run
 from a3c_http.envs.make import MissingDependency, env_for
 from a3c_http.policy.evaluation import evaluate
@@ -82,8 +85,11 @@ def play(argv: list[str] | None = None) -> dict:
     print(f"{'episode':>8}  {'return':>10}")
     for i, ret in enumerate(result.returns):
         print(f"{i:>8}  {ret:>10.2f}")
+    plays = algorithm_class(config).plays
+    played = "as the policy samples (seeded noise)" if plays == "sample" else "greedily"
     print(f"mean {result.mean_return:.2f} +- {result.std_return:.2f} over {result.episodes} "
-          f"episodes of {config.env_id} (mean length {result.mean_length:.1f})")
+          f"episodes of {config.env_id} played {played}, as its run was judged "
+          f"(mean length {result.mean_length:.1f})")
     if args.video is not None:
         print(f"videos: {args.video}")
     summary = {
@@ -92,6 +98,7 @@ def play(argv: list[str] | None = None) -> dict:
         "mean_length": result.mean_length,
         "episodes": result.episodes,
         "env_id": config.env_id,
+        "played": plays,
         "model_version": snap.state.get("model_version"),
         "run_id": snap.state.get("run_id"),
         "returns": list(result.returns),

@@ -281,10 +281,11 @@ class TrainConfig(BaseModel):
     eval_every_updates: int | None = Field(
         None,
         ge=1,
-        description="Play the global weights deterministically on the master's own environment "
-        "copies whenever the model version has advanced by at least this many since the last "
-        "evaluation started, and once more for the final weights when the run finishes; unset: no "
-        "evaluation.",
+        description="Play the global weights as the run's algorithm plays its policy (an "
+        "actor-critic as it samples, from noise seeded per episode; a Q-network greedily) on the "
+        "master's own environment copies whenever the model version has advanced by at least "
+        "this many since the last evaluation started, and once more for the final weights when "
+        "the run finishes; unset: no evaluation.",
     )
     eval_episodes: int = Field(
         10, ge=1, le=1000, description="Episodes each evaluation plays (their mean is reported)."
@@ -293,7 +294,9 @@ class TrainConfig(BaseModel):
         "train",
         description="What target_return is judged on: train, the mean return of the last 100 "
         "training episodes; eval, the mean return of the latest evaluation (needs "
-        "eval_every_updates).",
+        "eval_every_updates). Default: train for an actor-critic, whose training episodes sample "
+        "the policy as a3c-evaluate plays it; eval for dqn and apex, whose Q-network "
+        "a3c-evaluate plays greedily.",
     )
 
     # Refusing outlier updates (Gorila) and the rounds of algo a2c.
@@ -366,25 +369,18 @@ class TrainConfig(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _images_are_scaled(self) -> TrainConfig:
+    def _fields_agree(self) -> TrainConfig:
+        """Fields that must agree with each other; the message says what to change."""
         if self.normalize_obs and self.encoder != "mlp":
             raise ValueError(
                 f"normalize_obs with encoder {self.encoder!r}: the CNN encoders scale image "
                 "observations to [0, 1] instead of normalising them; leave normalize_obs false"
             )
-        return self
-
-    @model_validator(mode="after")
-    def _heartbeat_fits(self) -> TrainConfig:
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
             raise ValueError(
                 "heartbeat_timeout_s must be larger than heartbeat_interval_s, "
                 "or every worker would be marked lost between two heartbeats"
             )
-        return self
-
-    @model_validator(mode="after")
-    def _evaluated_when_judged_on_it(self) -> TrainConfig:
         if self.solved_on == "eval" and self.eval_every_updates is None:
             raise ValueError(
                 "solved_on='eval' needs eval_every_updates: without evaluations there is no "

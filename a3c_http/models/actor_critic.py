@@ -202,8 +202,19 @@ class ActorCritic(nn.Module):
 
     @staticmethod
     def greedy(dist: Distribution) -> torch.Tensor:
-        """The deterministic action of evaluation: the most likely one, or the Gaussian's mean."""
+        """The deterministic action: the most likely one, or the Gaussian's mean."""
         return dist.probs.argmax(-1) if isinstance(dist, Categorical) else dist.mean
+
+    @staticmethod
+    def drawn(dist: Distribution, noise: torch.Tensor) -> torch.Tensor:
+        """An action drawn from `dist` by `noise`, so that the same noise draws the same action
+        wherever it is drawn (evaluation, an exported file): for a Categorical, `noise` `[B]`
+        uniform in [0, 1) picks the first action whose cumulative probability passes it; for a
+        Gaussian, `noise` `[B, action dims]` standard normal is scaled by its std about its mean."""
+        if isinstance(dist, Categorical):
+            below = (dist.probs.cumsum(-1) <= noise.unsqueeze(-1)).sum(-1)
+            return below.clamp(max=dist.probs.shape[-1] - 1)
+        return dist.mean + dist.stddev * noise
 
 
 def build_model(

@@ -1,10 +1,14 @@
-"""Evaluation: play a set of weights deterministically and report the mean return.
+"""Evaluation: play a set of weights as the run's algorithm plays its policy, and report the mean
+return.
 
 The master evaluates its global weights while the run trains (master/background/evaluator.py runs
-`serve` in a child process of its own); scripts can call `evaluate` on a saved
-`weights.safetensors`. The policy acts greedily (`ActorCritic.greedy`: the most likely discrete
-action, the Gaussian's mean clipped to the Box), and episode `i` of an evaluation is always reset
-with the same seed, derived from the run's seed, so two evaluations differ only by their weights.
+`serve` in a child process of its own); a3c-evaluate, load_policy's `evaluate` and scripts call
+`evaluate` on a saved `weights.safetensors`. The policy acts as its algorithm `plays` it
+(a3c_http/algos/base.py): an actor-critic's as it samples (`ActorCritic.drawn`, the Gaussian's
+draw clipped to the Box), a Q-network's greedily. Episode `i` of an evaluation is always reset
+with the same seed, derived from the run's seed, and its draws come from noise seeded alike
+(`episode_noise`), so two evaluations differ only by their weights, and an exported policy given
+the same noise plays the same episodes (a3c_http/policy/export.py).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from a3c_http.algos.registry import model_for
+from a3c_http.algos.registry import algorithm_class, model_for
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.make import env_for
 from a3c_http.envs.rollout import obs_tensor
@@ -50,6 +54,19 @@ def eval_seed(run_seed: int, episode: int) -> int:
     return (run_seed + EVAL_SEED_OFFSET + episode) % 2**31
 
 
+def episode_noise(run_seed: int, episode: int) -> np.random.Generator:
+    """The noise that draws the actions of one evaluation episode (`ActorCritic.drawn`): one
+    uniform number a step for a discrete action, one standard normal a dimension for a Box."""
+    return np.random.default_rng([eval_seed(run_seed, episode), 1])
+
+
+def step_noise(rng: np.random.Generator, space: gym.Space) -> np.ndarray:
+    """One step's noise from `rng` for an action of `space` (`episode_noise`)."""
+    if isinstance(space, gym.spaces.Box):
+        return rng.standard_normal(int(np.prod(space.shape)), dtype=np.float32)
+    return np.float32(rng.random())
+
+
 def load_model(config: TrainConfig, weights: bytes) -> ActorCritic:
     """The network of `config` with its whole state_dict (parameters and buffers) from a
     safetensors body, checked by `wire.decode`."""
@@ -65,7 +82,8 @@ def evaluate(
     make_env: Callable[[int], gym.Env] | None = None,
 ) -> EvalResult:
     """Play `episodes` (default: `config.eval_episodes`) episodes of `config.env_id` with the
-    greedy policy of `weights`, on fresh environments seeded from `config.seed`. `make_env(i)`:
+    policy of `weights` as the run's algorithm plays it, on fresh environments seeded from
+    `config.seed`. `make_env(i)`:
     the i-th environment (default the run's, a3c_http/envs/make.py `env_for`), e.g. one that records
     videos (scripts/evaluate.py)."""
     model = load_model(config, weights)
@@ -87,11 +105,14 @@ def play(
     episodes: int,
     make_env: Callable[[int], gym.Env] | None = None,
 ) -> tuple[list[float], list[int]]:
-    """The return and length of each of `episodes` greedy episodes, up to MAX_PARALLEL_ENVS at a
-    time in one batch. Episode `i` is reset with `eval_seed(seed, i)` whichever environment plays
-    it, and begins with a fresh recurrent state, so the result depends on the weights and the seed
-    only. Returns are the sums of the environment's own rewards (never clipped, over every life)."""
+    """The return and length of each of `episodes` episodes, played as the run's algorithm plays
+    its policy, up to MAX_PARALLEL_ENVS at a time in one batch. Episode `i` is reset with
+    `eval_seed(seed, i)` whichever environment plays it, draws its actions from
+    `episode_noise(seed, i)`, and begins with a fresh recurrent state, so the result depends on
+    the weights and the seed only. Returns are the sums of the environment's own rewards (never
+    clipped, over every life)."""
     seed = config.seed or 0
+    sampled = algorithm_class(config).plays == "sample"
     make_env = make_env or (lambda _: env_for(config))
     envs = [make_env(i) for i in range(min(episodes, MAX_PARALLEL_ENVS))]
     try:
@@ -101,18 +122,24 @@ def play(
         returns, lengths = [0.0] * episodes, [0] * episodes
         upcoming = iter(range(episodes))
         playing: dict[int, int] = {}  # environment -> the episode it plays
+        noise: dict[int, np.random.Generator] = {}  # environment -> its episode's noise
         obs: dict[int, np.ndarray] = {}
         state = model.initial_state(len(envs))  # one row per slot, zeroed where an episode starts
         starts = torch.ones(len(envs), dtype=torch.bool)
         for slot, env in enumerate(envs):
             playing[slot] = next(upcoming)
             obs[slot], _ = env.reset(seed=eval_seed(seed, playing[slot]))
+            noise[slot] = episode_noise(seed, playing[slot])
         while playing:
             # Every slot steps its network (a finished one on its last observation, ignored), so
             # that the rows of the state stay the slots'.
             batch = obs_tensor(np.stack([obs[s] for s in range(len(envs))]))
             dist, _, state = model.act(batch, state, starts)
-            actions = model.greedy(dist).numpy()
+            if sampled:  # a finished slot's draw is made too, and ignored
+                draws = np.stack([step_noise(noise[s], space) for s in range(len(envs))])
+                actions = model.drawn(dist, torch.from_numpy(draws)).numpy()
+            else:
+                actions = model.greedy(dist).numpy()
             starts.zero_()
             for slot in list(playing):
                 action = actions[slot]
@@ -129,6 +156,7 @@ def play(
                     else:
                         playing[slot] = following
                         obs[slot], _ = envs[slot].reset(seed=eval_seed(seed, following))
+                        noise[slot] = episode_noise(seed, following)
                         starts[slot] = True
         return returns, lengths
     finally:

@@ -2,18 +2,25 @@
 
 The file takes RAW observations, as the environment (with the wrappers of the run's config:
 `preprocess`, `frame_stack`) gives them, in their own dtype (float32, or uint8/bool images), and
-returns the greedy action of evaluation (a3c_http/policy/evaluation.py): the most likely discrete
-action as an int64 index, or the Gaussian's mean clipped to the action Box, float32. The observation
-statistics of a normalising run are folded in, so its user needs nothing of this project:
+returns the action as the run's algorithm plays its policy, as its evaluation does
+(a3c_http/policy/evaluation.py): a discrete action as an int64 index, a Box's float32, clipped to
+it. A policy played greedily (a Q-network's: the highest value) takes the observation alone; one
+played as it samples (an actor-critic's) takes the draw's noise beside it, `noise` `[B]` uniform
+in [0, 1) for a discrete action (the first action whose cumulative probability passes it) or
+`[B, action dims]` standard normal for a Box (scaling the Gaussian's std about its mean): random
+noise samples the policy, the noise of the project's evaluation (`OUT.json`'s `noise`) plays its
+very episodes, and 0.5 or zeros play near its most likely action. The observation statistics of
+a normalising run are folded in, so its user needs nothing of this project:
 
 - `torchscript`: `torch.jit.load(OUT)` in plain PyTorch;
 - `onnx`: any ONNX runtime (`onnxruntime.InferenceSession(OUT)`), inputs and outputs named as
   below, the batch axis dynamic. Writing it needs the `onnx` package (the `export` extra).
 
-Both take a batch: `obs` `[B, *observation shape]` -> `action` `[B]` (discrete) or
+Both take a batch: `obs` `[B, *observation shape]` (and `noise`) -> `action` `[B]` (discrete) or
 `[B, action dims]` (Box). A recurrent policy (config `core: "lstm"`) carries its memory through
-the caller: `(obs, h, c) -> (action, h, c)`, `h` and `c` float32 `[B, lstm_size]`, zeros before an
-episode's first step (the row of an environment whose episode begins is set to zeros again).
+the caller: `(obs[, noise], h, c) -> (action, h, c)`, `h` and `c` float32 `[B, lstm_size]`, zeros
+before an episode's first step (the row of an environment whose episode begins is set to zeros
+again).
 
 Beside OUT, `OUT.json` says what a user needs (the module `describe`): the environment, its
 wrappers, the observation's shape and dtype, the action space, the inputs and outputs, the
@@ -41,6 +48,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from a3c_http.algos.registry import algorithm_class
 from a3c_http.config.files import RunFolderError, read_run
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.make import MissingDependency, env_for
@@ -49,7 +57,7 @@ from a3c_http.policy.evaluation import EVAL_SEED_OFFSET, load_model
 from a3c_http.store.runstore import atomic_write
 from a3c_http.wire.tensors import WireError
 
-__all__ = ["FORMATS", "METADATA", "CannotExport", "GreedyPolicy", "describe", "export", "main"]
+__all__ = ["FORMATS", "METADATA", "CannotExport", "PlayedPolicy", "describe", "export", "main"]
 
 FORMATS = ("torchscript", "onnx")
 # The name of the description inside the file (TorchScript extra file, ONNX metadata key).
@@ -69,15 +77,23 @@ class CannotExport(Exception):
         self.exit_code = exit_code
 
 
-class GreedyPolicy(nn.Module):
-    """The acting part of an ActorCritic, as evaluation acts: raw observations in, the greedy
-    action out (`ActorCritic.greedy`, clipped to the Box as evaluation's `_fit` clips it), the
-    recurrent state in and out when there is one. Traced, so the file holds only the operations
-    of this one network (its encoder, normalisation and core), not the model's branches."""
+class PlayedPolicy(nn.Module):
+    """The acting part of a run's network, as evaluation acts: raw observations in (and, for a
+    policy played as it samples, the draw's noise: `ActorCritic.drawn`), the action out (greedy
+    or drawn, clipped to the Box as evaluation's `_fit` clips it), the recurrent state in and out
+    when there is one. Traced, so the file holds only the operations of this one network (its
+    encoder, normalisation and core), not the model's branches."""
 
-    def __init__(self, model: ActorCritic, observation_space: gym.Space, action_space: gym.Space):
+    def __init__(
+        self,
+        model: ActorCritic,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        sampled: bool = False,
+    ):
         super().__init__()
         self.model = model
+        self.sampled = sampled
         # As rollout.obs_tensor: float observations (float64 too) enter as float32, the others
         # (uint8, bool) as they are; the network casts and scales them itself.
         self.float_obs = bool(np.issubdtype(observation_space.dtype, np.floating))
@@ -86,11 +102,12 @@ class GreedyPolicy(nn.Module):
             self.register_buffer("low", torch.as_tensor(action_space.low, dtype=torch.float32))
             self.register_buffer("high", torch.as_tensor(action_space.high, dtype=torch.float32))
 
-    def forward(self, obs: torch.Tensor, *state: torch.Tensor) -> Any:
+    def forward(self, obs: torch.Tensor, *rest: torch.Tensor) -> Any:
         if self.float_obs:
             obs = obs.to(torch.float32)
+        noise, state = (rest[0], rest[1:]) if self.sampled else (None, rest)
         dist, _, state = self.model.act(obs, tuple(state))
-        action = self.model.greedy(dist)
+        action = self.model.greedy(dist) if noise is None else self.model.drawn(dist, noise)
         if self.box:  # np.clip(action, low, high), as evaluation does
             action = torch.minimum(torch.maximum(action, self.low), self.high)
         return (action, *state) if state else action
@@ -124,6 +141,9 @@ def describe(
         action = {"type": "discrete", "n": int(action_space.n), "dtype": "int64"}
     recurrent = model.recurrent
     floating = bool(np.issubdtype(obs_space.dtype, np.floating))
+    sampled = algorithm_class(config).plays == "sample"
+    noise = ["noise"] if sampled else []
+    box = isinstance(action_space, gym.spaces.Box)
     return {
         "format": fmt,
         "env_id": config.env_id,
@@ -136,7 +156,7 @@ def describe(
             "input_dtype": "float32" if floating else str(obs_space.dtype),
         },
         "action": action,
-        "inputs": ["obs", "h", "c"] if recurrent else ["obs"],
+        "inputs": ["obs", *noise, "h", "c"] if recurrent else ["obs", *noise],
         "outputs": ["action", "h_out", "c_out"] if recurrent else ["action"],
         "recurrent": (
             {"core": "lstm", "state_size": model.core.hidden_size, "dtype": "float32",
@@ -144,7 +164,25 @@ def describe(
              "begins"}
             if recurrent else None
         ),
-        "policy": "greedy: the most likely action, or the Gaussian's mean clipped to the Box",
+        "policy": (
+            "sampled: the action `noise` draws from the policy (`noise`)" if sampled
+            else "greedy: the most likely action, or the Gaussian's mean clipped to the Box"
+        ),
+        "noise": (
+            {
+                "shape": ["batch", int(np.prod(action_space.shape))] if box else ["batch"],
+                "dtype": "float32",
+                "draws": (
+                    "a Box's action: mean + std * noise, noise standard normal" if box
+                    else "the first action whose cumulative probability passes noise, uniform "
+                    "in [0, 1)"
+                ),
+                "evaluation": "episode i of the project's evaluation draws its steps' noise from "
+                "numpy.random.default_rng([eval seed of episode i, 1]) in turn: "
+                + ("standard_normal(action dims, dtype=float32)" if box else "random()"),
+            }
+            if sampled else None
+        ),
         "normalize_obs": config.normalize_obs,
         "eval_seeds": f"episode i of the project's evaluation is reset with seed "
         f"(seed + {EVAL_SEED_OFFSET} + i) % 2**31",
@@ -163,9 +201,10 @@ def export(run_dir: Path, out: Path, fmt: str = "torchscript") -> dict[str, Any]
     env = env_for(config)  # load_model made one already: its packages are there
     try:
         meta = describe(config, model, env, fmt, state)
-        policy = GreedyPolicy(model, env.observation_space, env.action_space).eval()
+        sampled = meta["noise"] is not None
+        policy = PlayedPolicy(model, env.observation_space, env.action_space, sampled).eval()
         policy.requires_grad_(False)  # or the file's actions would need .detach() before .numpy()
-        example = _example(model, env.observation_space)
+        example = _example(model, env.observation_space, meta["noise"])
     finally:
         env.close()
     text = json.dumps(meta, indent=2)
@@ -189,18 +228,21 @@ def sidecar(out: Path) -> Path:
     return out.with_name(out.name + ".json")
 
 
-def _example(model: ActorCritic, obs_space: gym.Space) -> tuple[torch.Tensor, ...]:
+def _example(
+    model: ActorCritic, obs_space: gym.Space, noise: dict[str, Any] | None
+) -> tuple[torch.Tensor, ...]:
     obs = torch.zeros((EXAMPLE_BATCH, *obs_space.shape), dtype=_torch_dtype(obs_space.dtype))
     if obs.is_floating_point():
         obs = obs.float()
-    return (obs, *model.initial_state(EXAMPLE_BATCH))
+    draws = () if noise is None else (torch.full((EXAMPLE_BATCH, *noise["shape"][1:]), 0.5),)
+    return (obs, *draws, *model.initial_state(EXAMPLE_BATCH))
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
 
 
-def _torchscript(policy: GreedyPolicy, example: tuple[torch.Tensor, ...], text: str) -> bytes:
+def _torchscript(policy: PlayedPolicy, example: tuple[torch.Tensor, ...], text: str) -> bytes:
     traced = torch.jit.trace(policy, example, check_trace=False)
     buffer = io.BytesIO()
     torch.jit.save(traced, buffer, _extra_files={METADATA + ".json": text})
@@ -208,7 +250,7 @@ def _torchscript(policy: GreedyPolicy, example: tuple[torch.Tensor, ...], text: 
 
 
 def _onnx(
-    policy: GreedyPolicy, example: tuple[torch.Tensor, ...], meta: dict[str, Any], text: str
+    policy: PlayedPolicy, example: tuple[torch.Tensor, ...], meta: dict[str, Any], text: str
 ) -> bytes:
     try:
         import onnx
@@ -240,7 +282,8 @@ def _onnx(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="a3c-export",
-        description="Write a run's greedy policy as one file that takes raw observations "
+        description="Write a run's policy, played as its evaluation plays it, as one file that "
+        "takes raw observations "
         "(TorchScript for plain PyTorch, or ONNX), and its description beside it (OUT.json).",
     )
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run folder (runs/latest)")

@@ -1,4 +1,4 @@
-"""Evaluation of the global network while it trains: the greedy episodes of
+"""Evaluation of the global network while it trains: the episodes of
 a3c_http/policy/evaluation.py, the master's evaluator (master/background/evaluator.py) with a
 stand-in for its child process, and once through the app with its real evaluation process: /status,
 the run folder, a restart."""
@@ -55,13 +55,16 @@ def test_envs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def weights_with_policy_bias(config: TrainConfig, bias: list[float]) -> bytes:
-    """Weights whose greedy action is known: every parameter zero but the policy head's bias, so
-    the logits (or the Gaussian's mean) are `bias` whatever the observation."""
+    """Weights whose played action is known: every parameter zero but the policy head's bias, so
+    the logits (or the Gaussian's mean) are `bias` whatever the observation, and a Gaussian's
+    log-std, so narrow that its draws are its mean."""
     model = model_for(config)
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.zero_()
         model.policy_head.bias.copy_(torch.tensor(bias))
+        if hasattr(model, "log_std"):
+            model.log_std.fill_(-20.0)
     return wire.encode(model.state_dict())
 
 
@@ -71,13 +74,14 @@ def weights_with_policy_bias(config: TrainConfig, bias: list[float]) -> bytes:
 @pytest.mark.parametrize(
     ("continuous", "bias", "expected"),
     [
-        (False, [0.0, 1.0], 5.0),  # the most likely action, 1, pays 1 at each of the 5 steps
-        (False, [1.0, 0.0], 0.0),
+        # the action drawn, 1 (all but certain), pays 1 at each of the 5 steps
+        (False, [-20.0, 20.0], 5.0),
+        (False, [20.0, -20.0], 0.0),
         (True, [3.0], 5.0),  # the mean 3.0 is clipped to the Box's 1.0 (3.0 would pay 15)
         (True, [-3.0], -5.0),
     ],
 )
-def test_the_greedy_action_earns_a_known_return(
+def test_the_played_action_earns_a_known_return(
     test_envs: None, continuous: bool, bias: list[float], expected: float
 ) -> None:
     config = train_config(
@@ -92,7 +96,7 @@ def test_an_episode_that_never_ends_is_cut(
 ) -> None:
     monkeypatch.setattr(evaluation, "MAX_EPISODE_STEPS", 7)
     config = train_config(env_id=PAYOUT, env_kwargs={"length": None}, seed=1, eval_episodes=2)
-    result = evaluate(config, weights_with_policy_bias(config, [0.0, 1.0]))
+    result = evaluate(config, weights_with_policy_bias(config, [-20.0, 20.0]))
     assert (result.mean_length, result.mean_return) == (7.0, 7.0)
 
 

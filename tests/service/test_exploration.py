@@ -100,9 +100,9 @@ def test_a_worker_acts_and_learns_with_the_same_widened_policy(
 
     collect, loss = RolloutCollector.collect, a3c_module.rollout_loss
 
-    def acting(self, policy, t_max, policy_version=0):
+    def acting(self, policy, t_max, *args):
         widths.setdefault("act", width(policy))
-        return collect(self, policy, t_max, policy_version)
+        return collect(self, policy, t_max, *args)
 
     def learning(policy, rollout, cfg):
         widths.setdefault("learn", width(policy))

@@ -23,7 +23,7 @@ from a3c_http.api.environments import EnvChoiceError, resolve
 from a3c_http.api.policy import Policy
 from a3c_http.envs import make as envs
 from a3c_http.policy import evaluation
-from a3c_http.policy.evaluation import eval_seed
+from a3c_http.policy.evaluation import episode_noise, eval_seed, step_noise
 from tests.support.run_folders import make_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,14 +162,17 @@ CASES = {
 
 def played(policy: Policy, episodes: int) -> list[float]:
     """The returns of a user's loop: raw observations in, the state carried, episode i reset
-    with the evaluation's seed of episode i."""
+    with the evaluation's seed of episode i and, for a policy played as it samples, drawn with
+    the evaluation's noise of episode i."""
     returns = []
     env = policy.make_env()
     for i in range(episodes):
         obs, _ = env.reset(seed=eval_seed(policy.config.seed, i))
+        rng = episode_noise(policy.config.seed, i)
         state, total, done, steps = None, 0.0, False, 0
         while not done and steps < 300:
-            action, state = policy.act(obs, state)
+            noise = step_noise(rng, env.action_space) if policy.plays == "sample" else None
+            action, state = policy.act(obs, state, noise=noise)
             assert policy.action_space.contains(action)
             obs, reward, terminated, truncated, _ = env.step(action)
             total, done, steps = total + float(reward), terminated or truncated, steps + 1
@@ -204,10 +207,10 @@ def test_the_recurrent_state_goes_in_and_out(tmp_path: Path) -> None:
     assert state[0].abs().sum() > 0
     # a batch acts as its rows one by one, each with its own state
     batch = np.stack([obs, obs * 0.5])
-    actions, states = policy.act(batch, policy.initial_state(2))
+    actions, states = policy.act(batch, policy.initial_state(2), deterministic=True)
     assert actions.shape == (2,)
     for row in range(2):
-        action, own = policy.act(batch[row])
+        action, own = policy.act(batch[row], deterministic=True)
         assert action == actions[row]
         assert torch.allclose(own[0][0], states[0][row], atol=1e-6)
     # memory: the same observation after another history acts from another state

@@ -20,7 +20,13 @@ from a3c_http.algos.registry import model_for, train_config
 from a3c_http.config.files import saved_config
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.make import env_for
-from a3c_http.policy.evaluation import MAX_EPISODE_STEPS, eval_seed, evaluate
+from a3c_http.policy.evaluation import (
+    MAX_EPISODE_STEPS,
+    episode_noise,
+    eval_seed,
+    evaluate,
+    step_noise,
+)
 from a3c_http.policy.export import METADATA, main, sidecar
 from a3c_http.store.runstore import RunStore, Snapshot
 from a3c_http.wire import tensors as wire
@@ -54,8 +60,10 @@ def project_returns(folder: Path, episodes: int) -> tuple[float, ...]:
 def play(step: Step, meta: dict[str, Any], config: TrainConfig, episodes: int) -> list[float]:
     """Episode i on its own environment, reset with the evaluation's seed of episode i, all
     stepped in one batch (a finished one on its last observation) as evaluation steps them, with
-    the state zeros at the start, as the description says."""
+    the state zeros at the start and, for a sampled policy, the noise of the evaluation's episode
+    i, as the description says."""
     envs = [env_for(config) for _ in range(episodes)]
+    noise = [episode_noise(config.seed, i) for i in range(episodes)] if meta["noise"] else None
     obs = np.stack([env.reset(seed=eval_seed(config.seed, i))[0] for i, env in enumerate(envs)])
     assert obs.dtype.name == meta["observation"]["dtype"]
     assert list(obs.shape[1:]) == meta["observation"]["shape"]
@@ -64,7 +72,9 @@ def play(step: Step, meta: dict[str, Any], config: TrainConfig, episodes: int) -
         state = [np.zeros((episodes, meta["recurrent"]["state_size"]), np.float32)] * 2
     returns, lengths, playing = [0.0] * episodes, [0] * episodes, set(range(episodes))
     while playing:
-        action, *state = step(obs, *state)
+        draws = [] if noise is None else [np.stack([step_noise(n, envs[0].action_space)
+                                                     for n in noise])]  # fmt: skip
+        action, *state = step(obs, *draws, *state)
         for i in sorted(playing):
             fit = int(action[i]) if meta["action"]["type"] == "discrete" else action[i]
             obs[i], reward, terminated, truncated, _ = envs[i].step(fit)
@@ -133,11 +143,12 @@ def test_the_observation_statistics_are_folded_in(tmp_path: Path, case: str) -> 
     meta = export(tmp_path / "run", tmp_path / "policy.pt", "torchscript")
     policy = torch.jit.load(str(tmp_path / "policy.pt"))
     obs = torch.randn(512, *meta["observation"]["shape"]) * 3
+    noise = torch.rand(512) if case == "cartpole" else torch.randn(512, 1)
     with torch.no_grad():
-        mine = policy(obs)
-        theirs = model.greedy(model.act(obs)[0])
+        mine = policy(obs, noise)
+        theirs = model.drawn(model.act(obs)[0], noise)
         del model.obs_rms
-        unnormalised = model.greedy(model.act(obs)[0])
+        unnormalised = model.drawn(model.act(obs)[0], noise)
     if meta["action"]["type"] == "discrete":
         assert torch.equal(mine, theirs) and len(set(mine.tolist())) == 2
     else:
@@ -148,10 +159,11 @@ def test_the_observation_statistics_are_folded_in(tmp_path: Path, case: str) -> 
 
 
 def test_the_recurrent_state_goes_in_and_out(tmp_path: Path) -> None:
-    """(obs, h, c) -> (action, h, c), the state of the network's own steps; zeros start it."""
+    """(obs, noise, h, c) -> (action, h, c), the state of the network's own steps; zeros start
+    it."""
     _, model = make_run(tmp_path / "run", **CASES["minatar_lstm"])
     meta = export(tmp_path / "run", tmp_path / "policy.pt", "torchscript")
-    assert meta["inputs"] == ["obs", "h", "c"]
+    assert meta["inputs"] == ["obs", "noise", "h", "c"]
     assert meta["outputs"] == ["action", "h_out", "c_out"]
     assert meta["observation"] == {"shape": [4, 10, 10, 4], "dtype": "bool", "input_dtype": "bool"}
     policy = torch.jit.load(str(tmp_path / "policy.pt"))
@@ -160,9 +172,10 @@ def test_the_recurrent_state_goes_in_and_out(tmp_path: Path) -> None:
     state = model.initial_state(3)
     with torch.no_grad():
         for t in range(5):
-            action, h, c = policy(obs[t], h, c)
+            noise = torch.rand(3)
+            action, h, c = policy(obs[t], noise, h, c)
             dist, _, state = model.act(obs[t], state)
-            assert torch.equal(action, model.greedy(dist))
+            assert torch.equal(action, model.drawn(dist, noise))
             assert torch.equal(h, state[0]) and torch.equal(c, state[1])
     assert h.abs().sum() > 0
 
@@ -170,10 +183,12 @@ def test_the_recurrent_state_goes_in_and_out(tmp_path: Path) -> None:
 README_EXAMPLE = """
 import gymnasium as gym, torch
 policy, env = torch.jit.load("policy.pt"), gym.make("CartPole-v1")
+torch.manual_seed(0)
 obs, _ = env.reset(seed=0)
 done = total = 0
 while not done:
-    obs, reward, terminated, truncated, _ = env.step(int(policy(torch.as_tensor(obs)[None])[0]))
+    action = policy(torch.as_tensor(obs)[None], torch.rand(1))[0]  # noise: an actor-critic's
+    obs, reward, terminated, truncated, _ = env.step(int(action))
     total, done = total + reward, terminated or truncated
 print(total)
 """
@@ -195,11 +210,12 @@ def test_the_docs_example_plays_it_in_plain_pytorch(tmp_path: Path) -> None:
     assert played.returncode == 0, played.stderr
 
     env = gym.make("CartPole-v1")  # the same episode with the project's network
+    torch.manual_seed(0)
     obs, _ = env.reset(seed=0)
     done, total = False, 0.0
     while not done:
         with torch.no_grad():
-            action = model.greedy(model.act(torch.as_tensor(obs)[None])[0])[0]
+            action = model.drawn(model.act(torch.as_tensor(obs)[None])[0], torch.rand(1))[0]
         obs, reward, terminated, truncated, _ = env.step(int(action))
         total, done = total + float(reward), terminated or truncated
     assert float(played.stdout.split()[-1]) == total

@@ -73,6 +73,7 @@ class ApexActor(ExperienceAlgorithm):
 
     name = "apex"
     target_network = True
+    plays = "greedy"
     learner: type[Learner]
     # The n-step cut and the replay's initial priorities; no log-probabilities.
     own_tensors = ("returns", "discounts", "stops", "priorities")

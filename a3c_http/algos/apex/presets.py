@@ -29,6 +29,10 @@ DEFAULTS: dict[str, Any] = {
     "target_update": 2500,
     "max_policy_lag": 1_000_000_000,
     "max_in_flight": 1,
+    # Judged as a3c-evaluate plays a Q-network, greedily: on evaluations, not on the actors'
+    # epsilon-greedy episodes (dqn's defaults say why).
+    "solved_on": "eval",
+    "eval_every_updates": 100,
 }
 
 APEX_PRESETS: dict[str, dict[str, Any]] = {

@@ -88,6 +88,7 @@ class AsyncDQN(Algorithm):
     name = "dqn"
     sends = Sends.GRADIENTS
     target_network = True
+    plays = "greedy"
 
     @classmethod
     def model(cls, config: TrainConfig) -> nn.Module:

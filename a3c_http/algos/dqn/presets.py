@@ -46,6 +46,10 @@ DEFAULTS: dict[str, Any] = {
     "batch_size": 32,
     "max_grad_norm": 10.0,
     "target_update": 2500,
+    # Judged as a3c-evaluate plays a Q-network, greedily: on evaluations, not on the
+    # epsilon-greedy training episodes (which fall short of the policy).
+    "solved_on": "eval",
+    "eval_every_updates": 1000,
 }
 # Ape-X: one rollout of 50 steps a batch (the paper's actors send every 50 steps), dueling double
 # 3-step DQN, gradients clipped to 40; rollouts are never too old to learn from.
