@@ -61,7 +61,8 @@ def parser(prog: str, what: str, port: int) -> argparse.ArgumentParser:
         default=None,
         metavar="S",
         help="on SIGTERM, wait at most this many seconds for open requests (default: until "
-        "they end)",
+        f"they end; {tls.TLS_SHUTDOWN_S} when serving TLS, where an idle client would hold it "
+        "for 30 s)",
     )
     return p
 
@@ -87,8 +88,11 @@ def serve(app: str, prog: str, what: str, port: int, argv: list[str] | None) -> 
         log_level=args.log_level,
         http=args.http,
         forwarded_allow_ips=args.forwarded_allow_ips,
-        timeout_graceful_shutdown=args.timeout_graceful_shutdown,
-        **served.uvicorn_kwargs(),  # HTTPS with A3C_TLS_CERT and A3C_TLS_KEY
+        **{
+            **served.uvicorn_kwargs(),  # HTTPS with A3C_TLS_CERT and A3C_TLS_KEY
+            **({"timeout_graceful_shutdown": args.timeout_graceful_shutdown}
+               if args.timeout_graceful_shutdown is not None else {}),
+        },  # fmt: skip
     )
     return 0
 

@@ -32,6 +32,11 @@ VARIABLES = ("A3C_TLS_CERT", "A3C_TLS_KEY", "A3C_TLS_CA", "A3C_TLS_MUTUAL")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 
+# How long a service that serves TLS waits, once told to stop, for its open connections before it
+# saves and exits (`TLS.uvicorn_kwargs`): a client's request ends well within it, and an idle
+# client that never answers the TLS shutdown would hold it for 30 s, past Kubernetes' grace.
+TLS_SHUTDOWN_S = 5
+
 class TLSError(ValueError):
     """The TLS settings cannot work (a file missing or unreadable, a key that does not match its
     certificate, mutual TLS without a CA, a plain URL while TLS is configured); one line that
@@ -114,10 +119,17 @@ class TLS:
             ) from None
 
     def uvicorn_kwargs(self) -> dict[str, Any]:
-        """uvicorn's ssl_* settings for a service with these settings (none: plain HTTP)."""
+        """uvicorn's settings for a service with these settings (none: plain HTTP): its ssl_*
+        ones, and a bound on its graceful shutdown (TLS_SHUTDOWN_S), which an idle client
+        stalls under TLS: closing its connection waits for the client's close_notify, up to 30 s
+        of asyncio's, and one that does not read (a pooled connection) sends none."""
         if not self.serves:
             return {}
-        kwargs: dict[str, Any] = {"ssl_certfile": str(self.cert), "ssl_keyfile": str(self.key)}
+        kwargs: dict[str, Any] = {
+            "ssl_certfile": str(self.cert),
+            "ssl_keyfile": str(self.key),
+            "timeout_graceful_shutdown": TLS_SHUTDOWN_S,
+        }
         if self.mutual:
             kwargs.update(ssl_ca_certs=str(self.ca), ssl_cert_reqs=ssl.CERT_REQUIRED)
         return kwargs
@@ -125,7 +137,8 @@ class TLS:
     def uvicorn_args(self) -> list[str]:
         """The same as uvicorn's command-line flags."""
         names = {"ssl_certfile": "--ssl-certfile", "ssl_keyfile": "--ssl-keyfile",
-                 "ssl_ca_certs": "--ssl-ca-certs", "ssl_cert_reqs": "--ssl-cert-reqs"}
+                 "ssl_ca_certs": "--ssl-ca-certs", "ssl_cert_reqs": "--ssl-cert-reqs",
+                 "timeout_graceful_shutdown": "--timeout-graceful-shutdown"}  # fmt: skip
         args: list[str] = []
         for key, value in self.uvicorn_kwargs().items():
             args += [names[key], str(int(value) if key == "ssl_cert_reqs" else value)]

@@ -1,16 +1,19 @@
 """A cluster over mutual TLS, on real processes: a master with a receiver and two workers, each
 serving HTTPS and calling the others over it (start, registration, pushes through the receiver's
 port and the push process, weights), started and followed by the Python API
-(`a3c_http.train(master="https://...")`), trains CartPole-v1 for 60 episodes, and takes a short
+(`a3c_http.train(master="https://...")`), trains CartPole-v1 for 20 episodes, and takes a short
 run of `a3c-train --master https://...`; meanwhile no one but a holder of a certificate of the
-cluster's CA gets a connection, and the token still applies on top."""
+cluster's CA gets a connection, and the token still applies on top. An idle client's connection
+does not keep the master from stopping on SIGTERM (it would wait for its TLS close_notify)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import ssl
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -18,6 +21,7 @@ import pytest
 
 import a3c_http
 from a3c_http.local.cluster import LocalCluster, free_port
+from a3c_http.net import tls
 from tests.support.common import TOKEN
 from tests.support.tls import make_files
 
@@ -59,7 +63,7 @@ def test_a_mutual_tls_cluster_trains_and_lets_in_only_its_own(
         for name, value in files.env().items():  # this process: a client of the cluster
             monkeypatch.setenv(name, value)
         run = a3c_http.train("CartPole-v1", master=cluster.master.url, token=TOKEN,
-                             config={"max_episodes": 60}, wait=False, progress=False)
+                             config={"max_episodes": 20}, wait=False, progress=False)
         ours = _context(files.ca, files.cert, files.key)
         receiver = f"https://127.0.0.1:{receivers['A3C_RECEIVERS_BIND'].rsplit(':', 1)[1]}"
         for base in (cluster.master.url, cluster.workers[0].url, receiver):
@@ -76,7 +80,7 @@ def test_a_mutual_tls_cluster_trains_and_lets_in_only_its_own(
                 assert client.get(health).status_code == 200
         with httpx.Client(verify=ours, trust_env=False, timeout=10) as client:
             assert client.get(f"{cluster.master.url}/status").status_code == 401  # no token
-        assert run.wait(timeout_s=240)["finish_reason"] == "max_episodes=60 reached"
+        assert run.wait(timeout_s=240)["finish_reason"] == "max_episodes=20 reached"
         status = cluster.status()
         assert status["updates_applied"] > 0
         assert status["fronts"]["pushes"] > 0  # the workers' pushes took the receiver's port
@@ -90,5 +94,12 @@ def test_a_mutual_tls_cluster_trains_and_lets_in_only_its_own(
         )
         assert "run finished: max_episodes=5 reached" in done.stdout, done.stdout + done.stderr
         assert done.returncode == 1  # followed to its end over TLS, and not solved
+        # The API's client still holds an idle connection to the master; SIGTERM ends the master
+        # (its shutdown save included) in the time TLS allows it, not the 30 s asyncio would wait.
+        for worker in cluster.workers:
+            worker.stop()
+        stopping = time.monotonic()
+        assert cluster.master.stop() == -signal.SIGTERM
+        assert time.monotonic() - stopping < tls.TLS_SHUTDOWN_S + 5
     finally:
         cluster.close()

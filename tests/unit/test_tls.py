@@ -95,10 +95,12 @@ def test_mutual_tls_asks_uvicorn_for_client_certificates_of_the_ca(files: Files)
     assert served.uvicorn_kwargs() == {
         "ssl_certfile": str(files.cert), "ssl_keyfile": str(files.key),
         "ssl_ca_certs": str(files.ca), "ssl_cert_reqs": ssl.CERT_REQUIRED,
+        "timeout_graceful_shutdown": tls.TLS_SHUTDOWN_S,
     }
     assert served.uvicorn_args()[-2:] == ["--ssl-cert-reqs", str(int(ssl.CERT_REQUIRED))]
     assert tls.from_environ(files.env(mutual=False)).uvicorn_kwargs() == {
         "ssl_certfile": str(files.cert), "ssl_keyfile": str(files.key),
+        "timeout_graceful_shutdown": tls.TLS_SHUTDOWN_S,
     }
     assert tls.TLS().uvicorn_kwargs() == {}
 
@@ -111,6 +113,7 @@ def test_the_services_commands_serve_https_with_the_settings(
     for name, value in files.env().items():
         monkeypatch.setenv(name, value)
     assert servers.master([]) == 0
-    assert {k: v for k, v in calls[0].items() if k.startswith("ssl_")} == (
-        tls.from_environ(files.env()).uvicorn_kwargs()
-    )
+    served = tls.from_environ(files.env()).uvicorn_kwargs()
+    assert {k: v for k, v in calls[0].items() if k in served} == served
+    assert servers.master(["--timeout-graceful-shutdown", "30"]) == 0  # the user's own wins
+    assert calls[1]["timeout_graceful_shutdown"] == 30
