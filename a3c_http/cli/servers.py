@@ -89,6 +89,7 @@ def serve(app: str, prog: str, what: str, port: int, argv: list[str] | None) -> 
         http=args.http,
         forwarded_allow_ips=args.forwarded_allow_ips,
         **{
+            "timeout_graceful_shutdown": args.timeout_graceful_shutdown,
             **served.uvicorn_kwargs(),  # HTTPS with A3C_TLS_CERT and A3C_TLS_KEY
             **({"timeout_graceful_shutdown": args.timeout_graceful_shutdown}
                if args.timeout_graceful_shutdown is not None else {}),
