@@ -11,7 +11,6 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from a3c_http.algos.learner import expected_tensors
 from a3c_http.algos.registry import algorithm_class, learns_from_experience
 from a3c_http.config.training import TrainConfig
 from a3c_http.models.normalize import batch_problem
@@ -32,9 +31,8 @@ from master.run.ledger import RunLedger
 
 def rollout_expectation(config: TrainConfig, model: Any) -> dict[str, Expected]:
     """What every rollout of a run that learns from experience holds (its algorithm's own
-    per-step tensors among them)."""
-    own = algorithm_class(config).own_tensors  # an ExperienceAlgorithm's
-    return expected_tensors(config, model, own)
+    per-step tensors among them, and its own bounds: an ExperienceAlgorithm's `expected`)."""
+    return algorithm_class(config).expected(config, model)
 
 
 def check_learner_fits(config: TrainConfig, model: Any, expected: dict[str, Expected]) -> None:

@@ -186,6 +186,12 @@ class Algorithm:
         have no epsilon of their own."""
         return None
 
+    @classmethod
+    def own_epsilon(cls, epsilon: float) -> dict[str, Any]:
+        """The config fields that carry a worker's own `epsilon_of` into its copy of the config
+        (a3c_http/algos/exploration.py `Exploration.config_for`)."""
+        return {}
+
     def __init__(self, config: TrainConfig, model: nn.Module, policy: Any) -> None:
         """`model` is the worker's network (its weights are what the master's replies load);
         `policy` what acts and is scored: the model, or its widened Gaussian

@@ -71,14 +71,11 @@ class Exploration(BaseModel):
 
     def config_for(self, config: TrainConfig) -> TrainConfig:
         """The worker's own copy of the config, with its entropy_coef (what its loss uses) and
-        an Ape-X actor's epsilon as a constant exploration schedule."""
+        its own epsilon as its algorithm carries it (`Algorithm.own_epsilon`: an Ape-X actor's
+        as a constant exploration schedule, an Ape-X DPG actor's as its noise)."""
         update: dict[str, Any] = {"entropy_coef": self.resolved(config).entropy_coef}
         if self.epsilon is not None:
-            update |= {
-                "exploration_initial_eps": self.epsilon,
-                "exploration_final_eps": self.epsilon,
-                "exploration_steps": 0,
-            }
+            update |= type(config).algorithm().own_epsilon(self.epsilon)
         return config.model_copy(update=update)
 
 

@@ -58,6 +58,13 @@ class ExperienceAlgorithm(Algorithm):
     # initial priorities.
     own_tensors: ClassVar[tuple[str, ...]] = ("log_probs",)
 
+    @classmethod
+    def expected(cls, config: TrainConfig, model: Any) -> dict[str, Expected]:
+        """What a rollout of the run's workers must hold (`expected_tensors`, with the
+        algorithm's `own_tensors`); an algorithm whose actions lie in the action space's Box
+        (a deterministic or a squashed policy's) narrows them here."""
+        return expected_tensors(config, model, cls.own_tensors)
+
     def pushes_in_flight(self) -> int:
         return min(self.config.max_in_flight, 1)
 

@@ -121,6 +121,11 @@ class Replay:
         if self.count == 0:
             raise ValueError("the replay is empty")
         rng = generator or np.random.default_rng()
+        if self.alpha == 0:  # uniform: no tree to walk, every weight 1
+            index = rng.integers(0, self.count, batch_size)
+            torch_index = torch.from_numpy(index)
+            batch = {name: t[torch_index] for name, t in self.rows.items()}
+            return batch, index, torch.ones(batch_size)
         total = self.tree.total
         bounds = np.linspace(0.0, total, batch_size + 1)
         mass = rng.uniform(bounds[:-1], bounds[1:])
@@ -139,6 +144,8 @@ class Replay:
     def update(self, index: np.ndarray, priorities: torch.Tensor) -> None:
         """New priorities (such as absolute TD errors) of rows `index` that `sample` gave:
         the lowest (`eps`) where one is beyond MAX_PRIORITY or not finite."""
+        if self.alpha == 0:  # uniform: the priorities shape nothing
+            return
         p = priorities.detach().double().abs().cpu().numpy()
         p = np.where(p <= MAX_PRIORITY, p + self.eps, self.eps)  # NaN compares false
         self.max_priority = max(self.max_priority, float(p.max()))

@@ -18,20 +18,17 @@ run; the replay is not (a kill loses it, as it loses the learner's queue).
 from __future__ import annotations
 
 import copy
-import dataclasses
 from typing import Any
 
-import numpy as np
 import torch
 
 from a3c_http.algos.dqn.algorithm import AnnealedEpsilon, q_network
-from a3c_http.algos.dqn.loss import Transitions, cut_transitions, dqn_loss, nstep_cut
+from a3c_http.algos.dqn.loss import Transitions, dqn_loss, nstep_cut
 from a3c_http.algos.learner import ExperienceAlgorithm, Learner, rollout_tensors
-from a3c_http.algos.replay import Replay
+from a3c_http.algos.replay_learner import ReplayLearner, transitions_of
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import Rollout
 from a3c_http.models.q_network import QNetwork
-from a3c_http.optim.optimizers import learning_rate
 from a3c_http.wire.tensors import Layout
 
 
@@ -44,13 +41,6 @@ def actor_extras(model: QNetwork, rollout: Rollout, config: TrainConfig) -> dict
     )
     cut = {"returns": returns, "discounts": discounts, "stops": stops}
     return cut | {"priorities": initial_priorities(model, rollout, cut)}
-
-
-def transitions_of(r: dict[str, torch.Tensor]) -> Transitions:
-    """The transitions of a rollout's tensors as an actor cut them (`actor_extras`)."""
-    return cut_transitions(
-        r["obs"], r["actions"], r["valid"], r["last_obs"], r["returns"], r["discounts"], r["stops"]
-    )
 
 
 def initial_priorities(
@@ -87,6 +77,15 @@ class ApexActor(ExperienceAlgorithm):
         """apex_epsilon^(1 + apex_epsilon_alpha * share): the paper's 0.4^(1 + 7 i / (N - 1))."""
         return config.apex_epsilon ** (1.0 + config.apex_epsilon_alpha * share)
 
+    @classmethod
+    def own_epsilon(cls, epsilon: float) -> dict[str, Any]:
+        """The actor's epsilon as a constant exploration schedule."""
+        return {
+            "exploration_initial_eps": epsilon,
+            "exploration_final_eps": epsilon,
+            "exploration_steps": 0,
+        }
+
     def __init__(self, config: TrainConfig, model: Any, policy: Any) -> None:
         # The worker's own config carries its epsilon as a constant schedule (exploration.py
         # `Exploration.config_for`); without one it anneals as a dqn worker's.
@@ -99,8 +98,9 @@ class ApexActor(ExperienceAlgorithm):
         port.push_experience(rollout)
 
 
-class ApexLearner(Learner):
-    """The learner and its prioritized replay (the module's docstring)."""
+class ApexLearner(ReplayLearner):
+    """The learner and its prioritized replay (the module's docstring): double-DQN steps, and
+    a target network refreshed every `target_update` of them."""
 
     def __init__(
         self,
@@ -111,11 +111,8 @@ class ApexLearner(Learner):
     ) -> None:
         super().__init__(config, model, device, optimizer_state)
         self.target = copy.deepcopy(self.model).requires_grad_(False)
-        self.steps = 0  # gradient steps taken (since the learner started)
         self.target_step = 0  # the step the target was taken at
         self.target_changed = False  # since the last `take_target`
-        self.replay = Replay(config.buffer_size, config.prioritized_alpha)
-        self.rng = np.random.default_rng(config.seed)
 
     def restore_target(self, vector: torch.Tensor) -> None:
         """Start from a saved target network (its weights as one vector in the global layout);
@@ -132,48 +129,17 @@ class ApexLearner(Learner):
         layout = Layout.of(self.target)
         return layout.flatten({k: v.cpu() for k, v in self.target.state_dict().items()})
 
-    def learn(
-        self, rollouts: list[dict[str, torch.Tensor]], env_steps: int
-    ) -> dict[str, float] | None:
-        """Store the rollouts' transitions with their priorities; then, once the replay holds
-        learning_starts, `gradient_steps` steps (their metrics). None: no step yet."""
+    def train_step(
+        self, batch: Transitions, weights: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.config
-        for r in rollouts:
-            t = transitions_of(r)
-            self.replay.add(dataclasses.asdict(t), r["priorities"][r["valid"]])
-        if len(self.replay) < max(cfg.learning_starts, 1):
-            return None
-        lr = learning_rate(cfg, env_steps)
-        for group in self.net.optimizer.param_groups:
-            group["lr"] = lr
-        progress = min(1.0, env_steps / cfg.max_steps) if cfg.max_steps else 0.0
-        beta = cfg.prioritized_beta + (1.0 - cfg.prioritized_beta) * progress
-        losses, errors, norms = [], [], []
-        for _ in range(cfg.gradient_steps):
-            rows, index, weights = self.replay.sample(cfg.batch_size, beta, self.rng)
-            batch = Transitions(**{k: v.to(self.device) for k, v in rows.items()})
-            loss, td = dqn_loss(
-                self.model, self.target, batch, cfg.double_q, weights.to(self.device)
-            )
-            norms.append(self.step(loss))
-            self.replay.update(index, td)
-            losses.append(float(loss.detach()))
-            errors.append(float(td.mean()))
-            self.steps += 1
-            if self.steps - self.target_step >= cfg.target_update:
-                self.target.load_state_dict(self.model.state_dict())
-                self.target_step, self.target_changed = self.steps, True
-        self.updates += 1
-        return {
-            "train/loss": float(np.mean(losses)),
-            "train/td_error": float(np.mean(errors)),
-            "train/grad_norm": float(np.mean(norms)),
-            "train/learning_rate": lr,
-            "train/n_updates": float(self.steps),
-            "train/importance_beta": beta,
-            "replay/size": float(len(self.replay)),
-            "replay/bytes": float(self.replay.nbytes),
-        }
+        loss, td = dqn_loss(self.model, self.target, batch, cfg.double_q, weights)
+        norm = self.step(loss)
+        if self.steps + 1 - self.target_step >= cfg.target_update:
+            self.target.load_state_dict(self.model.state_dict())
+            self.target_step, self.target_changed = self.steps + 1, True
+        metrics = {"train/loss": float(loss.detach()), "train/td_error": float(td.mean())}
+        return td, metrics | {"train/grad_norm": norm}
 
 
 ApexActor.learner = ApexLearner

@@ -24,7 +24,7 @@ class Transitions:
     """n-step transitions, flat `[B]` along the first dimension."""
 
     obs: torch.Tensor  # [B, *obs_shape], the observation the action was taken in
-    actions: torch.Tensor  # [B] int64
+    actions: torch.Tensor  # [B] int64 (a discrete action), or [B, action dims] (a Box's)
     returns: torch.Tensor  # [B], the discounted sum of up to n rewards
     next_obs: torch.Tensor  # [B, *obs_shape], the observation to bootstrap from
     discounts: torch.Tensor  # [B], gamma^m for m steps taken, 0 where the episode terminated
@@ -89,15 +89,17 @@ def cut_transitions(
     stops: torch.Tensor,
 ) -> Transitions:
     """The transitions of a rollout's valid steps from where `nstep_cut` ended them (`stops`:
-    indices in `[1, T]` of `obs` followed by `last_obs`)."""
+    indices in `[1, T]` of `obs` followed by `last_obs`); discrete actions as int64 indices, a
+    Box's as they are."""
     steps, envs = valid.shape
     following = torch.cat([obs, last_obs.unsqueeze(0)])  # [T + 1, N, ...]: index t + m
     keep = valid.reshape(-1)
     flat_stop = stops.reshape(-1)[keep]
     env_index = torch.arange(envs).repeat(steps)[keep]
+    taken = actions.reshape(steps * envs, *actions.shape[2:])[keep]
     return Transitions(
         obs=obs.reshape(steps * envs, *obs.shape[2:])[keep],
-        actions=actions.reshape(-1)[keep].long(),
+        actions=taken if taken.is_floating_point() else taken.long(),
         returns=returns.reshape(-1)[keep],
         next_obs=following[flat_stop, env_index],
         discounts=discounts.reshape(-1)[keep],

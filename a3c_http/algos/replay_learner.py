@@ -1,0 +1,101 @@
+"""The learner of the algorithms whose actors fill a replay beside the master (Ape-X DQN, Ape-X DPG,
+SAC): one loop for all of them, each algorithm's gradient step its own (`train_step`).
+
+Every rollout that arrives is added to the replay (a3c_http/algos/replay.py, `buffer_size`,
+uniform or prioritized by `prioritized_alpha`) as the n-step transitions its actor cut once
+(a3c_http/algos/dqn/loss.py `nstep_cut`: its `returns`, `discounts` and `stops`), with the initial
+priorities its actor computed where it sends them (else the highest so far). Once the replay holds
+`learning_starts`, each update takes `gradient_steps` steps, each on `batch_size` transitions
+sampled by priority with importance weights whose exponent rises from `prioritized_beta` to 1 over
+the run, and sets the sampled rows' priorities from the step's TD errors. The rollouts' rate and
+the steps' are tied: the master holds an actor's push while the learner's queue is full, so a run
+takes `gradient_steps` steps for each `queue_size` rollouts whatever the actors' speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+
+from a3c_http.algos.dqn.loss import Transitions, cut_transitions
+from a3c_http.algos.learner import Learner
+from a3c_http.algos.replay import Replay
+from a3c_http.config.training import TrainConfig
+from a3c_http.optim.optimizers import learning_rate
+
+
+def transitions_of(r: dict[str, torch.Tensor]) -> Transitions:
+    """The transitions of a rollout's tensors as an actor cut them (its `returns`, `discounts`
+    and `stops`)."""
+    return cut_transitions(
+        r["obs"], r["actions"], r["valid"], r["last_obs"], r["returns"], r["discounts"], r["stops"]
+    )
+
+
+class ReplayLearner(Learner):
+    """The replay and the loop over it (the module's docstring); subclasses implement
+    `train_step`, and `set_learning_rate` where they step optimizers of their own."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        model: Any,
+        device: torch.device,
+        optimizer_state: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(config, model, device, optimizer_state)
+        self.replay = Replay(config.buffer_size, config.prioritized_alpha)
+        self.rng = np.random.default_rng(config.seed)
+        self.steps = 0  # gradient steps taken (since the learner started)
+
+    def learn(
+        self, rollouts: list[dict[str, torch.Tensor]], env_steps: int
+    ) -> dict[str, float] | None:
+        """Store the rollouts' transitions (with their priorities, where they carry them); then,
+        once the replay holds learning_starts, `gradient_steps` steps: the means of their
+        metrics under SB3's names. None: no step yet."""
+        cfg = self.config
+        for r in rollouts:
+            priorities = r["priorities"][r["valid"]] if "priorities" in r else None
+            self.replay.add(dataclasses.asdict(transitions_of(r)), priorities)
+        if len(self.replay) < max(cfg.learning_starts, 1):
+            return None
+        lr = learning_rate(cfg, env_steps)
+        self.set_learning_rate(lr)
+        progress = min(1.0, env_steps / cfg.max_steps) if cfg.max_steps else 0.0
+        beta = cfg.prioritized_beta + (1.0 - cfg.prioritized_beta) * progress
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}  # a metric of some steps only (a delayed actor's loss)
+        for _ in range(cfg.gradient_steps):
+            rows, index, weights = self.replay.sample(cfg.batch_size, beta, self.rng)
+            batch = Transitions(**{k: v.to(self.device) for k, v in rows.items()})
+            errors, metrics = self.train_step(batch, weights.to(self.device))
+            self.replay.update(index, errors)
+            self.steps += 1
+            for name, value in metrics.items():
+                sums[name] = sums.get(name, 0.0) + value
+                counts[name] = counts.get(name, 0) + 1
+        self.updates += 1
+        return {
+            **{name: total / counts[name] for name, total in sums.items()},
+            "train/learning_rate": lr,
+            "train/n_updates": float(self.steps),
+            "train/importance_beta": beta,
+            "replay/size": float(len(self.replay)),
+            "replay/bytes": float(self.replay.nbytes),
+        }
+
+    def set_learning_rate(self, lr: float) -> None:
+        """The learning rate of the coming steps (the run's schedule at its env steps)."""
+        for group in self.net.optimizer.param_groups:
+            group["lr"] = lr
+
+    def train_step(
+        self, batch: Transitions, weights: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """One gradient step on `batch` (its importance weights `weights`, `[B]`): the sampled
+        rows' new priorities (their absolute TD errors, `[B]`) and the step's metrics."""
+        raise NotImplementedError
