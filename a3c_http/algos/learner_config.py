@@ -26,6 +26,15 @@ class LearnerConfig(TrainConfig):
         "older than the learner's is dropped when the learner takes it (counted in /status "
         "learner.dropped_stale); impala corrects the lag of the rest with V-trace.",
     )
+    learner_threads: int = Field(
+        0,
+        ge=0,
+        le=256,
+        description="The learner's threads on a CPU (PyTorch's intra-op threads), at most the "
+        "master host's cores; 0: half its cores, at least 1, the other half left to workers on "
+        "the same host. A learner whose actors' work is light (sac and apex_dpg on vector "
+        "observations) takes them all.",
+    )
     device: str = Field(
         "auto",
         pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$",

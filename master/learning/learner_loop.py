@@ -83,8 +83,10 @@ def _learn(start: Start, inbox: Any, outbox: Any) -> None:
     config = config_json(start.config_json)
     device = torch.device(start.device)
     version, optimizer_every_s = start.version, start.optimizer_every_s
-    if device.type == "cpu":  # leave cores to the workers on this host
-        torch.set_num_threads(max(1, min(4, (os.cpu_count() or 2) // 2)))
+    if device.type == "cpu":  # half the cores (the rest for workers on this host), or as told
+        cores = os.cpu_count() or 2
+        wanted = config.learner_threads or max(1, min(4, cores // 2))
+        torch.set_num_threads(min(wanted, cores))
     model = model_for(config)
     model.load_state_dict(Layout.of(model).views(start.weights))
     learner = algorithm_class(config).learner(config, model, device, start.optimizer_state)

@@ -42,7 +42,7 @@ from a3c_http.config.training import TrainConfig
 from a3c_http.wire.named_tensors import Expected
 from a3c_http.wire.protocol import EXPERIENCE_HOLD_S
 from master.learning.learner_loop import Publication, Start, learner_main
-from master.learning.learner_needs import resolve_device
+from master.learning.learner_needs import resolve_device, spinning_threads
 
 log = logging.getLogger("a3c.master")
 
@@ -169,7 +169,8 @@ class LearnerProcess:
             name="a3c-learner",
             daemon=True,
         )  # fmt: skip
-        process.start()
+        with spinning_threads():
+            process.start()
         with self._cond:
             self._process, self._inbox = process, inbox
             self._capacity = capacity
