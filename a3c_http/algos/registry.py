@@ -24,10 +24,12 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from a3c_http.algos.a2c.config import A2CConfig
 from a3c_http.algos.a3c.config import A3CConfig
 from a3c_http.algos.apex.config import ApexConfig
+from a3c_http.algos.apex_dpg.config import ApexDPGConfig
 from a3c_http.algos.best_weights.config import BestWeightsConfig
 from a3c_http.algos.dqn.config import DQNConfig
 from a3c_http.algos.impala.config import ImpalaConfig
 from a3c_http.algos.ppo.config import PPOConfig
+from a3c_http.algos.sac.config import SACConfig
 from a3c_http.config.training import TrainConfig
 
 if TYPE_CHECKING:
@@ -46,6 +48,8 @@ SECTIONS: tuple[type[TrainConfig], ...] = (
     ImpalaConfig,
     DQNConfig,
     ApexConfig,
+    ApexDPGConfig,
+    SACConfig,
 )
 CONFIGS: dict[str, type[TrainConfig]] = {
     section.model_fields["algo"].default: section for section in SECTIONS

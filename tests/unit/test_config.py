@@ -286,10 +286,11 @@ def test_a_field_of_another_algorithm_is_refused_with_whose_it_is() -> None:
     errors = {e["loc"]: e["msg"] for e in info.value.errors()}
     assert errors == {
         ("n_epochs",): "'n_epochs' is a field of algo 'ppo' or 'impala', not of 'a3c'",
-        ("buffer_size",): "'buffer_size' is a field of algo 'dqn' or 'apex', not of 'a3c'",
+        ("buffer_size",): "'buffer_size' is a field of algo 'dqn' or 'apex' or 'apex_dpg' or "
+        "'sac', not of 'a3c'",
     }
     with pytest.raises(ValidationError, match="Input should be one of 'a3c', 'a2c'"):
-        train_config(algo="sac")
+        train_config(algo="td3")
     # A field no algorithm has keeps the hint of what was meant.
     with pytest.raises(ValidationError, match="unknown field 'ent_coef'"):
         train_config(ent_coef=0.1)
