@@ -32,15 +32,26 @@ from pathlib import Path
 
 from scripts.benchlib.cluster import fresh_run
 from scripts.benchlib.procs import interrupt
-from scripts.benchlib.sb3 import run_recurrent_ppo, run_sb3, run_sb3_dqn, run_sb3_ppo
+from scripts.benchlib.sb3 import (
+    run_recurrent_ppo,
+    run_sb3,
+    run_sb3_dqn,
+    run_sb3_offpolicy,
+    run_sb3_ppo,
+)
 from scripts.benchlib.tasks import (
+    CONTINUOUS_TASKS,
     GREEDY_CLUSTER,
     RECURRENT,
     TASKS,
     Task,
+    greedy_of,
     require_env,
     task_of,
 )
+
+# The cluster's algos that learn continuous actions off-policy, against SB3's SAC and TD3.
+CONTINUOUS = ("sac", "apex_dpg")
 
 
 def run_inprocess(env_id: str, seed: int, overrides: dict, budget: int) -> dict:
@@ -56,10 +67,14 @@ def run_one(learner: str, env_id: str, seed: int, args: argparse.Namespace) -> d
     task = task_of(env_id, args.algo)
     budget = args.budget or task.budget
     cap_s = args.cap or task.cap_s
-    # At budget: a target no run reaches, so that ours train to max_steps as SB3 does.
-    unreachable = {} if task.stop_at_target else {"target_return": 1e9}
-    overrides = {**unreachable, **json.loads(args.config)}
-    if learner == "sb3" and env_id in RECURRENT:
+    # At budget: a target no run reaches, so that ours train to max_steps as SB3 does; else the
+    # task's (Pendulum has no reward_threshold of its own).
+    target = {"target_return": task.target if task.stop_at_target else 1e9}
+    overrides = {**target, **json.loads(args.config)}
+    if learner in ("sb3", "td3") and args.algo in CONTINUOUS:
+        kind = "TD3" if learner == "td3" else "SAC"
+        r = run_sb3_offpolicy(kind, env_id, seed, task, cap_s, budget, args.algo)
+    elif learner == "sb3" and env_id in RECURRENT:
         r = run_recurrent_ppo(env_id, seed, task, cap_s, budget)
     elif learner == "sb3" and args.algo in ("dqn", "apex"):
         r = run_sb3_dqn(env_id, seed, task, cap_s, None if task.stop_at_target else budget)
@@ -71,12 +86,15 @@ def run_one(learner: str, env_id: str, seed: int, args: argparse.Namespace) -> d
         r = run_inprocess(env_id, seed, overrides, budget)
     else:  # the cluster with --algo, or its own A3C ("a3c")
         algo = "a3c" if learner == "a3c" else args.algo
-        max_steps = {} if algo != "a3c" and task.stop_at_target else {"max_steps": budget}
+        # SB3's SAC and TD3 train to the task's budget as the cluster does (their presets' own,
+        # the Zoo's, are shorter than some seeds need); the others to the Zoo's.
+        same_budget = algo == "a3c" or algo in CONTINUOUS or not task.stop_at_target
+        max_steps = {"max_steps": budget} if same_budget else {}
         greedy = GREEDY_CLUSTER.get(env_id, {}) if algo in ("dqn", "apex") else {}
         config = {"env_id": env_id, "algo": algo, **max_steps, **greedy, **overrides}
         r = fresh_run(seed, args.workers, config, cap_s)
         r = {k: r[k] for k in ("solved", "env_steps", "seconds", "mean_return_100", "eval_return")}
-    if args.algo in ("dqn", "apex") and not task.stop_at_target:  # judged on greedy episodes
+    if greedy_of(env_id, args.algo) and not task.stop_at_target:  # judged on greedy episodes
         r["train_return_100"], r["mean_return_100"] = r["mean_return_100"], r.get("eval_return")
     if not task.stop_at_target:  # reached: the mean return at the budget is at the target
         r["solved"] = r["mean_return_100"] is not None and r["mean_return_100"] >= task.target
@@ -142,16 +160,17 @@ def summary_at_budget(rows: list[dict], learners: list[str]) -> list[str]:
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     signal.signal(signal.SIGTERM, interrupt)  # so the cluster's `finally` ends every process
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", default=",".join(TASKS))
+    parser.add_argument("--tasks", default=None, help="default: every task of the algo")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument(
-        "--algo", default="a3c", choices=("a3c", "ppo", "impala", "dqn", "apex"),
+        "--algo", default="a3c", choices=("a3c", "ppo", "impala", "dqn", "apex", *CONTINUOUS),
         help="the cluster's algo; sb3 is then SB3's PPO for ppo and impala, its DQN for dqn and "
-        "apex (default a3c)",
+        "apex, its SAC for sac and apex_dpg (default a3c)",
     )  # fmt: skip
     parser.add_argument(
         "--learners", default="cluster,sb3",
-        help="of cluster, sb3, a2c (in one process), a3c (the cluster's A3C)",
+        help="of cluster, sb3, a2c (in one process), a3c (the cluster's A3C), td3 (SB3's TD3, "
+        "with --algo sac or apex_dpg)",
     )  # fmt: skip
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--config", default="{}", help="overrides for cluster and a2c, JSON")
@@ -161,16 +180,18 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = parser.parse_args(argv)
     learners = args.learners.split(",")
     report: dict[str, list[dict]] = {}
-    for env_id in args.tasks.split(","):
-        if env_id not in TASKS:
-            parser.error(f"unknown task {env_id!r}; known: {', '.join(TASKS)}")
+    known = CONTINUOUS_TASKS if args.algo in CONTINUOUS else TASKS
+    for env_id in (args.tasks or ",".join(known)).split(","):
+        if env_id not in known:
+            parser.error(f"unknown task {env_id!r}; known: {', '.join(known)}")
         try:
             require_env(env_id)
         except RuntimeError as exc:
             parser.error(str(exc))
         task = task_of(env_id, args.algo)
         rows = report.setdefault(env_id, [])
-        refs = {"a3c": "SB3's A2C", "dqn": "SB3's DQN", "apex": "SB3's DQN"}
+        refs = {"a3c": "SB3's A2C", "dqn": "SB3's DQN", "apex": "SB3's DQN", "sac": "SB3's SAC",
+                "apex_dpg": "SB3's SAC"}  # fmt: skip
         ref = "SB3-contrib's RecurrentPPO" if env_id in RECURRENT else (
             refs.get(args.algo, "SB3's PPO")
         )

@@ -43,6 +43,22 @@ GREEDY = {
     "MinAtar/Breakout-v1": (30, 100_000),
 }
 GREEDY_CLUSTER = {"MinAtar/Breakout-v1": {"eval_episodes": 30, "eval_every_updates": 400}}
+
+# sac and apex_dpg against SB3's SAC (and TD3), judged on the deterministic policy on both sides
+# (the cluster's presets: `solved_on: "eval"`), as the Zoo scores them: Pendulum on 10 episodes
+# every 800 env steps (the cluster's every 50 learner updates of 16 env steps), LunarLander on
+# 100 every 20,000; Hopper trains to its budget and is judged by the evaluation of its final
+# weights. (episodes, every how many env steps)
+GREEDY_CONTINUOUS = {
+    "Pendulum-v1": (10, 800),
+    "LunarLander-v3": (100, 20_000),
+    "Hopper-v5": (10, 20_000),
+}
+CONTINUOUS_TASKS = {
+    "Pendulum-v1": Task(-200.0, 40_000, 1800.0),
+    "LunarLander-v3": Task(200.0, 500_000, 3 * 3600.0),
+    "Hopper-v5": Task(3000.0, 300_000, 4 * 3600.0, stop_at_target=False),
+}
 DQN_TASKS = {
     "CartPole-v1": Task(475.0, 200_000, 600.0),
     "LunarLander-v3": Task(200.0, 1_000_000, 3600.0),
@@ -67,6 +83,11 @@ def require_env(env_id: str) -> None:
             raise RuntimeError(f"{env_id} needs MinAtar: ./scripts/setup_venv.sh bench") from exc
         if env_id not in gym.registry:
             minatar.gym.register_envs()
+    elif env_id.split("-")[0] in ("Hopper", "HalfCheetah", "Walker2d"):
+        try:
+            import mujoco  # noqa: F401
+        except ImportError as exc:
+            raise RuntimeError(f"{env_id} needs MuJoCo: ./scripts/setup_venv.sh bench") from exc
     elif env_id.startswith("a3c_http/"):
         from a3c_http.envs.make import register_family
 
@@ -80,5 +101,14 @@ def require_env(env_id: str) -> None:
 
 
 def task_of(env_id: str, algo: str) -> Task:
-    own = {"ppo": PPO_TASKS, "dqn": DQN_TASKS, "apex": DQN_TASKS}.get(algo, {})
-    return own.get(env_id, TASKS[env_id])
+    own = {"ppo": PPO_TASKS, "dqn": DQN_TASKS, "apex": DQN_TASKS, "sac": CONTINUOUS_TASKS,
+           "apex_dpg": CONTINUOUS_TASKS}.get(algo, {})  # fmt: skip
+    return own.get(env_id, TASKS.get(env_id) or CONTINUOUS_TASKS[env_id])
+
+
+def greedy_of(env_id: str, algo: str) -> tuple[int, int] | None:
+    """(episodes, every how many env steps) of the evaluations a run of `algo` on `env_id` is
+    judged on, on both sides; None: its training episodes."""
+    if algo in ("sac", "apex_dpg"):
+        return GREEDY_CONTINUOUS.get(env_id)
+    return GREEDY.get(env_id) if algo in ("dqn", "apex") else None

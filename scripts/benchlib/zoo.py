@@ -87,3 +87,47 @@ ZOO_DQN = {
         "policy_kwargs": {"features_extractor_class": "MinAtarCNN", "normalize_images": False},
     },
 }
+
+# RL Zoo (rl-baselines3-zoo at 22e3ff2), hyperparams/sac.yml and td3.yml: SB3's SAC and TD3, the
+# references of `--algo sac` and `--algo apex_dpg`. LunarLander-v3 with `continuous` is the Zoo's
+# LunarLanderContinuous-v3; BipedalWalker's gSDE and log_std_init are left out on both sides (the
+# cluster has no gSDE). Names of noise types stand for classes run_sb3_offpolicy builds.
+_MUJOCO = {"n_timesteps": 1_000_000, "learning_starts": 10_000}
+ZOO_SAC = {
+    "Pendulum-v1": {"n_timesteps": 20_000, "learning_rate": 1e-3},
+    "LunarLander-v3": {
+        "n_timesteps": 500_000, "env_kwargs": {"continuous": True}, "batch_size": 256,
+        "learning_rate": "lin_7.3e-4", "buffer_size": 1_000_000, "ent_coef": "auto",
+        "gamma": 0.99, "tau": 0.01, "train_freq": 1, "gradient_steps": 1,
+        "learning_starts": 10_000, "policy_kwargs": {"net_arch": [400, 300]},
+    },
+    "BipedalWalker-v3": {
+        "n_timesteps": 500_000, "learning_rate": 7.3e-4, "buffer_size": 300_000,
+        "batch_size": 256, "ent_coef": "auto", "gamma": 0.98, "tau": 0.02, "train_freq": 64,
+        "gradient_steps": 64, "learning_starts": 10_000,
+        "policy_kwargs": {"net_arch": [400, 300]},
+    },
+    "Hopper-v5": _MUJOCO,
+    "HalfCheetah-v5": _MUJOCO,
+    "Walker2d-v5": _MUJOCO,
+}
+_TD3_CLASSIC = {
+    "gamma": 0.98, "buffer_size": 200_000, "learning_starts": 10_000, "noise_type": "normal",
+    "noise_std": 0.1, "gradient_steps": 1, "train_freq": 1, "learning_rate": 1e-3,
+    "policy_kwargs": {"net_arch": [400, 300]},
+}
+_TD3_MUJOCO = {
+    "n_timesteps": 1_000_000, "learning_starts": 10_000, "noise_type": "normal",
+    "noise_std": 0.1, "train_freq": 1, "gradient_steps": 1, "learning_rate": 1e-3,
+    "batch_size": 256, "policy_kwargs": {"net_arch": [400, 300]},
+}
+ZOO_TD3 = {
+    "Pendulum-v1": {"n_timesteps": 20_000, **_TD3_CLASSIC},
+    "LunarLander-v3": {
+        "n_timesteps": 300_000, "env_kwargs": {"continuous": True}, **_TD3_CLASSIC,
+    },
+    "BipedalWalker-v3": {"n_timesteps": 1_000_000, **_TD3_CLASSIC},
+    "Hopper-v5": _TD3_MUJOCO,
+    "HalfCheetah-v5": _TD3_MUJOCO,
+    "Walker2d-v5": _TD3_MUJOCO,
+}
