@@ -236,7 +236,8 @@ class LearnerRuns:
         return tensors, metadata
 
     def _learner_status(self) -> dict[str, Any] | None:
-        """The learner's figures in a run that has one (ppo, impala, apex), else None."""
+        """The learner's figures in a run that has one (ppo, impala, apex, apex_dpg, sac), else
+        None."""
         config = self.ledger.config
         if config is None or not learns_from_experience(config):
             return None

@@ -1,5 +1,5 @@
-"""The config fields every algorithm with a learner beside the master shares (ppo, impala, apex):
-the base of their sections, torch-free as every config section is."""
+"""The config fields every algorithm with a learner beside the master shares (ppo, impala, apex,
+apex_dpg, sac): the base of their sections, torch-free as every config section is."""
 
 from __future__ import annotations
 

@@ -173,5 +173,5 @@ class WorkerSettings(FromEnv):
         True,
         description="true: gradient pushes go from a child process of the worker "
         "(a3c_http/net/push_process.py); false: from threads of the worker's own process. "
-        "Rollouts (algo ppo, impala, apex: one push in flight) go from a thread either way.",
+        "Rollouts (the algos with a learner: one push in flight) go from a thread either way.",
     )

@@ -25,10 +25,11 @@ mean when the round closes (master/learning/rounds.py `SyncRounds`, the paramete
 for it). A step that would leave a weight, a statistic or the optimizer's state non-finite is undone
 and refused (a3c_http/optim/flatnet.py).
 
-In a run with a learner beside the master (ppo, impala, apex) the learner steps, and the parameter
-server only takes what it publishes (`publish`): each version's weights into the network, and the
-learner's optimizer state as it last sent it, kept to save and to start a learner from and never
-loaded into the network's optimizer, which does not step in such a run.
+In a run with a learner beside the master (ppo, impala, apex, apex_dpg, sac) the learner steps, and
+the parameter server only takes what it publishes (`publish`): each version's weights into the
+network, and the learner's optimizer state as it last sent it (whatever its algorithm keeps there),
+kept to save and to start a learner from and never loaded into the network's optimizer, which does
+not step in such a run.
 """
 
 from __future__ import annotations
