@@ -62,7 +62,13 @@ class ActionBox:
     def dims(self) -> int:
         return len(self.low)
 
-    def _scale_bias(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _scale_bias(self, like: torch.Tensor) -> tuple[Any, Any]:
+        """The half range and the middle: numbers where every dimension has the same (no tensor
+        to make, nor for a traced export to take as a constant), else tensors like `like`."""
+        scales = {(h - lo) / 2 for lo, h in zip(self.low, self.high, strict=True)}
+        biases = {(h + lo) / 2 for lo, h in zip(self.low, self.high, strict=True)}
+        if len(scales) == 1 and len(biases) == 1:
+            return scales.pop(), biases.pop()
         low = torch.tensor(self.low, dtype=like.dtype, device=like.device)
         high = torch.tensor(self.high, dtype=like.dtype, device=like.device)
         return (high - low) / 2, (high + low) / 2

@@ -25,7 +25,9 @@ def make_run(folder: Path, **fields: Any) -> tuple[TrainConfig, ActorCritic]:
     torch.manual_seed(0)
     model = model_for(config)
     with torch.no_grad():
-        (model.q_head if hasattr(model, "q_head") else model.policy_head).weight.mul_(300.0)
+        head = next(getattr(model, n) for n in ("q_head", "policy_head", "actor_mean", "actor_out")
+                    if hasattr(model, n))  # fmt: skip
+        head.weight.mul_(300.0)
         if config.normalize_obs:
             n = model.obs_rms.mean.numel()
             model.obs_rms.mean.copy_(torch.linspace(-0.3, 0.4, n))

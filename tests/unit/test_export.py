@@ -44,6 +44,9 @@ CASES = {
     },
     # a Q-network (algo dqn and apex), dueling: its greedy action
     "cartpole_q": {"env_id": "CartPole-v1", "algo": "dqn", "dueling": True, "hidden_sizes": [8]},
+    # SAC's squashed mean and Ape-X DPG's actor: continuous actions played deterministically
+    "pendulum_sac": {"env_id": "Pendulum-v1", "algo": "sac", "hidden_sizes": [8]},
+    "pendulum_dpg": {"env_id": "Pendulum-v1", "algo": "apex_dpg", "hidden_sizes": [8]},
 }
 # A step of an exported policy: a batch of raw observations and the state -> actions and state.
 Step = Callable[..., tuple[np.ndarray, ...]]
