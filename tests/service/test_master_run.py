@@ -11,6 +11,7 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import save as st_save
 
+from a3c_http.algos.registry import CONFIGS
 from a3c_http.local.cluster import free_port
 from a3c_http.models.actor_critic import build_model
 from a3c_http.wire import tensors as wire
@@ -176,20 +177,20 @@ def test_train_bad_master_url_names_the_field(
     assert "master_url" in r.json()["detail"]
 
 
-@pytest.mark.parametrize(
-    "algo",
-    [{}, {"algo": "a2c"}, {"algo": "best_weights"}, {"algo": "ppo"},
-     {"algo": "impala"}, {"algo": "dqn"}, {"algo": "apex"}],
-    ids=["a3c", "sync", "best-weights", "ppo", "impala", "dqn", "apex"],
-)  # fmt: skip
+# The algorithms of continuous actions only: a run of theirs on an env with a Box of actions.
+BOX_ONLY = {"sac": "Pendulum-v1", "apex_dpg": "Pendulum-v1"}
+
+
+@pytest.mark.parametrize("algo", sorted(CONFIGS))  # every algorithm the registry has
 def test_a_second_train_is_refused_and_leaves_the_running_run_alone(
-    client: TestClient, launched: list, algo: dict
+    client: TestClient, launched: list, algo: str
 ) -> None:
     """409 naming the running run, which goes on as it was: its id, its weights and, for the
     algorithms with one, the same learner process still running."""
-    start_run(client, **algo)
+    run = {"algo": algo, "env_id": BOX_ONLY.get(algo, "CartPole-v1")}
+    start_run(client, **run)
     before = status(client)
-    r = client.post("/train", json={**TRAIN, **algo})
+    r = client.post("/train", json={**TRAIN, **run})
     assert r.status_code == 409
     assert before["run_id"] in r.json()["detail"]
     after = status(client)
