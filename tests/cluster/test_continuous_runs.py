@@ -1,7 +1,9 @@
 """The off-policy algorithms of continuous actions on real processes: a SAC run's learner trains
-from the actors' replay, its state (both optimizers, the entropy coefficient's, the target critics)
-is saved, and after a kill -9 of the master the resumed run's learner starts from it; an Ape-X DPG
-run's actors, each with its own noise, feed the learner's prioritized replay."""
+from the actors' replay and the master saves its state (its optimizers, the entropy coefficient's,
+the target critics) in the run folder; an Ape-X DPG run's actors, each with its own noise, feed the
+learner's prioritized replay. A learner that starts again from that state: tests/unit/
+test_continuous.py; a resumed run's learner given its saved state after kill -9 of the master:
+tests/cluster/test_learner_runs.py."""
 
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ def saved_learner_state(cluster: LocalCluster) -> dict:
     return torch.load(io.BytesIO(blob or b""), weights_only=True) if blob else {}
 
 
-def test_a_sac_run_learns_and_its_learner_resumes_from_its_saved_state(
+def test_a_sac_run_learns_and_the_master_saves_its_learners_state(
     cluster: LocalCluster,
 ) -> None:
     workers = [w.url for w in cluster.workers[:2]]
@@ -55,16 +57,6 @@ def test_a_sac_run_learns_and_its_learner_resumes_from_its_saved_state(
     )  # fmt: skip
     assert set(saved["optimizers"]) == {"actor", "critic", "alpha"}
     assert torch.isfinite(saved["target"]).all()
-
-    cluster.master.kill()
-    cluster.master.start().wait_healthy()
-    assert cluster.status()["state"] == "running"
-    # The resumed learner's coefficient goes on from the saved one (a fresh learner's is 1.0).
-    resumed = wait_for(
-        lambda: (m := cluster.status()["learner"]["metrics"]).get("train/ent_coef") and m, 120,
-        "the resumed learner's first update",
-    )
-    assert resumed["train/ent_coef"] < 0.97
     assert cluster.stop_run()
 
 

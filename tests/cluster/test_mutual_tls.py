@@ -1,13 +1,15 @@
 """A cluster over mutual TLS, on real processes: a master with a receiver and two workers, each
 serving HTTPS and calling the others over it (start, registration, pushes through the receiver's
 port and the push process, weights), started and followed by the Python API
-(`a3c_http.train(master="https://...")`), trains CartPole-v1 for 20 episodes, and takes a short
-run of `a3c-train --master https://...`; meanwhile no one but a holder of a certificate of the
+(`a3c_http.train(master="https://...")`), trains CartPole-v1 for 20 episodes with A3C's gradients,
+and takes a short PPO run of `a3c-train --master https://...`, whose rollouts take the receiver's
+port as the gradients did; meanwhile no one but a holder of a certificate of the
 cluster's CA gets a connection, and the token still applies on top. An idle client's connection
 does not keep the master from stopping on SIGTERM (it would wait for its TLS close_notify)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import ssl
@@ -26,6 +28,8 @@ from tests.support.common import TOKEN
 from tests.support.tls import make_files
 
 pytestmark = pytest.mark.integration
+
+PPO_RUN = {"algo": "ppo", "num_envs": 2, "t_max": 8, "max_episodes": 40, "seed": 7}
 
 
 def _context(trust: Path | None, cert: Path | None, key: Path | None) -> ssl.SSLContext:
@@ -85,19 +89,24 @@ def test_a_mutual_tls_cluster_trains_and_lets_in_only_its_own(
         assert status["updates_applied"] > 0
         assert status["fronts"]["pushes"] > 0  # the workers' pushes took the receiver's port
         assert all(w["url"].startswith("https://") for w in status["workers"])
-        # a3c-train --master over the same TLS: a short run, followed to its end
+        # a3c-train --master over the same TLS: a short PPO run, followed to its end; its
+        # rollouts take the receiver's port too, and reach the learner (every push, one route).
         env = {**os.environ, "A3C_TOKEN": TOKEN}
+        before = status["fronts"]["pushes"]
         done = subprocess.run(
             [str(Path(sys.executable).with_name("a3c-train")), "--master", cluster.master.url,
-             "--config", '{"max_episodes": 5}', "--every", "1"],
+             "--config", json.dumps(PPO_RUN), "--every", "1"],
             env=env, capture_output=True, text=True, timeout=120,
         )
-        assert "run finished: max_episodes=5 reached" in done.stdout, done.stdout + done.stderr
+        assert "run finished: max_episodes=40 reached" in done.stdout, done.stdout + done.stderr
         assert done.returncode == 1  # followed to its end over TLS, and not solved
-        # The API's client still holds an idle connection to the master; SIGTERM ends the master
-        # (its shutdown save included) in the time TLS allows it, not the 30 s asyncio would wait.
-        for worker in cluster.workers:
-            worker.stop()
+        done_status, _ = cluster.wait_workers_settled()
+        used = done_status["learner"]["rollouts_used"]
+        assert used > 0 and done_status["learner"]["updates"] > 0
+        assert done_status["fronts"]["pushes"] - before >= used
+        # The API's client and the workers' still hold idle connections to the master; SIGTERM
+        # ends the master (its shutdown save included) in the time TLS allows it, not the 30 s
+        # asyncio would wait.
         stopping = time.monotonic()
         assert cluster.master.stop() == -signal.SIGTERM
         assert time.monotonic() - stopping < tls.TLS_SHUTDOWN_S + 5

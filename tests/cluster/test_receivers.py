@@ -2,8 +2,8 @@
 take gradient pushes on a port of their own and hand them to the master. What only real processes
 show: pushes through the receivers are counted exactly as the master's own port counts them, under
 load and with retries; a receiver answers as the master's port does; a receiver that dies is started
-again; the receivers end with a killed master and come back with it; and a real run's workers push
-through them."""
+again; and the receivers end with a killed master and come back with it. A real run's gradients and
+rollouts through them: tests/cluster/test_mutual_tls.py."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import torch
 
 from a3c_http.algos.registry import model_for, train_config
 from a3c_http.local.cluster import (
-    LocalCluster,
     ServiceProcess,
     free_port,
     stat_fields,
@@ -27,7 +26,7 @@ from a3c_http.local.cluster import (
 )
 from a3c_http.testing.standin import StandInWorker
 from a3c_http.wire.tensors import Layout
-from tests.support.common import AUTH, OCTET, SHORT_RUN, STAND_IN_RUN, TOKEN
+from tests.support.common import AUTH, OCTET, STAND_IN_RUN, TOKEN
 
 pytestmark = pytest.mark.integration
 
@@ -145,37 +144,3 @@ def test_the_receivers_end_with_a_killed_master_and_come_back_with_it(
 def _alive(pid: int) -> bool:
     fields = stat_fields(pid)  # None once it is gone; "Z": ended, not yet reaped
     return fields is not None and fields[0] != "Z"
-
-
-def test_a_real_run_pushes_through_the_receivers(tmp_path: Path) -> None:
-    """Every kind of push takes the one update route, the receivers' too: an A3C run's gradients
-    and then a PPO run's rollouts, on the same cluster, all come through them."""
-    with pytest.MonkeyPatch.context() as mp:
-        for key in list(os.environ):
-            if key.startswith("A3C_"):
-                mp.delenv(key)
-        cluster = LocalCluster(
-            tmp_path / "run", tmp_path / "logs",
-            [("127.0.0.1", free_port())],
-            env={k: v for k, v in receivers_env(tmp_path, free_port()).items()
-                 if k not in ("A3C_RUN_DIR", "A3C_WORKERS_FILE")},
-        )
-    try:
-        cluster.start(timeout_s=120)
-        through = 0  # the pushes the receivers have handed over so far
-        for algo in ("a3c", "ppo"):
-            assert cluster.train(**SHORT_RUN, algo=algo).status_code == 202
-            cluster.wait_finished(timeout_s=120)
-            done, workers = cluster.wait_workers_settled()
-            assert done["finish_reason"] == "max_episodes=40 reached"
-            if algo == "a3c":
-                pushed = sum(w["updates"] for w in workers)
-                assert pushed > 0 and done["updates_applied"] == pushed
-            else:  # the learner took the rollouts the receivers handed over
-                pushed = done["learner"]["rollouts_used"]
-                assert pushed > 0 and done["learner"]["updates"] > 0
-            # every push came through the receivers
-            assert done["fronts"]["pushes"] - through >= pushed
-            through = done["fronts"]["pushes"]
-    finally:
-        cluster.close()
