@@ -44,12 +44,14 @@ def _fmt(value: float | None) -> str:
 
 
 def progress_line(status: dict, previous: dict | None) -> str:
-    """One line of progress; the rate is measured between this status and the previous one."""
-    rate = 0.0
+    """One line of progress; the rate is measured between this status and the previous one
+    ("-" without one, or where the counters went back: a run resumed from its last save)."""
+    rate = "-"
     if previous is not None:
         dt = status["elapsed_s"] - previous["elapsed_s"]
-        if dt > 0:
-            rate = (status["global_steps"] - previous["global_steps"]) / dt
+        steps = status["global_steps"] - previous["global_steps"]
+        if dt > 0 and steps >= 0:
+            rate = f"{steps / dt:,.0f}"
     workers = status.get("workers", [])
     states: dict[str, int] = {}
     for w in workers:
@@ -58,7 +60,7 @@ def progress_line(status: dict, previous: dict | None) -> str:
     return (
         f"[{status['elapsed_s']:6.0f} s] episodes {status['global_episode']:>6}  "
         f"steps {status['global_steps']:>9,}  mean100 {_fmt(status['mean_return_100']):>6}  "
-        f"best {_fmt(status['best_score']):>6}  env steps/s {rate:>7,.0f}  "
+        f"best {_fmt(status['best_score']):>6}  env steps/s {rate:>7}  "
         f"updates {status['updates_applied']:>6}  workers: {ws}"
     )
 

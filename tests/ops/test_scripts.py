@@ -36,7 +36,9 @@ def test_progress_line_measures_the_rate_between_two_statuses() -> None:
     assert "env steps/s   5,000" in line
     assert "mean100   41.5" in line and "best    120" in line
     assert "workers: 1 lost, 2 running" in line
-    assert "env steps/s       0" in progress_line(status(1.0, 0), None)
+    assert "env steps/s       -" in progress_line(status(1.0, 0), None)
+    # A run resumed from its last save counts from there: no rate, not a negative one.
+    assert "env steps/s       -" in progress_line(status(6.0, 18_650), status(5.0, 23_187))
     # Small returns keep the decimals that tell them from the target (1.38 is not 1.4).
     small = progress_line(status(1.0, 0, mean_return_100=1.38, best_score=1.48), None)
     assert "mean100   1.38" in small and "best   1.48" in small
