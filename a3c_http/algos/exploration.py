@@ -143,8 +143,8 @@ class WidenedPolicy:
         dist, value = self.model(obs)
         return self._widen(dist), value
 
-    def act(self, *args: Any) -> tuple[Distribution, torch.Tensor, Any]:
-        dist, value, state = self.model.act(*args)
+    def act(self, *args: Any, **kwargs: Any) -> tuple[Distribution, torch.Tensor | None, Any]:
+        dist, value, state = self.model.act(*args, **kwargs)
         return self._widen(dist), value, state
 
     def unroll(self, *args: Any) -> tuple[Distribution, torch.Tensor]:

@@ -45,7 +45,8 @@ class Rollout:
     # what importance ratios (PPO, V-trace) are taken against.
     log_probs: torch.Tensor
     rewards: torch.Tensor  # [T, N], what the loss learns from (clipped with clip_reward)
-    values: torch.Tensor  # [T, N], V(obs) under the weights that acted
+    # [T, N], V(obs) under the weights that acted; None as `last_value`.
+    values: torch.Tensor | None
     terminated: torch.Tensor  # [T, N] bool (with life_loss, also where a life was lost)
     truncated: torch.Tensor  # [T, N] bool
     valid: torch.Tensor  # [T, N] bool: False on autoreset steps
@@ -164,7 +165,8 @@ class RolloutCollector:
         self, model: ActorCritic, t_max: int, policy_version: int = 0, bootstrap: bool = True
     ) -> Rollout:
         """`t_max` steps of every environment with `model` (the weights of `policy_version`);
-        `bootstrap`: with the value of the observation after the last step (`last_value`)."""
+        `bootstrap`: with the value of each step (`values`) and of the observation after the
+        last step (`last_value`); without, both None (a learner values the rollout itself)."""
         obs_buf, act_buf, rew_buf, val_buf, dists = [], [], [], [], []
         term_buf, trunc_buf, valid_buf, disc_buf, start_buf = [], [], [], [], []
         episodes: list[Episode] = []
@@ -175,7 +177,7 @@ class RolloutCollector:
         for _ in range(t_max):
             obs_t, starts = obs_tensor(self._obs), torch.as_tensor(self._fresh)
             with torch.no_grad():
-                dist, value, self._state = model.act(obs_t, self._state, starts)
+                dist, value, self._state = model.act(obs_t, self._state, starts, value=bootstrap)
                 action = dist.sample()
             dists.append(dist)
             env_action = action.numpy()
@@ -231,7 +233,7 @@ class RolloutCollector:
             actions=(actions := torch.stack(act_buf)),
             log_probs=behaviour_log_probs(dists, actions),
             rewards=torch.stack(rew_buf),
-            values=torch.stack(val_buf),
+            values=torch.stack(val_buf) if bootstrap else None,
             terminated=torch.stack(term_buf),
             truncated=torch.stack(trunc_buf),
             valid=valid,

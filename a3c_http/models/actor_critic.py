@@ -113,31 +113,37 @@ class ActorCritic(nn.Module):
         )
 
     # The parts, over a batch `[B, *obs_shape]`.
+    def _input(self, obs: torch.Tensor) -> torch.Tensor:
+        """What the torsos take: the image encoder's features, or the flat observation
+        (normalised where the model keeps observation statistics)."""
+        if hasattr(self, "encoder"):
+            return self.encoder(obs)
+        x = flat(obs)
+        return self.obs_rms.normalize(x) if hasattr(self, "obs_rms") else x
+
     def _features(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The policy's and the value's features before the core (the same tensor when shared)."""
-        if hasattr(self, "encoder"):
-            x = self.encoder(obs)
-        else:
-            x = flat(obs)
-            if hasattr(self, "obs_rms"):
-                x = self.obs_rms.normalize(x)
+        x = self._input(obs)
         if hasattr(self, "torso"):
             shared = self.torso(x)
             return shared, shared
         return self.policy_torso(x), self.value_torso(x)
 
-    def _heads(self, pi: torch.Tensor, v: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
-        """The action distribution and the value from features of any leading shape."""
-        value = self.value_head(v).squeeze(-1)
+    def _distribution(self, pi: torch.Tensor) -> Distribution:
+        """The action distribution from policy features of any leading shape."""
         out = self.policy_head(pi)
         # No argument checks: the network's own outputs always fit, and the checks cost a tenth
         # of a rollout's time. A diverged network still shows: its gradients are not finite, and
         # the master refuses them (422).
         if self.discrete:
-            return Categorical(logits=out, validate_args=False), value
+            return Categorical(logits=out, validate_args=False)
         std = self.log_std.clamp(-20.0, 2.0).exp().expand_as(out)
         # Independent sums log-probabilities and entropies over the action dimensions.
-        return Independent(Normal(out, std, validate_args=False), 1, validate_args=False), value
+        return Independent(Normal(out, std, validate_args=False), 1, validate_args=False)
+
+    def _heads(self, pi: torch.Tensor, v: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
+        """The action distribution and the value from features of any leading shape."""
+        return self._distribution(pi), self.value_head(v).squeeze(-1)
 
     def _core(
         self, features: torch.Tensor, state: State, starts: torch.Tensor | None
@@ -158,17 +164,26 @@ class ActorCritic(nn.Module):
         return zeros, zeros.clone()
 
     def act(
-        self, obs: torch.Tensor, state: State = (), starts: torch.Tensor | None = None
-    ) -> tuple[Distribution, torch.Tensor, State]:
+        self,
+        obs: torch.Tensor,
+        state: State = (),
+        starts: torch.Tensor | None = None,
+        *,
+        value: bool = True,
+    ) -> tuple[Distribution, torch.Tensor | None, State]:
         """One step of `[N]` environments: the action distribution, the value and the state
         after it. `starts[i]`: environment i's observation begins an episode (its state is
-        zeroed first)."""
-        pi, v = self._features(obs)
+        zeroed first). `value` False: no value (None) and none of its layers run, for an actor
+        whose learner values the rollout itself (every acting policy's `act` takes it)."""
+        x = self._input(obs)
+        shared = hasattr(self, "torso")
+        pi = v = self.torso(x) if shared else self.policy_torso(x)
         if self.recurrent:
             pi, state = self._core(pi, state or self.initial_state(obs.shape[0]), starts)
             v = pi
-        dist, value = self._heads(pi, v)
-        return dist, value, state
+        elif value and not shared:
+            v = self.value_torso(x)
+        return self._distribution(pi), self.value_head(v).squeeze(-1) if value else None, state
 
     def unroll(
         self, obs: torch.Tensor, state: State = (), starts: torch.Tensor | None = None

@@ -87,9 +87,11 @@ class QNetwork(nn.Module):
         state: tuple[()] = (),
         starts: torch.Tensor | None = None,
         epsilon: float = 0.0,
+        *,
+        value: bool = True,
     ) -> tuple[Distribution, torch.Tensor, tuple[()]]:
         """The epsilon-greedy distribution over the actions of `[N]` observations, the highest
-        Q-value of each and the (empty) state."""
+        Q-value of each (`value` changes nothing: it costs no layer) and the (empty) state."""
         q = self(obs)
         best = torch.nn.functional.one_hot(q.argmax(dim=-1), q.shape[-1]).to(q.dtype)
         probs = (1.0 - epsilon) * best + epsilon / q.shape[-1]
@@ -109,8 +111,8 @@ class EpsilonGreedy:
         self.model = model
         self.epsilon = epsilon
 
-    def act(self, obs: torch.Tensor, state: Any = (), starts: Any = None) -> Any:
-        return self.model.act(obs, state, starts, self.epsilon)
+    def act(self, obs: torch.Tensor, state: Any = (), starts: Any = None, **kwargs: Any) -> Any:
+        return self.model.act(obs, state, starts, self.epsilon, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)

@@ -62,10 +62,15 @@ class DPGNetwork(nn.Module):
         return torch.tanh(self.actor_out(self.actor(flat(obs))))
 
     def act(
-        self, obs: torch.Tensor, state: State = (), starts: torch.Tensor | None = None
+        self,
+        obs: torch.Tensor,
+        state: State = (),
+        starts: torch.Tensor | None = None,
+        *,
+        value: bool = True,
     ) -> tuple[PointPolicy, torch.Tensor, State]:
         """One step of `[N]` environments: the actor's action as a policy, a value of 0 (the
-        critics value actions, not states) and no state."""
+        critics value actions, not states; `value` changes nothing) and no state."""
         return PointPolicy(self.action(obs), self.box), torch.zeros(obs.shape[0]), ()
 
     def initial_state(self, n: int) -> State:
@@ -85,9 +90,9 @@ class NoisyPolicy:
         self.noise = noise
 
     def act(
-        self, obs: torch.Tensor, state: State = (), starts: torch.Tensor | None = None
+        self, obs: torch.Tensor, state: State = (), starts: torch.Tensor | None = None, **kw: Any
     ) -> tuple[PointPolicy, torch.Tensor, State]:
-        dist, value, state = self.model.act(obs, state, starts)
+        dist, value, state = self.model.act(obs, state, starts, **kw)
         return PointPolicy(dist.unit, dist.box, self.noise), value, state
 
     def __getattr__(self, name: str) -> Any:

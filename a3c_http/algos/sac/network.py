@@ -88,10 +88,15 @@ class SACNetwork(nn.Module):
         return SquashedGaussian(self.actor_mean(h), log_std, self.box)
 
     def act(
-        self, obs: torch.Tensor, state: State = (), starts: torch.Tensor | None = None
+        self,
+        obs: torch.Tensor,
+        state: State = (),
+        starts: torch.Tensor | None = None,
+        *,
+        value: bool = True,
     ) -> tuple[SquashedGaussian, torch.Tensor, State]:
         """One step of `[N]` environments: the policy, a value of 0 (the critics value actions,
-        not states; a worker bootstraps nothing) and no state."""
+        not states; a worker bootstraps nothing; `value` changes nothing) and no state."""
         return self.policy(obs), torch.zeros(obs.shape[0]), ()
 
     def initial_state(self, n: int) -> State:
