@@ -1,9 +1,9 @@
 """The off-policy algorithms of continuous actions on real processes: a SAC run's learner trains
 from the actors' replay and the master saves its state (its optimizers, the entropy coefficient's,
 the target critics) in the run folder; an Ape-X DPG run's actors, each with its own noise, feed the
-learner's prioritized replay. A learner that starts again from that state: tests/unit/
-test_continuous.py; a resumed run's learner given its saved state after kill -9 of the master:
-tests/cluster/test_learner_runs.py."""
+learner's prioritized replay. A learner that starts again from that state, and the master's check
+of it: tests/unit/test_continuous.py; a learner's saved state handed to the resumed run's learner
+after kill -9 of the master: tests/cluster/test_apex_runs.py."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from a3c_http.algos.learner import rollout_tensors
 from a3c_http.algos.registry import algorithm_class, model_for, train_config
 from a3c_http.algos.sac.network import SquashedGaussian
 from a3c_http.envs.rollout import RolloutCollector
+from a3c_http.optim.flatnet import non_finite_optimizer_state
 from a3c_http.wire.named_tensors import decode_tensors, encode_tensors
 from a3c_http.wire.tensors import WireError
 
@@ -136,6 +137,12 @@ def test_a_learner_steps_every_part_and_starts_again_from_its_state(
         )
     if algo == "sac":
         assert second.log_alpha.item() == first.log_alpha.item()
+    # What the master checks before it saves the state, and again when it resumes from it,
+    # looks through the state's nested optimizers: a NaN in one is found and named.
+    assert non_finite_optimizer_state(state) is None
+    part = sorted(parts)[-1]
+    state["optimizers"][part]["state"][0]["exp_avg_sq"].view(-1)[0] = float("nan")
+    assert non_finite_optimizer_state(state) == "'exp_avg_sq' of the optimizer state"
 
 
 @pytest.mark.parametrize("algo", ["sac", "apex_dpg"])
