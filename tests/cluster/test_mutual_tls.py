@@ -29,7 +29,7 @@ from tests.support.tls import make_files
 
 pytestmark = pytest.mark.integration
 
-PPO_RUN = {"algo": "ppo", "num_envs": 2, "t_max": 8, "max_episodes": 40, "seed": 7}
+PPO_RUN = {"algo": "ppo", "num_envs": 2, "t_max": 8, "max_episodes": 20, "seed": 7}
 
 
 def _context(trust: Path | None, cert: Path | None, key: Path | None) -> ssl.SSLContext:
@@ -98,7 +98,7 @@ def test_a_mutual_tls_cluster_trains_and_lets_in_only_its_own(
              "--config", json.dumps(PPO_RUN), "--every", "1"],
             env=env, capture_output=True, text=True, timeout=120,
         )
-        assert "run finished: max_episodes=40 reached" in done.stdout, done.stdout + done.stderr
+        assert "run finished: max_episodes=20 reached" in done.stdout, done.stdout + done.stderr
         assert done.returncode == 1  # followed to its end over TLS, and not solved
         done_status, _ = cluster.wait_workers_settled()
         used = done_status["learner"]["rollouts_used"]
