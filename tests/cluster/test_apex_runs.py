@@ -1,5 +1,6 @@
 """An Ape-X run on real processes: actors push prioritized experience to the learner's replay, and
-after a kill -9 of the master the run is taken up again, its target network refreshed on."""
+after a kill -9 of the master the run is taken up again with its target network's version and a new
+learner."""
 
 from __future__ import annotations
 
@@ -58,12 +59,8 @@ def test_an_apex_run_learns_and_keeps_its_target_network_across_a_killed_master(
     cluster.master.start().wait_healthy()
     resumed = cluster.status()
     assert resumed["state"] == "running"
-    # Taken up from the save (tests/service/test_target_network.py: as it was saved), then
-    # refreshed on as the resumed run learns.
+    # Taken up from the save (tests/service/test_target_network.py: as it was saved); a resumed
+    # learner learning on: tests/cluster/test_learner_runs.py.
     assert resumed["target_version"] >= saved.state["target_version"]
-    wait_for(
-        lambda: cluster.status()["target_version"] > saved.state["target_version"],
-        120,
-        "the resumed run to learn on and refresh its target network",
-    )
+    assert resumed["learner"]["running"]
     assert cluster.stop_run()
