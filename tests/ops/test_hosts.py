@@ -307,10 +307,27 @@ def test_up_status_down_on_two_ssh_hosts_that_a_master_trains_with(
         assert reply.status_code == 202, reply.text
         final = wait_for(lambda: (s := http.get(f"{master.url}/status").json())["state"]
                          == "finished" and s, 120, "the run to finish")  # fmt: skip
+        # Without the token, from another host (this test's namespace): 401, Bearer.
+        with httpx.Client(timeout=30, verify=verify, trust_env=False) as anonymous:
+            for url in (f"{master.url}/status", f"https://{w1}:8001/status"):
+                r = anonymous.get(url)
+                assert r.status_code == 401 and r.headers.get("WWW-Authenticate") == "Bearer", r
+            assert anonymous.post(f"{master.url}/train", json=SHORT_RUN).status_code == 401
+        # Once the workers are done, what they counted is what the master credited them with.
+        final = wait_for(lambda: (s := http.get(f"{master.url}/status").json())
+                         and {w["state"] for w in s["workers"]} == {"done"} and s, 30,
+                         "the master to see both workers done")  # fmt: skip
+        seen = {u: http.get(f"{u}/status").json() for u in (f"https://{w1}:8001",
+                                                              f"https://{w2}:8001")}  # fmt: skip
     assert final["finish_reason"].startswith("max_episodes"), final
-    episodes = {w["url"]: w["episodes"] for w in final["workers"]}
-    assert sorted(episodes) == [f"https://{w1}:8001", f"https://{w2}:8001"], final["workers"]
-    assert all(n > 0 for n in episodes.values()), episodes
+    records = {w["url"]: w for w in final["workers"]}
+    assert sorted(records) == [f"https://{w1}:8001", f"https://{w2}:8001"], final["workers"]
+    assert all(r["episodes"] > 0 for r in records.values()), records
+    assert sum(r["episodes"] for r in records.values()) == final["global_episode"] >= 40
+    assert sum(r["steps"] for r in records.values()) == final["global_steps"]
+    for url, worker in seen.items():
+        assert worker["state"] == "done" and worker["master_url"] == master.url, worker
+        assert worker["episodes"] == records[url]["episodes"], (worker, records[url])
 
     # status: both running and healthy; a host where nothing answers is one line, not a hang.
     nobody = str(net.subnet.network_address + 13)
