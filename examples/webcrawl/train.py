@@ -8,9 +8,10 @@ Run from anywhere: Python puts this script's folder on sys.path, so `webcrawl` i
 (A3C_ENV_MODULES). With --master, every host of that cluster must have the package (pip install
 examples/webcrawl, or the image extended with it) and list it in A3C_ENV_MODULES.
 
-Exit code: 0 when the run was solved and the policy plays at the environment's threshold: the mean
-return of --episodes episodes, played as the run was judged (PPO's policy as it samples), within
-two standard errors of it or above.
+Exit code: 0 when the run was solved (trained to a mean return of 3.25, past the environment's
+threshold of 3.0) and the policy plays at that threshold: the mean return of --episodes episodes,
+played as the run was judged (PPO's policy as it samples), within two standard errors of it or
+above.
 """
 
 from __future__ import annotations
@@ -32,7 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="the run's seed")
     parser.add_argument("--episodes", type=int, default=20, help="episodes to play (20)")
     args = parser.parse_args(argv)
-    config = {} if args.seed is None else {"seed": args.seed}
+    # The mean of the last 100 episodes first reaches a target on a lucky window: a run stopped
+    # right at the threshold (3.0) leaves a crawler that plays at about 2.8. Training on to 3.25
+    # (a second or two more here) leaves one that plays at the threshold.
+    config = {"target_return": 3.25}
+    if args.seed is not None:
+        config["seed"] = args.seed
 
     # "webcrawl:WebCrawl-v0": importing webcrawl registers WebCrawl-v0 (passing the module
     # itself, a3c_http.train(webcrawl, ...), names the same environment).
