@@ -38,6 +38,9 @@ alive() {
     [ -n "$1" ] && [ -r "/proc/$1/cmdline" ] &&
         tr '\000' ' ' < "/proc/$1/cmdline" | grep -q -- "a3c-worker .*--port $2 "
 }
+ended() {  # no such process, or a zombie: its ports and files released
+    [ ! -r "/proc/$1/stat" ] || [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -c1)" = Z ]
+}
 """
 
 # $1 the folder, then the address to bind, the folder of a3c-worker (empty: PATH), the ports.
@@ -93,7 +96,8 @@ done
 
 # $1 the folder, then the seconds a worker has to end after SIGTERM, then the ports. Prints
 # `none PORT`, `gone PORT PID` (its pid file named a process that had ended), `stopped PORT PID`,
-# or `killed PORT PID` (SIGKILL to its process group after the grace).
+# or `killed PORT PID` (SIGKILL to its process group after the grace); returns once each signalled
+# one has ended (at most 5 s more).
 DOWN = (
     _PRELUDE
     + r"""
@@ -113,12 +117,19 @@ while [ -n "$signalled" ] && [ $i -lt $((grace * 20)) ]; do
     [ $left = 0 ] && break
     sleep 0.05; i=$((i + 1))
 done
+pids=""
 for port in $signalled; do
     pid=$(cat "$port.pid")
     if alive "$pid" "$port"; then
         kill -KILL -- "-$pid" 2> /dev/null || kill -KILL "$pid"; echo "killed $port $pid"
     else echo "stopped $port $pid"; fi
+    pids="$pids $pid"
     rm -f "$port.pid"
+done
+# Each one's exit finished (a process leaves its command line before its ports): at most 5 s.
+i=0
+for pid in $pids; do
+    while ! ended "$pid" && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
 done
 """
 )

@@ -62,8 +62,9 @@ def test_a_killed_master_resumes_from_its_last_save_and_only_impatient_workers_g
     )
     last = cluster.status()
     master = cluster.master
-    master.kill()
+    # Timed from before the signal: a worker may find the master gone before kill() has reaped it.
     killed_at, killed_wall = time.monotonic(), time.time()
+    master.kill()
     saved = RunStore(cluster.run_dir).load()
     persisted = saved.state
 

@@ -92,7 +92,7 @@ def remote(user: float, tmp_path: Path) -> Iterator[LocalCluster]:
         cluster.close()
 
 
-def test_train_on_a_running_master(remote: LocalCluster, user: float) -> None:
+def test_train_on_a_running_master(remote: LocalCluster) -> None:
     url = remote.master.url
     with pytest.raises(a3c_http.TrainError) as caught:
         a3c_http.train(ENV_ID, master=url, token=TOKEN, progress=False)
@@ -110,9 +110,6 @@ def test_train_on_a_running_master(remote: LocalCluster, user: float) -> None:
         assert run.solved and not run.local, run.result
         assert run.folder == (remote.run_dir).resolve()  # on the master's host, as /status says
         assert len(run.history().episodes) >= 100
-        policy = run.policy()  # the master's global weights, over HTTP
-        assert policy.run_id == run.id
-        returns = policy.play(50, seed=0)  # played as it samples, as the run was judged
-        error = statistics.stdev(returns) / len(returns) ** 0.5
-        assert statistics.fmean(returns) + 2 * error >= user
+        # the master's global weights, over HTTP (how they play: the example's test, above)
+        assert run.policy().run_id == run.id
     assert remote.master.running()  # not ours to end
