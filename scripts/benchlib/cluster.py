@@ -285,12 +285,17 @@ def fresh_run(index: int, n_workers: int, overrides: dict, cap_s: float) -> dict
     total = sum(spent.values()) or 1.0
     # The master's clock once the run is solved or finished (at max_steps); else the cap's.
     finished = status["solved"] or status["state"] == "finished"
+    # A run solved on an evaluation: the env steps its evaluated weights were made from, as
+    # SB3's count at its own evaluation (which stops its training while it plays); the steps
+    # the actors made while the master played are in the wall time alone.
+    on_eval = status["solved"] and status["config"].get("solved_on") == "eval"
+    env_steps = status["eval_global_steps"] if on_eval else status["env_steps"]
     return {
         "solved": status["solved"],
         "seconds": status["elapsed_s"] if finished else wall,
         "episodes": status["global_episode"],
         "steps": status["global_steps"],
-        "env_steps": status["env_steps"],
+        "env_steps": env_steps,
         "mean_return_100": status["mean_return_100"],
         "eval_return": status["eval_mean_return"],  # the final weights' (latest), if any
         "updates": status["updates_applied"],
