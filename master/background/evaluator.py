@@ -14,9 +14,11 @@ due meanwhile starts when it ends: none queue up. A failed evaluation never stop
 error is `eval_error` in /status, and in the log (master/run/events.py).
 
 The child is started at the first evaluation of a run and ended once the run is over and nothing is
-in flight, or at shutdown (an evaluation in flight is then dropped). It is a plain "spawn" process
+in flight, or at shutdown (an evaluation in flight is then dropped). It is a plain process
 with a pipe rather than a ProcessPoolExecutor: Python 3.11's pool cannot end a task in flight
 (`terminate_workers` came in 3.14), and its exit handler would make a stopping master wait for it.
+It starts as the learner does, from the master's fork server (master/learning/learner_needs.py
+`child_context`).
 """
 
 from __future__ import annotations
@@ -24,13 +26,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import multiprocessing
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from a3c_http.config.training import TrainConfig
 from a3c_http.policy.evaluation import serve
+from master.learning.learner_needs import child_context
 from master.learning.parameter_server import ParameterServer
 from master.run.ledger import RunLedger
 
@@ -45,7 +47,7 @@ class _Child:
     pipe."""
 
     def __init__(self) -> None:
-        context = multiprocessing.get_context("spawn")
+        context = child_context()
         self.conn, child_end = context.Pipe()
         self.process = context.Process(
             target=serve, args=(child_end,), name="a3c-evaluation", daemon=True

@@ -1,14 +1,18 @@
 """What the master host must have for a run's learner beside it: the device its config names
 (`resolve_device`) and room in shared memory for the learner's rollout slots and weights
-(`check_shared_memory`), both checked at `POST /train` before anything changes; and how its
-threads wait (`spinning_threads`)."""
+(`check_shared_memory`), both checked at `POST /train` before anything changes; how its
+threads wait (`spinning_threads`); and how the master's children start (`child_context`)."""
 
 from __future__ import annotations
 
 import contextlib
 import math
+import multiprocessing
 import os
+import threading
 from collections.abc import Iterator, Mapping
+from multiprocessing import forkserver
+from multiprocessing.context import BaseContext
 
 import torch
 
@@ -89,3 +93,28 @@ def spinning_threads() -> Iterator[None]:
         yield
     finally:
         os.environ.pop("OMP_WAIT_POLICY", None)
+
+
+# What a child of the master imports before it runs: the fork server imports it once.
+CHILD_MODULES = ["torch", "master.learning.learner_loop", "a3c_http.policy.evaluation"]
+_fork_server = threading.Lock()
+
+
+def child_context() -> BaseContext:
+    """The context the master starts its children in (the learner, the evaluation process): a
+    fork server of its own, started at the first child with CHILD_MODULES imported and under
+    `spinning_threads` (OpenMP reads its wait policy as torch loads), from which each child
+    forks with its imports done (a "spawn" child imports them again: about 1.5 s of CPU each).
+    A child forks from a process that never ran a thread of the master's, as a spawned one
+    starts from none; a child still gets its work (config, weights) as its arguments, and
+    reads nothing of the master's environment that changed after the server started."""
+    try:
+        context = multiprocessing.get_context("forkserver")
+    except ValueError:  # a platform without fork
+        return multiprocessing.get_context("spawn")
+    with _fork_server:
+        context.set_forkserver_preload(CHILD_MODULES)
+        with spinning_threads():
+            forkserver.ensure_running()
+    return context
+

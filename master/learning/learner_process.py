@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import multiprocessing
 import queue
 import threading
 import time
@@ -42,7 +41,7 @@ from a3c_http.config.training import TrainConfig
 from a3c_http.wire.named_tensors import Expected
 from a3c_http.wire.protocol import EXPERIENCE_HOLD_S
 from master.learning.learner_loop import Publication, Start, learner_main
-from master.learning.learner_needs import resolve_device, spinning_threads
+from master.learning.learner_needs import child_context, resolve_device, spinning_threads
 
 log = logging.getLogger("a3c.master")
 
@@ -153,7 +152,7 @@ class LearnerProcess:
                 name: torch.empty((capacity, *e.shape), dtype=e.dtypes[0]).share_memory_()
                 for name, e in expected.items()
             }
-        context = multiprocessing.get_context("spawn")
+        context = child_context()
         inbox, outbox = context.Queue(), context.Queue()
         self._shared = weights.detach().to("cpu", torch.float32, copy=True).share_memory_()
         self._shared_version, self._shared_lock = context.Value("q", version), context.Lock()

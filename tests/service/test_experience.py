@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -78,6 +79,12 @@ def test_rollouts_reach_the_learner_and_the_reply_brings_newer_weights(
     assert seen["model_version"] == version + 1
     assert seen["learner"]["device"] == "cpu"
     assert {"train/clip_fraction", "train/approx_kl"} <= set(seen["learner"]["metrics"])
+    # It forked from the master's fork server (torch imported there once), whose environment
+    # keeps its OpenMP threads spinning (learner_needs.child_context).
+    pid = seen["learner"]["pid"]
+    assert b"OMP_WAIT_POLICY=ACTIVE" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+    assert b"forkserver" in Path(f"/proc/{parent}/cmdline").read_bytes()
     newer = push(client, rollout(), version)
     assert newer.status_code == 200, newer.text
     assert int(newer.headers["X-Model-Version"]) >= version + 1
