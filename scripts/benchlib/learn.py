@@ -31,6 +31,7 @@ import statistics
 from pathlib import Path
 
 from scripts.benchlib.cluster import fresh_run
+from scripts.benchlib.options import seed_list
 from scripts.benchlib.procs import interrupt
 from scripts.benchlib.sb3 import (
     run_recurrent_ppo,
@@ -161,7 +162,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     signal.signal(signal.SIGTERM, interrupt)  # so the cluster's `finally` ends every process
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", default=None, help="default: every task of the algo")
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument(
+        "--seeds", default="3",
+        help="how many seeds (N: 0 to N-1; default 3), or which ones, comma-separated with a "
+        "comma at least (`1,2`; `5,`)",
+    )  # fmt: skip
     parser.add_argument(
         "--algo", default="a3c", choices=("a3c", "ppo", "impala", "dqn", "apex", *CONTINUOUS),
         help="the cluster's algo; sb3 is then SB3's PPO for ppo and impala, its DQN for dqn and "
@@ -178,6 +183,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--cap", type=float, default=None, help="seconds (default per task)")
     parser.add_argument("--json", type=Path, default=None, help="write every run's figures here")
     args = parser.parse_args(argv)
+    seeds = seed_list(args.seeds, parser)
     learners = args.learners.split(",")
     report: dict[str, list[dict]] = {}
     known = CONTINUOUS_TASKS if args.algo in CONTINUOUS else TASKS
@@ -197,7 +203,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         )
         how = "stop there" if task.stop_at_target else f"at {args.budget or task.budget:,} steps"
         print(f"== {env_id} (target {task.target:g}, {how}; sb3: {ref})", flush=True)
-        for seed in range(args.seeds):
+        for seed in seeds:
             for learner in learners:  # alternating: learner by learner within each seed
                 r = {"learner": learner, "seed": seed, **run_one(learner, env_id, seed, args)}
                 rows.append(r)

@@ -42,3 +42,18 @@ def counts(option: str, text: str, parser: argparse.ArgumentParser) -> list[int]
     if not values or min(values) < 1:
         parser.error(f"{option} {text!r}: give one or more numbers of at least 1")
     return values
+
+
+def seed_list(text: str, parser: argparse.ArgumentParser) -> list[int]:
+    """`--seeds`: N (seeds 0 to N-1) or a comma-separated list of seeds (`1,2`, `5,`); the
+    parser's error, naming the problem, for anything else."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if "," not in text and len(values) == 1 and values[0] >= 1:
+        return list(range(values[0]))
+    if "," in text and values and min(values) >= 0:
+        return values
+    parser.error(f"--seeds {text!r}: give a count (3) or seeds, comma-separated (1,2 or 5,)")
+    raise AssertionError  # parser.error exits

@@ -5,6 +5,7 @@ quick run end to end; `staleness`: its summary of made-up runs; every command's 
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import re
@@ -19,7 +20,7 @@ from a3c_http.wire import tensors as wire
 from scripts.benchlib.bar import bar
 from scripts.benchlib.cluster import median_round, steady_rate
 from scripts.benchlib.load import ready_bodies
-from scripts.benchlib.options import config_overrides
+from scripts.benchlib.options import config_overrides, seed_list
 from scripts.benchlib.procs import default_workers, pin_sets, receivers_cores
 from scripts.benchlib.scale import OWN_FIELDS, OWN_WHY, add_efficiency, window_figures
 from scripts.benchlib.staleness import summary as staleness_summary
@@ -226,6 +227,15 @@ def test_scale_config_overrides_are_checked_as_the_master_checks_a_config() -> N
     ]:
         with pytest.raises(ValueError, match=re.escape(says)):
             config_overrides(text, OWN_FIELDS, OWN_WHY)
+
+
+def test_learn_takes_a_count_of_seeds_or_the_seeds_themselves() -> None:
+    parser = argparse.ArgumentParser(prog="bench.py learn")
+    assert seed_list("3", parser) == [0, 1, 2]
+    assert seed_list("1,2", parser) == [1, 2] and seed_list("5,", parser) == [5]
+    for wrong in ("0", "x", ",", "-1,2"):
+        with pytest.raises(SystemExit):
+            seed_list(wrong, parser)
 
 
 @pytest.mark.integration
