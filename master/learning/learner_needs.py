@@ -6,6 +6,7 @@ threads wait (`spinning_threads`); and how the master's children start (`child_c
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import multiprocessing
 import os
@@ -95,6 +96,7 @@ def spinning_threads() -> Iterator[None]:
         os.environ.pop("OMP_WAIT_POLICY", None)
 
 
+log = logging.getLogger("a3c.master.learner")
 # What a child of the master imports before it runs: the fork server imports it once.
 CHILD_MODULES = ["torch", "master.learning.learner_loop", "a3c_http.policy.evaluation"]
 _fork_server = threading.Lock()
@@ -107,14 +109,19 @@ def child_context() -> BaseContext:
     forks with its imports done (a "spawn" child imports them again: about 1.5 s of CPU each).
     A child forks from a process that never ran a thread of the master's, as a spawned one
     starts from none; a child still gets its work (config, weights) as its arguments, and
-    reads nothing of the master's environment that changed after the server started."""
+    reads nothing of the master's environment that changed after the server started. Where no
+    fork server can start (no fork; no writable temporary folder for its socket), "spawn"."""
     try:
         context = multiprocessing.get_context("forkserver")
     except ValueError:  # a platform without fork
         return multiprocessing.get_context("spawn")
     with _fork_server:
         context.set_forkserver_preload(CHILD_MODULES)
-        with spinning_threads():
-            forkserver.ensure_running()
+        try:
+            with spinning_threads():
+                forkserver.ensure_running()
+        except OSError as exc:
+            log.warning("no fork server for the learner (%s): it is spawned", exc)
+            return multiprocessing.get_context("spawn")
     return context
 

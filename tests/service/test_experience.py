@@ -263,6 +263,14 @@ def test_a_learner_whose_slots_do_not_fit_in_shared_memory_is_refused(
     assert status(client)["state"] == "idle" and launched == []
 
 
+def test_where_no_fork_server_starts_the_learner_is_spawned(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_socket() -> None:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(learner_needs.forkserver, "ensure_running", no_socket)
+    assert learner_needs.child_context().get_start_method() == "spawn"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a CUDA GPU")
 def test_a_device_the_master_host_lacks_is_refused(client: TestClient, launched: list) -> None:
     r = client.post("/train", json={"workers": ["127.0.0.1:9001"], **PPO, "device": "cuda"})
