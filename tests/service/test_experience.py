@@ -263,7 +263,9 @@ def test_a_learner_whose_slots_do_not_fit_in_shared_memory_is_refused(
     assert status(client)["state"] == "idle" and launched == []
 
 
-def test_where_no_fork_server_starts_the_learner_is_spawned(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_where_no_fork_server_starts_the_learner_is_spawned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     def no_socket() -> None:
         raise OSError(30, "Read-only file system")
 
