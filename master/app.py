@@ -22,11 +22,13 @@ from a3c_http.store.runstore import RunDirInUse
 from a3c_http.wire.protocol import STOP_HEADER
 from a3c_http.wire.tensors import WireError
 from master.api import original, run, view, weights
+from master.api.headers import TENSOR_PATHS
 from master.api.metrics import MasterMetrics
 from master.background import housekeeping
 from master.errors import Invalid
 from master.ingress.receivers import Receivers
-from master.ingress.updates import UpdateRoute, push, take_push
+from master.ingress.route import UpdateRoute
+from master.ingress.updates import push, take_push
 from master.persistence import tensorboard
 from master.persistence.scalars import Sink
 from master.persistence.wandb_sink import WandB
@@ -104,7 +106,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         quiet_paths=hot if quiet else None,
         quiet_conflicts={"/gradients", "/experience", "/local_model_weights"} if quiet else None,
         public_paths=view.PUBLIC_PATHS,
-        tensor_paths=weights.TENSOR_PATHS,
+        tensor_paths=TENSOR_PATHS,
     )
     for module in (original, weights, run, view):
         app.include_router(module.router)

@@ -25,13 +25,13 @@ from a3c_http.server.edge import is_loopback
 from a3c_http.server.service import JSON_BODY, ErrorBody, conflict, protected_router
 from a3c_http.wire.protocol import METRICS_CONTENT_TYPE as METRICS_TYPE
 from master.api.deps import State
+from master.api.headers import Seq
 from master.api.schemas import (
     OTHER_RUN,
     TRAIN_BODY,
     EpisodeIn,
     HeartbeatIn,
     JoinIn,
-    Seq,
     read_train_body,
 )
 from master.background.launcher import UNREACHABLE

@@ -6,74 +6,26 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import Header
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from a3c_http.algos.registry import read_config, section_schemas
 from a3c_http.config.training import TrainConfig
 from a3c_http.server.service import conflict
-from a3c_http.wire.protocol import (
-    GRAD_NORM_HEADER,
-    LOSS_HEADER,
-    MAX_COUNT,
-    RUN_ID_HEADER,
-    SEQ_HEADER,
-    VERSION_HEADER,
-    WORKER_ID_HEADER,
-    WORKER_ID_PATTERN,
-)
+from a3c_http.wire.protocol import MAX_COUNT, WORKER_ID_PATTERN
+from master.api.headers import WorkerId
 from master.learning.admission import MAX_ABS_RETURN, MAX_LENGTH
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 # An episode's return, or a statistic of returns (master/learning/admission.py MAX_ABS_RETURN): one
 # report of 1e308 once made the best score, and a hundred would have solved the run.
 Return = Annotated[float, Field(ge=-MAX_ABS_RETURN, le=MAX_ABS_RETURN, allow_inf_nan=False)]
-WorkerId = Annotated[str, Field(min_length=1, max_length=128, pattern=WORKER_ID_PATTERN)]
 RunId = Annotated[str | None, Field(None, max_length=64)]
 # The 409 of the worker messages: they carry a `run_id`, and only registered workers send them.
 OTHER_RUN = conflict(
     "`run_id` names another run than the current one, or `worker_id` is not registered in the "
     "run (POST /worker_started); `X-A3C-Stop: 1` tells the worker to stop"
 )
-# X-A3C-Seq: a worker's own rising number for its episode reports, gradients and weights; a retry
-# keeps the number of its first attempt, so the master never counts it twice.
-# Optional (the routes default it to None), but never null: the schema says integer.
-MAX_SEQ = 2**62
-_SEQ = {"alias": SEQ_HEADER, "ge": 1, "le": MAX_SEQ,
-        "description": "The worker's rising request number; retries keep it."}
-Seq = Annotated[int, Header(**_SEQ)]
-
-
-class PushHeaders(BaseModel):
-    """The headers of a gradient push (`POST /gradients`), one model for the route's schema
-    (master/api/weights.py) and for the hot path that serves it (master/ingress/gradients.py), so
-    both judge a push alike."""
-
-    model_config = ConfigDict(extra="ignore")  # the request's other headers
-    worker_id: Annotated[WorkerId, Field(alias=WORKER_ID_HEADER)]
-    model_version: Annotated[
-        int, Field(alias=VERSION_HEADER, ge=0, description="The version they were computed on.")
-    ]
-    run_id: Annotated[str, Field(alias=RUN_ID_HEADER, max_length=64)] = None
-    seq: Annotated[int, Field(**_SEQ)] = None
-    loss: Annotated[
-        float,
-        Field(
-            alias=LOSS_HEADER,
-            allow_inf_nan=False,
-            description="The total loss of the rollout the gradients come from.",
-        ),
-    ] = None
-    grad_norm: Annotated[
-        float,
-        Field(
-            alias=GRAD_NORM_HEADER,
-            ge=0,
-            allow_inf_nan=False,
-            description="The global L2 norm of the gradients before clipping.",
-        ),
-    ] = None
 
 
 class Strict(BaseModel):

@@ -21,12 +21,10 @@ from a3c_http.wire.protocol import (
     VERSION_HEADER,
 )
 from master.api.deps import State
-from master.api.schemas import PushHeaders, Seq, WorkerId
+from master.api.headers import PushHeaders, Seq, WorkerId
 from master.ingress.updates import push
 
 router = protected_router(tags=["weights"])
-# The routes that take a safetensors body (the rest take JSON, or nothing).
-TENSOR_PATHS = frozenset({"/local_model_weights", "/gradients", "/experience"})
 RunId = Annotated[str | None, Header(alias=RUN_ID_HEADER, max_length=64)]
 
 _TENSOR_BODY = {

@@ -36,9 +36,8 @@ from a3c_http.config.settings import Settings
 from a3c_http.server import logs
 from a3c_http.server.service import install_common
 from a3c_http.wire.frames import LENGTHS, decode_head, frame_parts
-from master.api.schemas import PushHeaders
-from master.api.weights import TENSOR_PATHS
-from master.ingress.updates import Reply, UpdateRoute
+from master.api.headers import TENSOR_PATHS, PushHeaders
+from master.ingress.route import Reply, UpdateRoute
 
 
 class Channel:

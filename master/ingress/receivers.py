@@ -43,8 +43,8 @@ from urllib.parse import urlsplit
 
 from a3c_http.config.settings import Settings
 from a3c_http.wire.frames import FrameReader, frame_parts
-from master.api.schemas import PushHeaders
-from master.ingress.updates import Reply
+from master.api.headers import PushHeaders
+from master.ingress.route import Reply
 
 logger = logging.getLogger("a3c.master.receivers")
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,14 +6,15 @@
   beside the master; the reply is the newest weights when the worker's are older (200), else the
   version alone (204), or 503 with `Retry-After` when the learner's queue stayed full.
 
-Both are one safetensors body with the same headers (master/api/schemas.py `PushHeaders`), judged
+Both are one safetensors body with the same headers (master/api/headers.py `PushHeaders`), judged
 by one model, admitted once and taken by one facade (`ClusterState.apply_update`), which asks the
 run's algorithm what its workers push. A push through FastAPI's router, its dependency injection
 and its request and response objects cost the master about as much as the update itself
-(docs/performance.md, "The parameter server"), so `UpdateRoute`, an ASGI middleware inside the gate
-and the body limit (a3c_http/server/service.py `install_common`: a push still passes the token,
-page, content-type, size and time checks first), answers them itself; the receivers
-(master/ingress/receivers.py) run the same route and hand what it read to `take_push` here. The
+(docs/performance.md, "The parameter server"), so `UpdateRoute` (master/ingress/route.py), an ASGI
+middleware inside the gate and the body limit (a3c_http/server/service.py `install_common`: a push
+still passes the token, page, content-type, size and time checks first), answers them itself and
+hands them to `push` here; the receivers (master/ingress/receivers.py) run the same route and hand
+what it read to `take_push` here. The
 routes stay declared in master/api/weights.py and master/ingress/experience.py, which give them
 their OpenAPI schema and serve them through FastAPI should a request ever get past this layer;
 both call `push`, so they answer alike.
@@ -21,16 +22,12 @@ both call `push`, so they answer alike.
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Any
 
-from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from a3c_http.server.service import validation_body
 from a3c_http.wire.protocol import (
     BEST_SCORE_HEADER,
     CONTENT_TYPE,
@@ -42,30 +39,26 @@ from a3c_http.wire.protocol import (
     VERSION_HEADER,
 )
 from a3c_http.wire.tensors import WireError
+from master.api.headers import PushHeaders
 from master.api.metrics import MasterMetrics
-from master.api.schemas import PushHeaders
 from master.errors import Invalid, StateConflict
+from master.ingress.route import Reply, error_reply
 from master.learning.rounds import Outcome, await_outcome, outcome_reply
 from master.state import ClusterState, LearnerBusy, Sends, WouldWait
 
 # The route of each kind of push, and the kind of each route.
-PATHS = {"/gradients": Sends.GRADIENTS, "/experience": Sends.EXPERIENCE}
+KINDS = {"/gradients": Sends.GRADIENTS, "/experience": Sends.EXPERIENCE}
 # A body up to this size is taken on the event loop itself: the hop to a threadpool thread and
 # back, and the GIL passed between them, cost more than the loop's pause (about 0.6 ms of a 1M
 # gradient push, docs/performance.md "The parameter server"). 8 MiB takes models of up to two
 # million parameters inline, with a pause of a few milliseconds for other requests; larger ones
 # go to the threadpool, as does an experience push that would wait for the learner.
 INLINE_BYTES = 8 << 20
-# PushHeaders's fields by the lower-case header names ASGI gives.
-_ALIASES = {field.alias.lower(): field.alias for field in PushHeaders.model_fields.values()}
-
-Reply = tuple[int, list[tuple[str, str]], bytes]
-
 
 def take_push(
     state: ClusterState, metrics: MasterMetrics, path: str, headers: PushHeaders, body: bytes
 ) -> Reply | Awaitable[Reply]:
-    """One push to `path` (a key of PATHS): its status, headers and body (the new weights, or
+    """One push to `path` (a key of KINDS): its status, headers and body (the new weights, or
     the error's JSON), at once where the master waits for nothing (a body of up to INLINE_BYTES:
     a gradient push in async mode, a rollout with room in the learner's queue), else an
     awaitable of them (a larger body, applied off the loop; a sync round, answered when it
@@ -73,7 +66,7 @@ def take_push(
     that takes the answer at once saves the task a coroutine would need (the receivers' channel,
     master/ingress/receivers.py)."""
     started = time.perf_counter()
-    kind = PATHS[path]
+    kind = KINDS[path]
     if len(body) > INLINE_BYTES:
         return _offloaded(state, metrics, kind, headers, body, started)
     try:
@@ -166,10 +159,10 @@ def _success(
 
 def _refusal(exc: Exception) -> Reply:
     if isinstance(exc, StateConflict):
-        return _error(409, {"detail": str(exc)}, [(STOP_HEADER, "1")] if exc.stop else [])
+        return error_reply(409, {"detail": str(exc)}, [(STOP_HEADER, "1")] if exc.stop else [])
     if isinstance(exc, LearnerBusy):
-        return _error(503, {"detail": str(exc)}, [("retry-after", "1")])
-    return _error(422, {"detail": str(exc)})
+        return error_reply(503, {"detail": str(exc)}, [("retry-after", "1")])
+    return error_reply(422, {"detail": str(exc)})
 
 
 def summary_headers(run_summary: dict[str, Any]) -> Iterable[tuple[str, str]]:
@@ -185,59 +178,4 @@ def summary_headers(run_summary: dict[str, Any]) -> Iterable[tuple[str, str]]:
             yield name, repr(float(value))
 
 
-def _error(status: int, body: dict[str, Any], headers: list[tuple[str, str]] = ()) -> Reply:
-    return status, [("content-type", "application/json"), *headers], json.dumps(body).encode()
 
-
-Push = Callable[[str, PushHeaders, bytes], Awaitable[Reply]]
-
-
-class UpdateRoute:
-    """ASGI middleware: a `POST` to one of PATHS answered here (see the module's docstring) by
-    `push` (the master's own, `push` above bound to its state; a receiver's forwards it to the
-    master, master/ingress/receiver.py); every other request goes on to the app."""
-
-    def __init__(self, app: ASGIApp, push: Push) -> None:
-        self.app = app
-        self.push = push
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path")
-        if scope["type"] != "http" or path not in PATHS or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        given = {}
-        for name, value in scope["headers"]:
-            alias = _ALIASES.get(name.decode("latin-1"))
-            if alias is not None:
-                given[alias] = value.decode("latin-1")
-        body = await _body(receive)
-        if body is None:  # the client left before its body was in: nothing to answer
-            return
-        try:
-            headers = PushHeaders.model_validate(given)
-        except ValidationError as exc:
-            errors = [{**e, "loc": ("header", *e["loc"])} for e in exc.errors()]
-            reply = _error(422, validation_body(errors))
-        else:
-            reply = await self.push(path, headers, body)
-        status, headers_out, content = reply
-        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers_out]
-        raw.append((b"content-length", str(len(content)).encode()))
-        await send({"type": "http.response.start", "status": status, "headers": raw})
-        await send({"type": "http.response.body", "body": content})
-
-
-async def _body(receive: Receive) -> bytes | bytearray | None:
-    """The request's whole body (its size and time are bounded by the body limit outside), or
-    None when the client left first. A body in several chunks is joined into a bytearray,
-    which the decoder of a gradient push then takes as the vector's memory (a3c_http/wire/tensors.py
-    `Layout.decode`): one pass over a large model's body instead of two."""
-    chunks: list[bytes] = []
-    while True:
-        message: Message = await receive()
-        if message["type"] != "http.request":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else bytearray().join(chunks)

@@ -13,7 +13,7 @@ from a3c_http.algos.registry import model_for, train_config
 from a3c_http.optim.flatnet import FlatNetwork
 from a3c_http.optim.optimizers import make_optimizer
 from a3c_http.server.service import QuietAccessLog
-from master.ingress.updates import UpdateRoute
+from master.ingress.route import UpdateRoute
 from master.learning.admission import WIDTH, SeqWindow
 from worker.pipeline import Pipeline
 
@@ -260,7 +260,7 @@ def test_a_push_is_answered_at_once_unless_it_must_wait_for_its_sync_round(tmp_p
     first."""
     import inspect
 
-    from master.api.schemas import PushHeaders
+    from master.api.headers import PushHeaders
     from master.ingress.updates import take_push
     from tests.support.common import master_running
 

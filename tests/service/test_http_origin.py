@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from master.api.weights import TENSOR_PATHS
+from master.api.headers import TENSOR_PATHS
 from tests.support.common import OCTET, snapshot
 from tests.support.http_layer import ALLOWED_HOST, GOOD_BODIES
 from tests.support.http_layer import _clean_env as _clean_env
