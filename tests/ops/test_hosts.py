@@ -169,6 +169,7 @@ if port == "8002":
     sys.exit("a3c-worker: 127.0.0.1:8002 is in use")
 if port == "8003":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    open("8003.ignores-sigterm", "w").close()  # in the folder `up` started it in
 while True:
     time.sleep(0.05)
 """
@@ -203,6 +204,8 @@ def test_the_scripts_report_exits_leave_the_running_and_signal_only_their_worker
         again = script(UP, "127.0.0.1", str(bin_dir), "8001", stdin=files)
         assert again == {8001: ["running", str(pids[8001])]}  # left as it is
 
+        # The worker on 8003 ignores SIGTERM from here on (a signal before it did would end it).
+        wait_for(lambda: (folder / "8003.ignores-sigterm").exists(), 30, "8003 to ignore SIGTERM")
         # A pid file that names another process (its pid given to someone else since).
         stranger = subprocess.Popen(["sleep", "60"])
         (folder / "8009.pid").write_text(f"{stranger.pid}\n")
