@@ -46,22 +46,20 @@ def _classes(policy_kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _watch(
-    target: float, cap_s: float, stop_at_target: bool, greedy: tuple[Any, int, int] | None = None
+    target: float, cap_s: float, stop_at_target: bool, greedy: tuple[Any, int] | None = None
 ) -> Any:
     """An SB3 callback that keeps the last 100 episode returns and stops the learner at the cap
-    of seconds, and once they reach the target when the task stops there. `greedy`: (an
-    environment, episodes, every how many env steps): judge the target on the mean return of
-    that many greedy episodes played there instead, as the cluster's `solved_on: "eval"`
-    (value-based runs)."""
+    of seconds, and once they reach the target when the task stops there. `greedy`: (a function
+    of the model that plays its greedy episodes and returns their mean return, every how many
+    env steps): judge the target on that instead, as the cluster's `solved_on: "eval"`."""
     from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.evaluation import evaluate_policy
 
     class Watch(BaseCallback):
         def _init_callback(self) -> None:
             self.recent: deque[float] = deque(maxlen=100)
             self.started = time.monotonic()
             self.solved = False
-            self.next_eval = greedy[2] if greedy else 0
+            self.next_eval = greedy[1] if greedy else 0
             self.eval_return: float | None = None  # the latest greedy evaluation's
 
         def _on_step(self) -> bool:
@@ -72,8 +70,8 @@ def _watch(
                 full = len(self.recent) == 100
                 self.solved = full and sum(self.recent) / 100 >= target
             elif self.num_timesteps >= self.next_eval:
-                self.next_eval += greedy[2]
-                mean, _ = evaluate_policy(self.model, greedy[0], greedy[1], deterministic=True)
+                self.next_eval += greedy[1]
+                mean = greedy[0](self.model)
                 self.solved, self.eval_return = bool(mean >= target), float(mean)
             stop = self.solved and stop_at_target
             return not stop and time.monotonic() - self.started < cap_s
@@ -171,8 +169,43 @@ def run_sb3_dqn(env_id: str, seed: int, task: Task, cap_s: float, budget: int | 
     eval_envs = make_vec_env(env_id, n_envs=1, seed=seed + 10_000)
     if frames:
         eval_envs = VecFrameStack(eval_envs, frames, channels_order="last")
-    watch = _watch(task.target, cap_s, task.stop_at_target, (eval_envs, *GREEDY[env_id]))
+    episodes, every = GREEDY[env_id]
+
+    def evaluate(model: Any) -> float:
+        from stable_baselines3.common.evaluation import evaluate_policy
+
+        return float(evaluate_policy(model, eval_envs, episodes, deterministic=True)[0])
+
+    watch = _watch(task.target, cap_s, task.stop_at_target, (evaluate, every))
     return _learn(model, budget or task.budget, watch)
+
+
+def _as_the_cluster_plays(
+    env_id: str, env_kwargs: dict[str, Any], seed: int, episodes: int
+) -> Any:
+    """A function of an SB3 model: the mean return of its deterministic policy over `episodes`
+    episodes whose resets are seeded as the cluster's master seeds its evaluations of a run of
+    `seed` (a3c_http/policy/evaluation.py `eval_seed`), so both sides are judged on the same
+    initial states, the same ones at every evaluation."""
+    import gymnasium as gym
+
+    from a3c_http.policy.evaluation import eval_seed
+
+    env = gym.make(env_id, **env_kwargs)
+
+    def evaluate(model: Any) -> float:
+        total = 0.0
+        for i in range(episodes):
+            obs, _ = env.reset(seed=eval_seed(seed, i))
+            done = False
+            while not done:
+                action, _ = model.predict(obs, deterministic=True)
+                obs, reward, terminated, truncated, _ = env.step(action)
+                total += float(reward)
+                done = terminated or truncated
+        return total / episodes
+
+    return evaluate
 
 
 def run_sb3_offpolicy(
@@ -204,9 +237,11 @@ def run_sb3_offpolicy(
     model = getattr(stable_baselines3, kind)(
         "MlpPolicy", envs, seed=seed, verbose=0, device="cpu", **hp
     )
-    eval_envs = make_vec_env(env_id, n_envs=1, seed=seed + 10_000, env_kwargs=env_kwargs)
     greedy = greedy_of(env_id, algo)
-    watch = _watch(task.target, cap_s, task.stop_at_target, greedy and (eval_envs, *greedy))
+    if greedy is not None:
+        episodes, every = greedy
+        greedy = (_as_the_cluster_plays(env_id, env_kwargs, seed, episodes), every)
+    watch = _watch(task.target, cap_s, task.stop_at_target, greedy)
     return _learn(model, budget or task.budget, watch)
 
 
