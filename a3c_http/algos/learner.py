@@ -36,6 +36,7 @@ from a3c_http.models.normalize import merge_moments
 from a3c_http.optim.flatnet import FlatNetwork, NonFiniteStep
 from a3c_http.optim.optimizers import learning_rate
 from a3c_http.wire.named_tensors import Expected
+from a3c_http.wire.protocol import MAX_ABS_RETURN
 
 # The tensors of every rollout on the wire, `[T, N]` each but the observations' trailing
 # dimensions; an algorithm adds the per-step tensors its learner reads (`own_tensors`).
@@ -92,8 +93,8 @@ def expected_tensors(
     (its observations' shape and dtype, its actions') and the model (its recurrent state, its
     statistics); and what the run can produce: discrete actions that index
     the action space, log-probabilities of a discrete policy at most 0, observations inside the
-    observation space where it is bounded, priorities at least 0, discounts in [0, 1] and
-    bootstrap indices within the rollout."""
+    observation space where it is bounded, rewards and n-step returns within +-MAX_ABS_RETURN,
+    priorities at least 0, discounts in [0, 1] and bootstrap indices within the rollout."""
     env = make_env(config.env_id, config.env_kwargs, config.preprocess, config.frame_stack)
     try:
         obs = obs_tensor(env.observation_space.sample()[None])
@@ -112,11 +113,12 @@ def expected_tensors(
         log_probs = Expected((steps, n), _FLOATS)
     low, high = _bounds(observation_space, obs)
     within = f"the observation space, a Box of shape {observation_space.shape}"
+    rewards = "the rewards a run takes (MAX_ABS_RETURN)"
     flags = Expected((steps, n), (torch.bool,))
     expected = {
         "obs": Expected((steps, n, *obs_shape), (obs.dtype,), low, high, within),
         "actions": actions,
-        "rewards": Expected((steps, n), _FLOATS),
+        "rewards": Expected((steps, n), _FLOATS, -MAX_ABS_RETURN, MAX_ABS_RETURN, rewards),
         "terminated": flags,
         "truncated": flags,
         "valid": flags,
@@ -131,7 +133,7 @@ def expected_tensors(
         "priorities": Expected((steps, n), _FLOATS, 0.0, None, "the priorities"),
         # An n-step cut (a3c_http/algos/dqn/loss.py `nstep_cut`): its return, its discount and
         # the index of the observation it bootstraps from, of `obs` followed by `last_obs`.
-        "returns": Expected((steps, n), _FLOATS),
+        "returns": Expected((steps, n), _FLOATS, -MAX_ABS_RETURN, MAX_ABS_RETURN, rewards),
         "discounts": Expected((steps, n), _FLOATS, 0.0, 1.0, "the discounts"),
         "stops": Expected((steps, n), (torch.int64,), 1, steps, "the bootstrap indices"),
     }

@@ -47,5 +47,8 @@ MAX_SQLITE_INT = 2**63 - 1
 # The largest count a worker may report (episodes, steps): the largest integer a float64 holds
 # exactly, as Prometheus and the dashboard's JavaScript read them, and far inside SQLite's.
 MAX_COUNT = 2**53
+# An episode's return, a step's reward and an n-step return lie within +-MAX_ABS_RETURN: it keeps
+# every sum and mean of returns finite, and a critic's squared TD error of one such reward too.
+MAX_ABS_RETURN = 1e9
 # GET /metrics: Prometheus's text exposition format.
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -12,12 +12,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from a3c_http.algos.registry import read_config, section_schemas
 from a3c_http.config.training import TrainConfig
 from a3c_http.server.service import conflict
-from a3c_http.wire.protocol import MAX_COUNT, WORKER_ID_PATTERN
+from a3c_http.wire.protocol import MAX_ABS_RETURN, MAX_COUNT, WORKER_ID_PATTERN
 from master.api.headers import WorkerId
-from master.learning.admission import MAX_ABS_RETURN, MAX_LENGTH
+from master.learning.admission import MAX_LENGTH
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
-# An episode's return, or a statistic of returns (master/learning/admission.py MAX_ABS_RETURN): one
+# An episode's return, or a statistic of returns (a3c_http/wire/protocol.py MAX_ABS_RETURN): one
 # report of 1e308 once made the best score, and a hundred would have solved the run.
 Return = Annotated[float, Field(ge=-MAX_ABS_RETURN, le=MAX_ABS_RETURN, allow_inf_nan=False)]
 RunId = Annotated[str | None, Field(None, max_length=64)]

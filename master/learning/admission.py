@@ -81,9 +81,6 @@ def weights_problem(net: FlatNetwork, vector: torch.Tensor) -> str | None:
 
 # -- reports -----------------------------------------------------------------------------------
 
-# An episode's return lies within +-MAX_ABS_RETURN (the schemas' `Return`, master/api/schemas.py:
-# it also keeps every sum and mean of returns finite).
-MAX_ABS_RETURN = 1e9
 # Far beyond any worker (a CartPole worker makes about 10,000 a second).
 MAX_ENV_STEPS_PER_S = 1_000_000
 # An episode of an environment without a time limit (the schemas' own bound on a length).

@@ -141,16 +141,21 @@ def _non_finite(t: dict) -> None:
     t["log_probs"][0, 0] = float("inf")
 
 
+def _extreme_reward(t: dict[str, torch.Tensor]) -> None:
+    t["rewards"][0, 0] = 3e38  # finite, and its square in a loss is not
+
+
 @pytest.mark.parametrize(
     ("spoil", "worker_id", "version_delta", "code", "words"),
     [
         (_missing, "w1", 0, 422, "missing tensors ['obs']"),
         (_wrong_shape, "w1", 0, 422, "'rewards' has shape [8, 1], expected [8, 2]"),
         (_non_finite, "w1", 0, 422, "'log_probs' holds NaN or infinite values"),
+        (_extreme_reward, "w1", 0, 422, "'rewards' holds 3e+38 at [0, 0], outside the rewards"),
         (None, "w1", 5, 422, "newer than the master's weights"),
         (None, "nobody", 0, 409, "nobody"),
     ],
-    ids=["missing", "shape", "non-finite", "future-version", "unregistered"],
+    ids=["missing", "shape", "non-finite", "extreme", "future-version", "unregistered"],
 )
 def test_what_does_not_fit_is_refused_and_nothing_counted(
     client: TestClient, launched: list, spoil, worker_id: str, version_delta: int, code: int,
@@ -177,18 +182,18 @@ def test_what_does_not_fit_is_refused_and_nothing_counted(
 def test_an_update_of_extreme_values_is_undone_and_leaves_status_readable(
     client: TestClient, launched: list
 ) -> None:
-    """Rewards of 3e38 pass every check (finite float32) and make PPO's value loss infinite:
-    its steps are undone and counted, the figures that are not finite left out of /status
-    (JSON has no infinity), and the run goes on."""
+    """Behaviour log-probabilities of -3e38 pass every check (finite, at most 0) and make PPO's
+    probability ratios, and so its policy loss, infinite: its steps are undone and counted, the
+    figures that are not finite left out of /status (JSON has no infinity), and the run goes on."""
     start_run(client, **PPO, queue_size=1, n_epochs=1, batch_size=16)
     version = status(client)["model_version"]
     extreme = rollout()
-    extreme["rewards"][:] = 3e38
+    extreme["log_probs"][:] = -3e38
     assert push(client, extreme, version).status_code == 204
     wait_for(lambda: learner(client)["updates"] == 1, 60, "the learner's update")
     seen = status(client)  # a 200: nothing infinite in it
     assert seen["state"] == "running" and seen["learner"]["nonfinite_steps"] >= 1
-    assert "train/value_loss" not in seen["learner"]["metrics"]
+    assert "train/policy_gradient_loss" not in seen["learner"]["metrics"]
     assert "train/clip_range" in seen["learner"]["metrics"]
 
 
