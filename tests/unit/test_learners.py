@@ -19,6 +19,7 @@ from a3c_http.algos.registry import algorithm_class, model_for, train_config
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import RolloutCollector
 from a3c_http.wire.named_tensors import decode_tensors, encode_tensors
+from a3c_http.wire.protocol import MAX_ABS_RETURN
 from a3c_http.wire.tensors import WireError
 
 
@@ -252,13 +253,13 @@ _HUGE = 3e38  # finite in float32 (whose largest is 3.4e38); a sum of two is not
 @pytest.mark.parametrize(
     "spoil",
     [
-        lambda t: t["rewards"].fill_(_HUGE),
-        lambda t: t["rewards"][::2].fill_(-_HUGE),
+        lambda t: t["rewards"].fill_(MAX_ABS_RETURN),  # the largest a run takes
+        lambda t: t["rewards"][::2].fill_(-MAX_ABS_RETURN),
         lambda t: t["obs"][..., 1].fill_(_HUGE),  # the cart's velocity: CartPole does not bound it
         lambda t: "log_probs" in t and t["log_probs"].fill_(-_HUGE),
         lambda t: t["valid"].fill_(False),
         lambda t: "priorities" in t and t["priorities"].fill_(_HUGE),
-        lambda t: "returns" in t and t["returns"][::2].fill_(_HUGE),  # Ape-X's actors' cut
+        lambda t: "returns" in t and t["returns"][::2].fill_(MAX_ABS_RETURN),  # Ape-X's actors' cut
     ],
     ids=["rewards", "rewards-both-ways", "obs", "log-probs", "no-valid-step", "priorities",
          "returns"],  # fmt: skip
