@@ -14,12 +14,14 @@ optimizer state, target network or counters of the last save.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
 import queue
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,10 +71,31 @@ class Start:
     lock: Any = None
 
 
+class PeerGone(Exception):
+    """The other process of a `holding` lock ended while the lock was held: by it, perhaps."""
+
+
+@contextlib.contextmanager
+def holding(lock: Any, peer_alive: Callable[[], bool], poll_s: float = 1.0) -> Iterator[None]:
+    """Hold `lock`, a lock between this process and one other (the shared weights' `Start.lock`),
+    for the block. A process killed while it holds such a lock never releases it, so the wait
+    looks at the other process every `poll_s` seconds and raises PeerGone once it has ended
+    (whatever it wrote under the lock may be half written) instead of waiting for ever."""
+    while not lock.acquire(timeout=poll_s):
+        if not peer_alive():
+            raise PeerGone
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def learner_main(start: Start, inbox: Any, outbox: Any) -> None:
     """The learner process (see the module's docstring)."""
     try:
         _learn(start, inbox, outbox)
+    except PeerGone:  # the master died holding the weights' lock (kill -9): as in _learn's loop
+        outbox.cancel_join_thread()
     except Exception as exc:  # reported to the master, which ends the run with it
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         log.error("learner failed:\n%s", traceback.format_exc())
@@ -94,9 +117,10 @@ def _learn(start: Start, inbox: Any, outbox: Any) -> None:
         learner.restore_target(start.target[0])
     outbox.put(("ready",))
     parent = multiprocessing.parent_process()
+    master_alive = parent.is_alive if parent is not None else lambda: True
 
     def share(version: int) -> None:  # the newest weights, for the master to read
-        with start.lock:
+        with holding(start.lock, master_alive):
             learner.copy_weights(start.weights)
             start.version_value.value = version
 
@@ -109,7 +133,7 @@ def _learn(start: Start, inbox: Any, outbox: Any) -> None:
         try:
             message = inbox.get(timeout=1.0)
         except queue.Empty:
-            if parent is not None and not parent.is_alive():
+            if not master_alive():
                 # The master is gone (kill -9): nothing reads what is still buffered, which the
                 # queue would otherwise wait to write at exit, for ever.
                 outbox.cancel_join_thread()

@@ -40,7 +40,7 @@ from a3c_http.algos.registry import algorithm_class
 from a3c_http.config.training import TrainConfig
 from a3c_http.wire.named_tensors import Expected
 from a3c_http.wire.protocol import EXPERIENCE_HOLD_S
-from master.learning.learner_loop import Publication, Start, learner_main
+from master.learning.learner_loop import PeerGone, Publication, Start, holding, learner_main
 from master.learning.learner_needs import child_context, resolve_device, spinning_threads
 
 log = logging.getLogger("a3c.master")
@@ -155,7 +155,10 @@ class LearnerProcess:
         context = child_context()
         inbox, outbox = context.Queue(), context.Queue()
         self._shared = weights.detach().to("cpu", torch.float32, copy=True).share_memory_()
-        self._shared_version, self._shared_lock = context.Value("q", version), context.Lock()
+        # The version is read and written under the weights' lock only: a lock of its own (a
+        # Value's default) would be a second one that a killed process could leave held.
+        self._shared_lock = context.Lock()
+        self._shared_version = context.Value("q", version, lock=False)
         process = context.Process(
             target=learner_main,
             args=(
@@ -345,7 +348,7 @@ class LearnerProcess:
                 message = ("error", "the learner's channel closed")
             kind = message[0]
             if kind == "publication":
-                self._take(message[1])
+                self._take(message[1], process)
             elif kind == "ready":
                 with self._cond:
                     self._ready = True
@@ -368,14 +371,17 @@ class LearnerProcess:
                     self._failed(message[1])
                 return
 
-    def _take(self, publication: Publication) -> None:
+    def _take(self, publication: Publication, process: Any) -> None:
         if publication.target is not None:  # numpy between the processes, as the weights
             publication.target = (torch.from_numpy(publication.target[0]), publication.target[1])
         if publication.changed:
-            with self._shared_lock:  # the learner writes no newer weights meanwhile
-                # The newest (the learner may be past this message's version), copied into the
-                # parameter server's network.
-                self._publish(int(self._shared_version.value), self._shared, publication)
+            try:
+                with holding(self._shared_lock, process.is_alive):  # no newer weights meanwhile
+                    # The newest (the learner may be past this message's version), copied into
+                    # the parameter server's network.
+                    self._publish(int(self._shared_version.value), self._shared, publication)
+            except PeerGone:  # killed while writing them, perhaps: nothing of it is taken, and
+                return  # _read finds it ended and reports it (its restart gets a new lock)
         with self._cond:
             if publication.changed:
                 self.updates += 1

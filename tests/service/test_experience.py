@@ -5,6 +5,7 @@ refused with nothing counted, and the reply brings newer weights (docs/http-api.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import threading
@@ -22,6 +23,7 @@ from a3c_http.local.cluster import wait_for
 from a3c_http.wire.named_tensors import encode_tensors
 from master import learner_runs
 from master.learning import learner_needs
+from master.learning.learner_loop import PeerGone, holding
 from tests.support.log_capture import CapturedEvents
 from tests.support.master_api import OCTET, gradients_like, push_gradients, start_run, status
 from tests.support.master_api import _clean_env as _clean_env
@@ -278,6 +280,47 @@ def test_where_no_fork_server_starts_the_learner_is_spawned(
 
     monkeypatch.setattr(learner_needs.forkserver, "ensure_running", no_socket)
     assert learner_needs.child_context().get_start_method() == "spawn"
+
+
+def _hold_for_ever(lock: Any, held: Any) -> None:
+    lock.acquire()
+    held.set()
+    threading.Event().wait()  # until killed
+
+
+def test_the_weights_lock_of_a_process_killed_holding_it_is_given_up_not_waited_for() -> None:
+    """learner_loop.holding, which both ends of the shared weights use: a process killed while it
+    holds the lock never releases it (a master killed so left its learner waiting for ever). The
+    other waits while the holder lives, and raises PeerGone once it has ended."""
+    context = multiprocessing.get_context("fork")
+    lock, held = context.Lock(), context.Event()
+    holder = context.Process(target=_hold_for_ever, args=(lock, held), daemon=True)
+    holder.start()
+    assert held.wait(30)
+    seen: list[bool] = []
+
+    def alive() -> bool:
+        seen.append(holder.is_alive())
+        if len(seen) == 3:
+            os.kill(holder.pid, signal.SIGKILL)
+            holder.join(30)
+        return holder.is_alive()
+
+    raised: list[BaseException] = []
+
+    def wait() -> None:  # in a thread: a wait for ever fails the test instead of hanging it
+        try:
+            with holding(lock, alive, poll_s=0.01):
+                pass
+        except BaseException as exc:
+            raised.append(exc)
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    waiter.join(30)
+    assert not waiter.is_alive(), "still waiting for the lock of a killed holder"
+    assert [type(e) for e in raised] == [PeerGone]
+    assert seen[:3] == [True, True, True] and holder.exitcode == -signal.SIGKILL
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a CUDA GPU")
