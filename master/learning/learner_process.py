@@ -4,7 +4,8 @@ publishes each new version of the weights, so the HTTP side never waits on a ste
 
 The learner and the master share the newest weights: one float32 vector in shared memory and
 its version, written by the learner after each update and read by the master when the update's
-message comes, under one lock between the two processes (so neither reads half an update).
+message comes, under one lock between the two processes (so neither reads half an update; a
+process killed while it holds the lock is noticed by the other, which stops waiting for it).
 
 `LearnerProcess` is the master's end. `POST /experience` (master/ingress/experience.py) reserves a
 slot (`reserve`: at most `queue_capacity` rollouts wait, twice `queue_size`; beyond that the reply
