@@ -36,6 +36,7 @@ COMMANDS = {
     "tls": ("tls_cost", "what TLS and mutual TLS cost the master: pushes/s and CPU a push"),
     "ingest": ("ingest", "the master's and the learner's CPU per 1,000 env steps of rollouts"),
     "path": ("path", "the project's files on the path of one experience push and update"),
+    "load": ("actors", "many simulated actors against one master: rates, latency, CPU, counts"),
 }
 
 

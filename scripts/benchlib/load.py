@@ -1,12 +1,14 @@
-"""The load generator of the bar's `master` section (`scripts/bench.py --sections master`):
-simulated workers that push ready-made gradients to a real master as fast as it answers.
+"""The load generator of simulated workers: ready-made pushes (gradients, or an experience
+algorithm's rollouts) to a real master as fast as it answers, for the bar's `master` section
+(`scripts/bench.py --sections master`), `bench.py tls` and `bench.py load`.
 
 It must cost little CPU, so that it measures the master and not itself: one asyncio process
 (uvloop when importable), one keep-alive connection per simulated worker, and hand-written
 HTTP/1.1: the request's bytes are written as they are, and the reply is read as a status line,
 headers and a Content-Length body. Each request is a real `POST /gradients` as docs/http-api.md
 describes it (a safetensors body, X-Worker-Id, X-Model-Version = the version of that worker's
-last reply, X-Run-Id, a rising X-A3C-Seq, X-A3C-Loss and X-A3C-Grad-Norm).
+last reply, X-Run-Id, a rising X-A3C-Seq, X-A3C-Loss and X-A3C-Grad-Norm), or a real
+`POST /experience` (a rollout's body, without the loss and the norm).
 """
 
 from __future__ import annotations
@@ -48,11 +50,12 @@ REPLY_TIMEOUT_S = 60.0
 
 @dataclass(frozen=True)
 class Body:
-    """One ready-made gradient body, with the loss and norm a worker would report for it."""
+    """One ready-made body: gradients, with the loss and norm a worker would report for them, or
+    a rollout (no loss, no norm)."""
 
     data: bytes
-    loss: float
-    norm: float
+    loss: float | None = None
+    norm: float | None = None
 
 
 # Who writes a body (`ready_bodies`): a worker (its layout, a3c_http/wire/tensors.py `Layout`), or
@@ -157,6 +160,7 @@ async def _level(
     received: list[int],
     master_port: int,
     tls: ssl.SSLContext | None,
+    path: str,
 ) -> Level:
     level = Level(n)
     stop = asyncio.Event()
@@ -171,7 +175,7 @@ async def _level(
     async def simulated_worker(index: int) -> None:
         # What does not change from one request to the next, written once.
         fixed = (
-            f"POST /gradients HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
             f"Content-Type: {wire.CONTENT_TYPE}\r\n"
             f"{WORKER_ID_HEADER}: {tag}-{index}\r\n{RUN_ID_HEADER}: {run_id}\r\n"
         )
@@ -189,18 +193,19 @@ async def _level(
                 if stop.is_set():
                     return
                 body = bodies[(index + seq) % len(bodies)]
+                reported = "" if body.loss is None else (
+                    f"{LOSS_HEADER}: {body.loss!r}\r\n{GRAD_NORM_HEADER}: {body.norm!r}\r\n")
                 sent = time.perf_counter()
                 writer.write(
                     (
                         f"{fixed}Content-Length: {len(body.data)}\r\n"
-                        f"{VERSION_HEADER}: {seen}\r\n{SEQ_HEADER}: {seq}\r\n"
-                        f"{LOSS_HEADER}: {body.loss!r}\r\n{GRAD_NORM_HEADER}: {body.norm!r}\r\n\r\n"
+                        f"{VERSION_HEADER}: {seen}\r\n{SEQ_HEADER}: {seq}\r\n{reported}\r\n"
                     ).encode()
                 )
                 writer.write(body.data)
                 status, headers = await asyncio.wait_for(_reply(reader), REPLY_TIMEOUT_S)
                 done = time.perf_counter()
-                if status != 200:
+                if status not in (200, 204):  # 204: an experience push, the weights unchanged
                     level.errors[str(status)] += 1
                 else:
                     level.ok += 1
@@ -267,8 +272,10 @@ def push_level(
     tag: str,
     master_port: int | None = None,
     tls: ssl.SSLContext | None = None,
+    path: str = "/gradients",
 ) -> Level:
-    """`n` simulated workers push `bodies` (in turn) to `port` as fast as the master answers:
+    """`n` simulated workers push `bodies` (in turn) to `path` on `port` (gradients; or
+    "/experience", rollouts) as fast as the master answers:
     `warmup_s` unmeasured, then a window of `window_s` (or up to `max_count` replies); each then
     finishes its request in flight, so the master's counters are final when this returns. Each
     registers first at `master_port` (default: `port`; another when `port` is the master's
@@ -277,7 +284,7 @@ def push_level(
     received: list[int] = []
     coro = _level(
         host, port, n, bodies, run_id, version, warmup_s, window_s, max_count, tag, received,
-        master_port or port, tls,
+        master_port or port, tls, path,
     )
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     wall, cpu = time.perf_counter(), time.process_time()

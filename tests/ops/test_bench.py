@@ -1,7 +1,8 @@
 """scripts/bench.py and its library scripts/benchlib/: the steady-state rate, the load generator's
 bodies and the bar on made-up figures, and one quick run of the `wire` section end to end (it
 starts a master); `scale`: a window's figures on made-up readings, its config overrides, and one
-quick run end to end; `staleness`: its summary of made-up runs; every command's --help."""
+quick run end to end; `staleness`: its summary of made-up runs; `load`: its counts on made-up
+readings and one short run of simulated actors end to end; every command's --help."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ import pytest
 
 from a3c_http.algos.registry import model_for, train_config
 from a3c_http.wire import tensors as wire
+from scripts.benchlib.actors import mismatches
 from scripts.benchlib.bar import bar
 from scripts.benchlib.cluster import median_round, steady_rate
-from scripts.benchlib.load import ready_bodies
+from scripts.benchlib.load import Level, ready_bodies
 from scripts.benchlib.options import config_overrides, seed_list
 from scripts.benchlib.procs import default_workers, pin_sets, receivers_cores
 from scripts.benchlib.scale import OWN_FIELDS, OWN_WHY, add_efficiency, window_figures
@@ -266,6 +268,47 @@ def test_a_quick_scale_run_writes_a_row_per_number_of_workers(tmp_path: Path) ->
     assert levels[0]["efficiency"] == 1.0
 
 
+def _counts(applied: int = 0, rejected: int = 0, taken: int = 0, queued: int = 0) -> dict:
+    return {"updates_applied": applied, "updates_rejected": rejected, "rollouts_taken": taken,
+            "rollouts_queued": queued}
+
+
+def test_the_loads_counts_add_up_only_where_every_reply_was_counted_once() -> None:
+    level = Level(4, ok=100)
+    level.errors.update({"409": 3, "503": 2, "ConnectionResetError": 1})
+    before = _counts(applied=7, rejected=1, taken=50)
+    # Gradients: every 2xx an applied update, every HTTP refusal a rejected one.
+    assert mismatches("/gradients", level, before, _counts(applied=107, rejected=6, taken=50)) == []
+    assert mismatches("/gradients", level, before, _counts(applied=106, rejected=6)) == [
+        "100 pushes answered 2xx, 99 updates_applied"]
+    assert mismatches("/gradients", level, before, _counts(applied=107, rejected=1)) == [
+        "5 refusals, 0 updates_rejected"]
+    # Experience: every 2xx a rollout the learner took (used or dropped), none left queued.
+    assert mismatches("/experience", level, before, _counts(applied=7, rejected=1, taken=150)) == []
+    assert mismatches("/experience", level, before, _counts(taken=149, queued=1)) == [
+        "100 pushes answered 2xx, 99 rollouts_taken", "1 rollouts still queued"]
+
+
+def test_simulated_actors_push_rollouts_through_a_receiver_and_every_count_adds_up(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "load.json"
+    done = subprocess.run(
+        [sys.executable, "scripts/bench.py", "load", "--algo", "ppo", "--actors", "8",
+         "--seconds", "1", "--warmup", "0.5", "--receivers", "1", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "counts: every one adds up" in done.stdout
+    figures = json.loads(out.read_text())
+    assert figures["route"] == "/experience" and figures["5xx"] == 0 and figures["mismatches"] == []
+    assert figures["ok"] > 0 and figures["window_pushes"] > 0 and figures["p99_ms"] > 0
+    assert figures["transitions_per_s"] == figures["pushes_per_s"] * figures["env_steps_a_push"]
+    assert set(figures["cpu_ms_per_push"]) == {"master", "receivers", "learner"}
+    taken = [figures["counts"][k]["rollouts_taken"] for k in ("before", "after")]
+    assert taken[1] - taken[0] == figures["ok"]
+
+
 def test_each_command_of_bench_py_has_its_options_and_an_unknown_one_is_refused(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -274,7 +317,7 @@ def test_each_command_of_bench_py_has_its_options_and_an_unknown_one_is_refused(
 
     options = {"": "--sections", "scale": "--pin", "learn": "--learners", "solve": "--runs",
                "staleness": "--lags", "http": "--n", "push_body": "--workers",
-               "tls": "--connects", "ingest": "--pushes", "path": "--algos"}
+               "tls": "--connects", "ingest": "--pushes", "path": "--algos", "load": "--actors"}
     assert set(options) == {"", *bench.COMMANDS}
     for command, option in options.items():
         with pytest.raises(SystemExit) as exit_:

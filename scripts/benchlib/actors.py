@@ -1,0 +1,182 @@
+"""Benchmark: many simulated actors against one master, over real HTTP: what it takes and whether
+every push is counted.
+
+    .venv/bin/python scripts/bench.py load [--algo a3c] [--env CartPole-v1] [--actors 256]
+        [--seconds 120] [--warmup 5] [--receivers 0] [--tls] [--config '{}']
+        [--json runs/bench_load.json]
+
+One real master (uvicorn, with --receivers receivers; over TLS with --tls, certificates made
+for 127.0.0.1 in a temporary folder) runs --algo on --env with no worker process: a stand-in
+worker host is the run's, and this process plays --actors actors, each registered as a worker
+of its own on a keep-alive connection of its own (scripts/benchlib/load.py `push_level`). They
+push one body made once, before (no environment is stepped): the gradients of the run's model
+for an algorithm whose workers send gradients, a rollout of the run's shapes for one whose
+workers send experience (scripts/benchlib/ingest.py `rollout_body`). Each pushes as fast as the
+master answers, for --warmup seconds unmeasured and then --seconds measured, with the version
+its replies name.
+
+It reports pushes and env steps (transitions) a second over the measured window, the latency's
+p50, p99 and maximum, the replies by status (5xx apart), the CPU a push cost each process (the
+master's own, its receivers', the learner's) over the whole load, and whether every count adds
+up: every 2xx reply is an update the master counted (gradients) or a rollout its learner took
+(used, or dropped as too old), and every refusal was counted as one. It exits 1 when a count
+does not add up or a reply was a 5xx, so that it can judge a run as well as measure it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from a3c_http.algos.base import Sends
+from a3c_http.algos.registry import CONFIGS, algorithm_class, model_for, train_config
+from a3c_http.config.training import TrainConfig
+from a3c_http.local.cluster import LocalCluster, cpu_delta, cpu_of, wait_for, with_descendants
+from a3c_http.net import tls
+from a3c_http.wire import tensors as wire
+from scripts.benchlib.cluster import UNREACHABLE
+from scripts.benchlib.ingest import rollout_body
+from scripts.benchlib.load import Body, Level, push_level, ready_bodies
+from scripts.benchlib.report import ROOT, say
+from scripts.benchlib.server import MAX_STALENESS, ms_a_push, standin_master
+from scripts.benchlib.tls_cost import environments
+
+# The algorithms whose workers push what an actor can make once and send again: gradients or
+# experience (not best_weights' whole networks).
+ALGOS = sorted(a for a in CONFIGS if algorithm_class(train_config(algo=a)).sends != Sends.WEIGHTS)
+
+
+def start(
+    cluster: LocalCluster, worker_url: str, fields: dict[str, Any]
+) -> tuple[str, TrainConfig]:
+    """Start a run of `fields` that never ends by itself, its one worker host `worker_url`."""
+    fields = {"seed": 0, "max_steps": None, "target_return": UNREACHABLE,
+              "heartbeat_timeout_s": 86_400, "max_staleness": MAX_STALENESS, **fields}
+    reply = cluster.train(**fields, workers=[worker_url])
+    reply.raise_for_status()
+    return reply.json()["data"]["run_id"], train_config(**cluster.status()["config"])
+
+
+def bodies_of(config: TrainConfig) -> tuple[str, list[Body]]:
+    """The route an actor of `config`'s algorithm pushes to, and the bodies it pushes in turn."""
+    if algorithm_class(config).sends == Sends.EXPERIENCE:
+        return "/experience", [Body(rollout_body(config))]
+    return "/gradients", ready_bodies(wire.Layout.of(model_for(config), config.wire_dtype))
+
+
+def counted(status: dict[str, Any]) -> dict[str, int]:
+    """The master's counts of the pushes it took and refused, from its /status."""
+    learner = status.get("learner") or {}
+    return {
+        "updates_applied": status["updates_applied"],
+        "updates_rejected": status["updates_rejected"],
+        "rollouts_taken": learner.get("rollouts_used", 0) + learner.get("dropped_stale", 0),
+        "rollouts_queued": learner.get("queued", 0),
+    }
+
+
+def mismatches(
+    route: str, level: Level, before: dict[str, int], after: dict[str, int]
+) -> list[str]:
+    """What does not add up between the actors' replies (`level`) and the master's counts from
+    `before` the load to `after` it (the learner's queue drained): [] when every count does."""
+    delta = {k: after[k] - before[k] for k in before}
+    refused = sum(n for status, n in level.errors.items() if status.isdigit())
+    taken = ("updates_applied" if route == "/gradients" else "rollouts_taken", level.ok)
+    wrong = []
+    if delta[taken[0]] != taken[1]:
+        wrong.append(f"{taken[1]:,} pushes answered 2xx, {delta[taken[0]]:,} {taken[0]}")
+    if route == "/gradients" and delta["updates_rejected"] != refused:
+        wrong.append(f"{refused:,} refusals, {delta['updates_rejected']:,} updates_rejected")
+    if after["rollouts_queued"]:
+        wrong.append(f"{after['rollouts_queued']} rollouts still queued")
+    return wrong
+
+
+def receivers(master_pid: int) -> list[int]:
+    """The master's receiver processes (master/ingress/receivers.py), from /proc."""
+    def command(pid: int) -> bytes:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return b""
+
+    return [p for p in with_descendants([master_pid]) if b"master.ingress.receiver" in command(p)]
+
+
+def load(cluster: LocalCluster, run_id: str, config: TrainConfig, args: argparse.Namespace,
+         client_tls: Any) -> dict[str, Any]:
+    """The load of `args.actors` actors on the running run `run_id`, and its figures."""
+    route, bodies = bodies_of(config)
+    status = cluster.status()
+    port = status["fronts"]["port"] if args.receivers else cluster.master.port
+    learner = (status.get("learner") or {}).get("pid")
+    pids = {"master": [cluster.master.pid], "learner": [learner] if learner else [],
+            "receivers": receivers(cluster.master.pid)}
+    cpu = {role: cpu_of(ps) for role, ps in pids.items()}
+    before = counted(status)
+    say(f"  {args.actors} actors push {len(bodies[0].data):,}-byte bodies to {route} for "
+        f"{args.warmup:g} + {args.seconds:g} s")
+    level = push_level(
+        cluster.master.host, port, args.actors, bodies, run_id, status["model_version"],
+        args.warmup, args.seconds, 10**12, tag="actor", master_port=cluster.master.port,
+        tls=client_tls, path=route,
+    )
+    if route == "/experience":
+        wait_for(lambda: not cluster.status()["learner"]["queued"], 600, "the learner's queue")
+    after = counted(cluster.status())
+    spent = {role: cpu_delta(cpu[role], cpu_of(ps)) for role, ps in pids.items()}
+    pushes = level.ok + sum(level.errors.values())
+    summary = level.summary()
+    steps = config.t_max * config.num_envs
+    fives = sum(n for status, n in level.errors.items() if status.startswith("5"))
+    return {
+        **summary,
+        "route": route, "body_bytes": len(bodies[0].data), "env_steps_a_push": steps,
+        "transitions_per_s": round((summary["pushes_per_s"] or 0) * steps, 1),
+        "5xx": fives,
+        "cpu_ms_per_push": {role: ms_a_push(spent[role], pushes) for role in pids if pids[role]},
+        "counts": {"before": before, "after": after},
+        "mismatches": mismatches(route, level, before, after),
+    }
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--algo", default="a3c", choices=ALGOS)
+    parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--actors", type=int, default=256)
+    parser.add_argument("--seconds", type=float, default=120.0, help="the measured window")
+    parser.add_argument("--warmup", type=float, default=5.0, help="seconds before it")
+    parser.add_argument("--receivers", type=int, default=0, help="the master's (A3C_RECEIVERS)")
+    parser.add_argument("--tls", action="store_true", help="HTTPS, certificates made here")
+    parser.add_argument("--config", default="{}", help="the run's config fields, JSON")
+    parser.add_argument("--json", type=Path, default=ROOT / "runs" / "bench_load.json")
+    args = parser.parse_args(argv)
+    fields = {"algo": args.algo, "env_id": args.env, **json.loads(args.config)}
+    with tempfile.TemporaryDirectory(prefix="a3c-bench-load-") as tmp:
+        env = environments(Path(tmp))["tls"] if args.tls else {}
+        served = tls.from_environ(env)
+        with standin_master(args.receivers, env) as (cluster, worker):
+            run_id, config = start(cluster, worker.url, fields)
+            if algorithm_class(config).sends == Sends.EXPERIENCE:
+                wait_for(lambda: (cluster.status()["learner"] or {}).get("running"), 120,
+                         "the learner")
+            out = load(cluster, run_id, config, args,
+                       served.client_context() if served.serves else None)
+    out = {"algo": args.algo, "env_id": args.env, "actors": args.actors,
+           "receivers": args.receivers, "tls": args.tls, "config": fields, **out}
+    cpu = ", ".join(f"{role} {ms} ms" for role, ms in out["cpu_ms_per_push"].items())
+    say(f"{args.algo} on {args.env}, {args.actors} actors{' over TLS' if args.tls else ''}: "
+        f"{out['pushes_per_s'] or 0:,.0f} pushes/s, {out['transitions_per_s']:,.0f} env steps/s, "
+        f"p50 {out['p50_ms']} ms, p99 {out['p99_ms']} ms, max {out['max_ms']} ms; "
+        f"{out['ok']:,} answered 2xx, others {out['errors'] or 'none'} ({out['5xx']} 5xx); "
+        f"CPU a push: {cpu}")
+    say("counts: " + ("every one adds up" if not out["mismatches"] else
+                      "DO NOT add up: " + "; ".join(out["mismatches"])))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(out, indent=2))
+    return 1 if out["mismatches"] or out["5xx"] else 0
