@@ -19,7 +19,10 @@ It reports pushes and env steps (transitions) a second over the measured window,
 p50, p99 and maximum, the replies by status (5xx apart), the CPU a push cost each process (the
 master's own, its receivers', the learner's) over the whole load, and whether every count adds
 up: every 2xx reply is an update the master counted (gradients) or a rollout its learner took
-(used, or dropped as too old), and every refusal was counted as one. It exits 1 when a count
+(used, or dropped as too old), and every refusal was counted as one. Beside them, the physical
+limits of a push of this model, measured in this process in the same run: a copy of the model's
+vector, one step of the run's optimizer on it (the parameter server's `FlatNetwork`), and the
+bytes of a body and of a weights reply. It exits 1 when a count
 does not add up or a reply was a 5xx, so that it can judge a run as well as measure it.
 """
 
@@ -36,12 +39,13 @@ from a3c_http.algos.registry import CONFIGS, algorithm_class, model_for, train_c
 from a3c_http.config.training import TrainConfig
 from a3c_http.local.cluster import LocalCluster, cpu_delta, cpu_of, wait_for, with_descendants
 from a3c_http.net import tls
+from a3c_http.optim.flatnet import FlatNetwork
 from a3c_http.wire import tensors as wire
 from scripts.benchlib.cluster import UNREACHABLE
 from scripts.benchlib.ingest import rollout_body
 from scripts.benchlib.load import Body, Level, push_level, ready_bodies
 from scripts.benchlib.report import ROOT, say
-from scripts.benchlib.server import MAX_STALENESS, ms_a_push, standin_master
+from scripts.benchlib.server import MAX_STALENESS, median_ms, ms_a_push, standin_master
 from scripts.benchlib.tls_cost import environments
 
 # The algorithms whose workers push what an actor can make once and send again: gradients or
@@ -65,6 +69,23 @@ def bodies_of(config: TrainConfig) -> tuple[str, list[Body]]:
     if algorithm_class(config).sends == Sends.EXPERIENCE:
         return "/experience", [Body(rollout_body(config))]
     return "/gradients", ready_bodies(wire.Layout.of(model_for(config), config.wire_dtype))
+
+
+def limits(config: TrainConfig, body_bytes: int, reps: int = 30) -> dict[str, float]:
+    """What a push of `config`'s model costs at the least: the median ms of a copy of its vector
+    and of one optimizer step on it (a gradient the master checked), and the bytes each way."""
+    import torch
+
+    torch.set_num_threads(1)  # as the master steps (master/app.py)
+    net = FlatNetwork(model_for(config), config)
+    gradient = torch.full_like(net.flat, 1e-4)
+    return {
+        "params": net.layout.n_params,
+        "copy_ms": median_ms(reps, net.flat.clone),
+        "step_ms": median_ms(reps, net.step, [gradient], 1.0, 0.1),
+        "body_bytes": body_bytes,
+        "reply_bytes": len(net.wire.encode(net.flat)),
+    }
 
 
 def counted(status: dict[str, Any]) -> dict[str, int]:
@@ -135,7 +156,7 @@ def load(cluster: LocalCluster, run_id: str, config: TrainConfig, args: argparse
     fives = sum(n for status, n in level.errors.items() if status.startswith("5"))
     return {
         **summary,
-        "route": route, "body_bytes": len(bodies[0].data), "env_steps_a_push": steps,
+        "route": route, "limits": limits(config, len(bodies[0].data)), "env_steps_a_push": steps,
         "transitions_per_s": round((summary["pushes_per_s"] or 0) * steps, 1),
         "5xx": fives,
         "cpu_ms_per_push": {role: ms_a_push(spent[role], pushes) for role in pids if pids[role]},
@@ -175,6 +196,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         f"p50 {out['p50_ms']} ms, p99 {out['p99_ms']} ms, max {out['max_ms']} ms; "
         f"{out['ok']:,} answered 2xx, others {out['errors'] or 'none'} ({out['5xx']} 5xx); "
         f"CPU a push: {cpu}")
+    floor = out["limits"]
+    say(f"limits of a push of this model ({floor['params']:,} parameters): a copy "
+        f"{floor['copy_ms']} ms, an optimizer step {floor['step_ms']} ms, "
+        f"{floor['body_bytes']:,} bytes in and {floor['reply_bytes']:,} out")
     say("counts: " + ("every one adds up" if not out["mismatches"] else
                       "DO NOT add up: " + "; ".join(out["mismatches"])))
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -305,6 +305,9 @@ def test_simulated_actors_push_rollouts_through_a_receiver_and_every_count_adds_
     assert figures["ok"] > 0 and figures["window_pushes"] > 0 and figures["p99_ms"] > 0
     assert figures["transitions_per_s"] == figures["pushes_per_s"] * figures["env_steps_a_push"]
     assert set(figures["cpu_ms_per_push"]) == {"master", "receivers", "learner"}
+    limits = figures["limits"]
+    assert limits["copy_ms"] > 0 and limits["step_ms"] > 0 and limits["params"] > 0
+    assert limits["reply_bytes"] > 4 * limits["params"]  # float32 weights and their header
     taken = [figures["counts"][k]["rollouts_taken"] for k in ("before", "after")]
     assert taken[1] - taken[0] == figures["ok"]
 
