@@ -37,6 +37,7 @@ COMMANDS = {
     "ingest": ("ingest", "the master's and the learner's CPU per 1,000 env steps of rollouts"),
     "path": ("path", "the project's files on the path of one experience push and update"),
     "load": ("actors", "many simulated actors against one master: rates, latency, CPU, counts"),
+    "capacity": ("capacity", "actors a core of the master and of the learner serves, by model"),
 }
 
 

@@ -29,6 +29,7 @@ does not add up or a reply was a 5xx, so that it can judge a run as well as meas
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import tempfile
 from pathlib import Path
@@ -44,6 +45,7 @@ from a3c_http.wire import tensors as wire
 from scripts.benchlib.cluster import UNREACHABLE
 from scripts.benchlib.ingest import rollout_body
 from scripts.benchlib.load import Body, Level, push_level, ready_bodies
+from scripts.benchlib.procs import end_on_signals
 from scripts.benchlib.report import ROOT, say
 from scripts.benchlib.server import MAX_STALENESS, median_ms, ms_a_push, standin_master
 from scripts.benchlib.tls_cost import environments
@@ -103,17 +105,19 @@ def mismatches(
     route: str, level: Level, before: dict[str, int], after: dict[str, int]
 ) -> list[str]:
     """What does not add up between the actors' replies (`level`) and the master's counts from
-    `before` the load to `after` it (the learner's queue drained): [] when every count does."""
+    `before` the load to `after` it: [] when every count does. A rollout taken is one the learner
+    used or dropped as too old, or one it holds (`queued`: a batch not yet full)."""
     delta = {k: after[k] - before[k] for k in before}
     refused = sum(n for status, n in level.errors.items() if status.isdigit())
-    taken = ("updates_applied" if route == "/gradients" else "rollouts_taken", level.ok)
+    if route == "/gradients":
+        taken, what = delta["updates_applied"], "updates_applied"
+    else:
+        taken, what = delta["rollouts_taken"] + delta["rollouts_queued"], "rollouts taken or held"
     wrong = []
-    if delta[taken[0]] != taken[1]:
-        wrong.append(f"{taken[1]:,} pushes answered 2xx, {delta[taken[0]]:,} {taken[0]}")
+    if taken != level.ok:
+        wrong.append(f"{level.ok:,} pushes answered 2xx, {taken:,} {what}")
     if route == "/gradients" and delta["updates_rejected"] != refused:
         wrong.append(f"{refused:,} refusals, {delta['updates_rejected']:,} updates_rejected")
-    if after["rollouts_queued"]:
-        wrong.append(f"{after['rollouts_queued']} rollouts still queued")
     return wrong
 
 
@@ -146,8 +150,11 @@ def load(cluster: LocalCluster, run_id: str, config: TrainConfig, args: argparse
         args.warmup, args.seconds, 10**12, tag="actor", master_port=cluster.master.port,
         tls=client_tls, path=route,
     )
-    if route == "/experience":
-        wait_for(lambda: not cluster.status()["learner"]["queued"], 600, "the learner's queue")
+    # The learner reports what it took after it took it: the counts settle within a deadline,
+    # or their difference is reported.
+    with contextlib.suppress(TimeoutError):
+        wait_for(lambda: not mismatches(route, level, before, counted(cluster.status())), 60,
+                 "the counts to settle")
     after = counted(cluster.status())
     spent = {role: cpu_delta(cpu[role], cpu_of(ps)) for role, ps in pids.items()}
     pushes = level.ok + sum(level.errors.values())
@@ -177,6 +184,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--config", default="{}", help="the run's config fields, JSON")
     parser.add_argument("--json", type=Path, default=ROOT / "runs" / "bench_load.json")
     args = parser.parse_args(argv)
+    end_on_signals()  # Ctrl-C or SIGTERM: the master's `finally` ends it and its children
     fields = {"algo": args.algo, "env_id": args.env, **json.loads(args.config)}
     with tempfile.TemporaryDirectory(prefix="a3c-bench-load-") as tmp:
         env = environments(Path(tmp))["tls"] if args.tls else {}

@@ -20,6 +20,7 @@ from a3c_http.algos.registry import model_for, train_config
 from a3c_http.wire import tensors as wire
 from scripts.benchlib.actors import mismatches
 from scripts.benchlib.bar import bar
+from scripts.benchlib.capacity import actor_rate, served_per_core, setups
 from scripts.benchlib.cluster import median_round, steady_rate
 from scripts.benchlib.load import Level, ready_bodies
 from scripts.benchlib.options import config_overrides, seed_list
@@ -276,17 +277,18 @@ def _counts(applied: int = 0, rejected: int = 0, taken: int = 0, queued: int = 0
 def test_the_loads_counts_add_up_only_where_every_reply_was_counted_once() -> None:
     level = Level(4, ok=100)
     level.errors.update({"409": 3, "503": 2, "ConnectionResetError": 1})
-    before = _counts(applied=7, rejected=1, taken=50)
+    before = _counts(applied=7, rejected=1, taken=50, queued=1)
     # Gradients: every 2xx an applied update, every HTTP refusal a rejected one.
-    assert mismatches("/gradients", level, before, _counts(applied=107, rejected=6, taken=50)) == []
+    assert mismatches("/gradients", level, before, _counts(applied=107, rejected=6)) == []
     assert mismatches("/gradients", level, before, _counts(applied=106, rejected=6)) == [
         "100 pushes answered 2xx, 99 updates_applied"]
     assert mismatches("/gradients", level, before, _counts(applied=107, rejected=1)) == [
         "5 refusals, 0 updates_rejected"]
-    # Experience: every 2xx a rollout the learner took (used or dropped), none left queued.
-    assert mismatches("/experience", level, before, _counts(applied=7, rejected=1, taken=150)) == []
+    # Experience: every 2xx a rollout the learner took (used or dropped) or holds.
+    assert mismatches("/experience", level, before, _counts(taken=150, queued=1)) == []
+    assert mismatches("/experience", level, before, _counts(taken=149, queued=2)) == []
     assert mismatches("/experience", level, before, _counts(taken=149, queued=1)) == [
-        "100 pushes answered 2xx, 99 rollouts_taken", "1 rollouts still queued"]
+        "100 pushes answered 2xx, 99 rollouts taken or held"]
 
 
 def test_simulated_actors_push_rollouts_through_a_receiver_and_every_count_adds_up(
@@ -308,8 +310,28 @@ def test_simulated_actors_push_rollouts_through_a_receiver_and_every_count_adds_
     limits = figures["limits"]
     assert limits["copy_ms"] > 0 and limits["step_ms"] > 0 and limits["params"] > 0
     assert limits["reply_bytes"] > 4 * limits["params"]  # float32 weights and their header
-    taken = [figures["counts"][k]["rollouts_taken"] for k in ("before", "after")]
+    taken = [sum(figures["counts"][k][n] for n in ("rollouts_taken", "rollouts_queued"))
+             for k in ("before", "after")]
     assert taken[1] - taken[0] == figures["ok"]
+
+
+def test_one_actor_pushes_once_a_rollout_and_a_core_serves_what_it_takes() -> None:
+    config = train_config(num_envs=2, t_max=5)
+    rate = actor_rate(config, 0.2)
+    # A push a rollout of at most 2 x 5 env steps (fewer where an episode ended in it).
+    assert 0 < rate["env_steps_per_s"] <= 10 * rate["pushes_per_s"] * 1.001
+    # 0.5 ms a push: 2,000 pushes a second a core; actors of 100 pushes a second: 20 of them.
+    assert served_per_core(0.5, 100.0) == 20.0 and served_per_core(None, 100.0) is None
+    rows = [{"algo": "a3c", "model": "default", "actors_per_master_core": 20.0,
+             "actors_per_learner_core": None},
+            {"algo": "apex", "model": "default", "actors_per_master_core": 50.0,
+             "actors_per_learner_core": 7.0}]
+    assert setups(rows) == [
+        {"setup": "Gorila's 100 bundles", "model": "default", "cores": {"master": 5},
+         "actor_cores": 100, "hosts": 7},  # 105 cores
+        {"setup": "Ape-X's 360 actors", "model": "default", "cores": {"master": 8, "learner": 52},
+         "actor_cores": 360, "hosts": 27},  # 420 cores
+    ]
 
 
 def test_each_command_of_bench_py_has_its_options_and_an_unknown_one_is_refused(
@@ -320,7 +342,8 @@ def test_each_command_of_bench_py_has_its_options_and_an_unknown_one_is_refused(
 
     options = {"": "--sections", "scale": "--pin", "learn": "--learners", "solve": "--runs",
                "staleness": "--lags", "http": "--n", "push_body": "--workers",
-               "tls": "--connects", "ingest": "--pushes", "path": "--algos", "load": "--actors"}
+               "tls": "--connects", "ingest": "--pushes", "path": "--algos", "load": "--actors",
+               "capacity": "--actor-seconds"}
     assert set(options) == {"", *bench.COMMANDS}
     for command, option in options.items():
         with pytest.raises(SystemExit) as exit_:
