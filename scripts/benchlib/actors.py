@@ -45,6 +45,7 @@ from a3c_http.wire import tensors as wire
 from scripts.benchlib.cluster import UNREACHABLE
 from scripts.benchlib.ingest import rollout_body
 from scripts.benchlib.load import Body, Level, push_level, ready_bodies
+from scripts.benchlib.options import config_overrides
 from scripts.benchlib.procs import end_on_signals
 from scripts.benchlib.report import ROOT, say
 from scripts.benchlib.server import MAX_STALENESS, median_ms, ms_a_push, standin_master
@@ -55,6 +56,22 @@ from scripts.benchlib.tls_cost import environments
 ALGOS = sorted(a for a in CONFIGS if algorithm_class(train_config(algo=a)).sends != Sends.WEIGHTS)
 
 
+class RunRefused(Exception):
+    """POST /train did not start the run; the master's reason."""
+
+
+def number(kind: type, least: float, more: bool = False) -> Any:
+    """An argparse type: a `kind` of at least `least` (above it with `more`)."""
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value < least or (more and value == least):
+            raise argparse.ArgumentTypeError(
+                f"{text}: give a number {'above' if more else 'of at least'} {least}")
+        return value
+
+    return parse
+
+
 def start(
     cluster: LocalCluster, worker_url: str, fields: dict[str, Any]
 ) -> tuple[str, TrainConfig]:
@@ -62,7 +79,9 @@ def start(
     fields = {"seed": 0, "max_steps": None, "target_return": UNREACHABLE,
               "heartbeat_timeout_s": 86_400, "max_staleness": MAX_STALENESS, **fields}
     reply = cluster.train(**fields, workers=[worker_url])
-    reply.raise_for_status()
+    if reply.status_code != 202:
+        raise RunRefused(f"the master refused the run ({reply.status_code}): "
+                         f"{reply.json().get('detail', reply.text)}")
     return reply.json()["data"]["run_id"], train_config(**cluster.status()["config"])
 
 
@@ -176,21 +195,32 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--algo", default="a3c", choices=ALGOS)
     parser.add_argument("--env", default="CartPole-v1")
-    parser.add_argument("--actors", type=int, default=256)
-    parser.add_argument("--seconds", type=float, default=120.0, help="the measured window")
-    parser.add_argument("--warmup", type=float, default=5.0, help="seconds before it")
-    parser.add_argument("--receivers", type=int, default=0, help="the master's (A3C_RECEIVERS)")
+    parser.add_argument("--actors", type=number(int, 1), default=256)
+    parser.add_argument("--seconds", type=number(float, 0, more=True), default=120.0,
+                        help="the measured window")
+    parser.add_argument("--warmup", type=number(float, 0), default=5.0, help="seconds before it")
+    parser.add_argument("--receivers", type=number(int, 0), default=0,
+                        help="the master's (A3C_RECEIVERS)")
     parser.add_argument("--tls", action="store_true", help="HTTPS, certificates made here")
     parser.add_argument("--config", default="{}", help="the run's config fields, JSON")
     parser.add_argument("--json", type=Path, default=ROOT / "runs" / "bench_load.json")
     args = parser.parse_args(argv)
+    try:
+        overrides = config_overrides(args.config, ("algo", "env_id"), "give --algo and --env",
+                                     {"algo": args.algo})
+    except ValueError as exc:
+        parser.error(f"--config: {exc}")
     end_on_signals()  # Ctrl-C or SIGTERM: the master's `finally` ends it and its children
-    fields = {"algo": args.algo, "env_id": args.env, **json.loads(args.config)}
+    fields = {"algo": args.algo, "env_id": args.env, **overrides}
     with tempfile.TemporaryDirectory(prefix="a3c-bench-load-") as tmp:
         env = environments(Path(tmp))["tls"] if args.tls else {}
         served = tls.from_environ(env)
         with standin_master(args.receivers, env) as (cluster, worker):
-            run_id, config = start(cluster, worker.url, fields)
+            try:
+                run_id, config = start(cluster, worker.url, fields)
+            except RunRefused as exc:
+                say(str(exc))
+                return 2
             if algorithm_class(config).sends == Sends.EXPERIENCE:
                 wait_for(lambda: (cluster.status()["learner"] or {}).get("running"), 120,
                          "the learner")

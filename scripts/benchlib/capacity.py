@@ -40,7 +40,7 @@ from a3c_http.config.training import TrainConfig
 from a3c_http.envs.make import MissingDependency, register_family
 from a3c_http.envs.rollout import RolloutCollector
 from a3c_http.local.cluster import wait_for
-from scripts.benchlib.actors import load, start
+from scripts.benchlib.actors import ALGOS, RunRefused, load, number, start
 from scripts.benchlib.procs import end_on_signals
 from scripts.benchlib.report import ROOT, say
 from scripts.benchlib.server import standin_master
@@ -165,13 +165,19 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--algos", default="a3c,ppo,impala,apex")
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--actors", type=int, default=64, help="simulated actors of each load")
-    parser.add_argument("--seconds", type=float, default=10.0, help="each load's window")
-    parser.add_argument("--warmup", type=float, default=2.0)
-    parser.add_argument("--actor-seconds", type=float, default=5.0)
-    parser.add_argument("--receivers", type=int, default=0)
+    parser.add_argument("--actors", type=number(int, 1), default=64,
+                        help="simulated actors of each load")
+    parser.add_argument("--seconds", type=number(float, 0, more=True), default=10.0,
+                        help="each load's window")
+    parser.add_argument("--warmup", type=number(float, 0), default=2.0)
+    parser.add_argument("--actor-seconds", type=number(float, 0, more=True), default=5.0)
+    parser.add_argument("--receivers", type=number(int, 0), default=0)
     parser.add_argument("--json", type=Path, default=ROOT / "runs" / "bench_capacity.json")
     args = parser.parse_args(argv)
+    for option, given, known in (("--models", args.models, MODELS), ("--algos", args.algos, ALGOS)):
+        unknown = [v for v in given.split(",") if v not in known]
+        if unknown:
+            parser.error(f"{option}: {', '.join(unknown)} unknown; of {', '.join(known)}")
     end_on_signals()  # Ctrl-C or SIGTERM: each master's `finally` ends it and its children
     rows: list[dict[str, Any]] = []
     out: dict[str, Any] = {"actors": args.actors, "seconds": args.seconds, "rows": rows}
@@ -183,7 +189,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             continue
         for algo in args.algos.split(","):
             say(f"== {algo}, {model} model")
-            rows.append(row(algo, model, args))
+            try:
+                rows.append(row(algo, model, args))
+            except RunRefused as exc:  # an algorithm that cannot run this env (apex on Box)
+                say(f"  skipped: {exc}")
+                continue
             r = rows[-1]
             say(f"  master {r['master_ms_per_push']} ms a push, learner "
                 f"{r['learner_ms_per_push']} ms; one actor {r['actor']['env_steps_per_s']:,} env "

@@ -12,10 +12,12 @@ from a3c_http.algos.registry import train_config
 from a3c_http.server.service import describe_error
 
 
-def config_overrides(text: str, reserved: tuple[str, ...] = (), why: str = "") -> dict:
+def config_overrides(
+    text: str, reserved: tuple[str, ...] = (), why: str = "", over: dict | None = None
+) -> dict:
     """`--config`: a JSON object of training config fields for every run, checked as the master
-    checks a config; the `reserved` fields (the caller's own) are refused, with `why`. Raises
-    ValueError naming the problem."""
+    checks a config (over the fields `over`, such as the run's `algo`); the `reserved` fields
+    (the caller's own) are refused, with `why`. Raises ValueError naming the problem."""
     try:
         overrides = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -26,7 +28,7 @@ def config_overrides(text: str, reserved: tuple[str, ...] = (), why: str = "") -
     if taken:
         raise ValueError(f"{', '.join(taken)}: {why}")
     try:
-        train_config(**overrides)
+        train_config(**(over or {}), **overrides)
     except ValidationError as exc:
         raise ValueError("; ".join(describe_error(e, "config") for e in exc.errors())) from None
     return overrides
