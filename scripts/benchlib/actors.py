@@ -45,7 +45,7 @@ from a3c_http.wire import tensors as wire
 from scripts.benchlib.cluster import UNREACHABLE
 from scripts.benchlib.ingest import rollout_body
 from scripts.benchlib.load import Body, Level, push_level, ready_bodies
-from scripts.benchlib.options import config_overrides
+from scripts.benchlib.options import config_overrides, number
 from scripts.benchlib.procs import end_on_signals
 from scripts.benchlib.report import ROOT, say
 from scripts.benchlib.server import MAX_STALENESS, median_ms, ms_a_push, standin_master
@@ -58,18 +58,6 @@ ALGOS = sorted(a for a in CONFIGS if algorithm_class(train_config(algo=a)).sends
 
 class RunRefused(Exception):
     """POST /train did not start the run; the master's reason."""
-
-
-def number(kind: type, least: float, more: bool = False) -> Any:
-    """An argparse type: a `kind` of at least `least` (above it with `more`)."""
-    def parse(text: str) -> Any:
-        value = kind(text)
-        if value < least or (more and value == least):
-            raise argparse.ArgumentTypeError(
-                f"{text}: give a number {'above' if more else 'of at least'} {least}")
-        return value
-
-    return parse
 
 
 def start(

@@ -40,7 +40,8 @@ from a3c_http.config.training import TrainConfig
 from a3c_http.envs.make import MissingDependency, register_family
 from a3c_http.envs.rollout import RolloutCollector
 from a3c_http.local.cluster import wait_for
-from scripts.benchlib.actors import ALGOS, RunRefused, load, number, start
+from scripts.benchlib.actors import ALGOS, RunRefused, load, start
+from scripts.benchlib.options import number
 from scripts.benchlib.procs import end_on_signals
 from scripts.benchlib.report import ROOT, say
 from scripts.benchlib.server import standin_master

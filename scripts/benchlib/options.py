@@ -1,10 +1,11 @@
 """The command-line values the benchmarks share: `--config` overrides of the training config,
-and comma-separated lists of counts (`--workers 1,2,4`)."""
+numbers with a least value, and comma-separated lists of counts (`--workers 1,2,4`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -32,6 +33,18 @@ def config_overrides(
     except ValidationError as exc:
         raise ValueError("; ".join(describe_error(e, "config") for e in exc.errors())) from None
     return overrides
+
+
+def number(kind: type, least: float, more: bool = False) -> Any:
+    """An argparse type: a `kind` of at least `least` (above it with `more`)."""
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value < least or (more and value == least):
+            raise argparse.ArgumentTypeError(
+                f"{text}: give a number {'above' if more else 'of at least'} {least}")
+        return value
+
+    return parse
 
 
 def counts(option: str, text: str, parser: argparse.ArgumentParser) -> list[int]:
