@@ -122,7 +122,7 @@ def served_per_core(ms_a_push: float | None, actor_pushes_per_s: float) -> float
     `actor_pushes_per_s`."""
     if not ms_a_push or not actor_pushes_per_s:
         return None
-    return round(1000.0 / ms_a_push / actor_pushes_per_s, 1)
+    return 1000.0 / ms_a_push / actor_pushes_per_s
 
 
 def row(algo: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -153,13 +153,17 @@ def setups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for r in (r for r in rows if r["algo"] == algo):
             cores = {
                 role: math.ceil(actors / r[f"actors_per_{role}_core"])
-                for role in ("master", "learner") if r[f"actors_per_{role}_core"]
+                for role in ("master", "learner") if r[f"actors_per_{role}_core"] is not None
             }
             actor_cores = actors  # one core an actor, as the seeds run them
             total = actor_cores + sum(cores.values())
             out.append({"setup": name, "model": r["model"], "cores": cores,
                         "actor_cores": actor_cores, "hosts": math.ceil(total / HOST_CORES)})
     return out
+
+
+def _shown(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -199,8 +203,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             say(f"  master {r['master_ms_per_push']} ms a push, learner "
                 f"{r['learner_ms_per_push']} ms; one actor {r['actor']['env_steps_per_s']:,} env "
                 f"steps/s, {r['actor']['pushes_per_s']} pushes/s: "
-                f"{r['actors_per_master_core']} actors a master core, "
-                f"{r['actors_per_learner_core']} a learner core")
+                f"{_shown(r['actors_per_master_core'])} actors a master core, "
+                f"{_shown(r['actors_per_learner_core'])} a learner core")
             out["setups"] = setups(rows)
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(out, indent=2))
