@@ -32,9 +32,9 @@ Seq = Annotated[int, Header(**_SEQ)]
 
 
 class PushHeaders(BaseModel):
-    """The headers of a gradient push (`POST /gradients`), one model for the route's schema
-    (master/api/weights.py) and for the hot path that serves it (master/ingress/gradients.py), so
-    both judge a push alike."""
+    """The headers of a push (`POST /gradients`, `POST /experience`), one model for the routes'
+    schema (master/api/weights.py) and for the ASGI route that serves them
+    (master/ingress/route.py), so both judge a push alike."""
 
     model_config = ConfigDict(extra="ignore")  # the request's other headers
     worker_id: Annotated[WorkerId, Field(alias=WORKER_ID_HEADER)]

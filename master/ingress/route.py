@@ -33,8 +33,9 @@ Push = Callable[[str, PushHeaders, bytes], Awaitable[Reply]]
 
 class UpdateRoute:
     """ASGI middleware: a `POST` to one of PATHS answered here (see the module's docstring) by
-    `push` (the master's own, `push` above bound to its state; a receiver's forwards it to the
-    master, master/ingress/receiver.py); every other request goes on to the app."""
+    `push` (the master's own: master/ingress/updates.py `push` bound to its state; a receiver's
+    forwards it to the master, master/ingress/receiver.py); every other request goes on to the
+    app."""
 
     def __init__(self, app: ASGIApp, push: Push) -> None:
         self.app = app

@@ -15,7 +15,7 @@ middleware inside the gate and the body limit (a3c_http/server/service.py `insta
 still passes the token, page, content-type, size and time checks first), answers them itself and
 hands them to `push` here; the receivers (master/ingress/receivers.py) run the same route and hand
 what it read to `take_push` here. The
-routes stay declared in master/api/weights.py and master/ingress/experience.py, which give them
+routes stay declared in master/api/weights.py, which gives them
 their OpenAPI schema and serve them through FastAPI should a request ever get past this layer;
 both call `push`, so they answer alike.
 """
@@ -176,6 +176,3 @@ def summary_headers(run_summary: dict[str, Any]) -> Iterable[tuple[str, str]]:
     ):
         if value is not None:
             yield name, repr(float(value))
-
-
-

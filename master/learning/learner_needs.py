@@ -19,6 +19,7 @@ import torch
 
 from a3c_http.wire.named_tensors import Expected
 
+log = logging.getLogger("a3c.master.learner")
 
 class DeviceUnavailable(ValueError):
     """The config's `device` is not on this host."""
@@ -96,7 +97,6 @@ def spinning_threads() -> Iterator[None]:
         os.environ.pop("OMP_WAIT_POLICY", None)
 
 
-log = logging.getLogger("a3c.master.learner")
 # What a child of the master imports before it runs: the fork server imports it once.
 CHILD_MODULES = ["torch", "master.learning.learner_loop", "a3c_http.policy.evaluation"]
 _fork_server = threading.Lock()

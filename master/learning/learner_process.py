@@ -7,7 +7,7 @@ its version, written by the learner after each update and read by the master whe
 message comes, under one lock between the two processes (so neither reads half an update; a
 process killed while it holds the lock is noticed by the other, which stops waiting for it).
 
-`LearnerProcess` is the master's end. `POST /experience` (master/ingress/experience.py) reserves a
+`LearnerProcess` is the master's end. `POST /experience` (master/ingress/updates.py) reserves a
 slot (`reserve`: at most `queue_capacity` rollouts wait, twice `queue_size`; beyond that the reply
 is held until there is room, or refused with 503 after `hold_s`: the seed's bounded queue), then
 hands the rollout it checked and decoded over (`submit`): its tensors are copied into the slot, one

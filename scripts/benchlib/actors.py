@@ -63,13 +63,16 @@ class RunRefused(Exception):
 def start(
     cluster: LocalCluster, worker_url: str, fields: dict[str, Any]
 ) -> tuple[str, TrainConfig]:
-    """Start a run of `fields` that never ends by itself, its one worker host `worker_url`."""
+    """Start a run of `fields` that never ends by itself, its one worker host `worker_url`, and
+    return once its learner runs (an algorithm with one)."""
     fields = {"seed": 0, "max_steps": None, "target_return": UNREACHABLE,
               "heartbeat_timeout_s": 86_400, "max_staleness": MAX_STALENESS, **fields}
     reply = cluster.train(**fields, workers=[worker_url])
     if reply.status_code != 202:
         raise RunRefused(f"the master refused the run ({reply.status_code}): "
                          f"{reply.json().get('detail', reply.text)}")
+    if cluster.status().get("learner"):
+        wait_for(lambda: cluster.status()["learner"]["running"], 120, "the learner")
     return reply.json()["data"]["run_id"], train_config(**cluster.status()["config"])
 
 
@@ -209,9 +212,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             except RunRefused as exc:
                 say(str(exc))
                 return 2
-            if algorithm_class(config).sends == Sends.EXPERIENCE:
-                wait_for(lambda: (cluster.status()["learner"] or {}).get("running"), 120,
-                         "the learner")
             out = load(cluster, run_id, config, args,
                        served.client_context() if served.serves else None)
     out = {"algo": args.algo, "env_id": args.env, "actors": args.actors,

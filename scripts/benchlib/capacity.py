@@ -39,7 +39,6 @@ from a3c_http.algos.registry import algorithm_class, algorithm_for, model_for
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.make import MissingDependency, register_family
 from a3c_http.envs.rollout import RolloutCollector
-from a3c_http.local.cluster import wait_for
 from scripts.benchlib.actors import ALGOS, RunRefused, load, start
 from scripts.benchlib.options import number
 from scripts.benchlib.procs import end_on_signals
@@ -130,8 +129,6 @@ def row(algo: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
     fields = {"algo": algo, **MODELS[model]}
     with standin_master(args.receivers) as (cluster, worker):
         run_id, config = start(cluster, worker.url, fields)
-        if cluster.status().get("learner"):  # an algorithm with a learner: once it runs
-            wait_for(lambda: cluster.status()["learner"]["running"], 120, "the learner")
         measured = load(cluster, run_id, config, args, None)
     actor = actor_rate(config, args.actor_seconds)
     cpu = measured["cpu_ms_per_push"]
@@ -155,10 +152,9 @@ def setups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 role: math.ceil(actors / r[f"actors_per_{role}_core"])
                 for role in ("master", "learner") if r[f"actors_per_{role}_core"] is not None
             }
-            actor_cores = actors  # one core an actor, as the seeds run them
-            total = actor_cores + sum(cores.values())
+            total = actors + sum(cores.values())  # one core an actor, as the seeds run them
             out.append({"setup": name, "model": r["model"], "cores": cores,
-                        "actor_cores": actor_cores, "hosts": math.ceil(total / HOST_CORES)})
+                        "actor_cores": actors, "hosts": math.ceil(total / HOST_CORES)})
     return out
 
 

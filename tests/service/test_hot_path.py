@@ -210,7 +210,7 @@ def test_the_master_quiets_uvicorns_access_log_unless_told_otherwise(tmp_path) -
 
 
 def test_the_hot_path_and_the_declared_route_answer_a_push_alike(tmp_path) -> None:
-    """POST /gradients is answered by master/ingress/gradients.py before FastAPI routes it; the
+    """POST /gradients is answered by master/ingress/route.py before FastAPI routes it; the
     route declared for the schema answers the same pushes the same way (here without that layer)."""
     from tests.support.common import OCTET, master_running, push_rollout
 
