@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import Any
 
 from pydantic import ValidationError
@@ -36,10 +37,10 @@ def config_overrides(
 
 
 def number(kind: type, least: float, more: bool = False) -> Any:
-    """An argparse type: a `kind` of at least `least` (above it with `more`)."""
+    """An argparse type: a finite `kind` of at least `least` (above it with `more`)."""
     def parse(text: str) -> Any:
         value = kind(text)
-        if value < least or (more and value == least):
+        if not math.isfinite(value) or value < least or (more and value == least):
             raise argparse.ArgumentTypeError(
                 f"{text}: give a number {'above' if more else 'of at least'} {least}")
         return value

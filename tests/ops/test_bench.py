@@ -23,7 +23,7 @@ from scripts.benchlib.bar import bar
 from scripts.benchlib.capacity import actor_rate, served_per_core, setups
 from scripts.benchlib.cluster import median_round, steady_rate
 from scripts.benchlib.load import Level, ready_bodies
-from scripts.benchlib.options import config_overrides, seed_list
+from scripts.benchlib.options import config_overrides, number, seed_list
 from scripts.benchlib.procs import default_workers, pin_sets, receivers_cores
 from scripts.benchlib.scale import OWN_FIELDS, OWN_WHY, add_efficiency, window_figures
 from scripts.benchlib.staleness import summary as staleness_summary
@@ -230,6 +230,15 @@ def test_scale_config_overrides_are_checked_as_the_master_checks_a_config() -> N
     ]:
         with pytest.raises(ValueError, match=re.escape(says)):
             config_overrides(text, OWN_FIELDS, OWN_WHY)
+
+
+def test_a_number_option_takes_finite_values_from_its_least() -> None:
+    seconds, actors = number(float, 0, more=True), number(int, 1)
+    assert seconds("0.5") == 0.5 and actors("1") == 1
+    for parse, wrong in ((seconds, "0"), (seconds, "-1"), (seconds, "nan"), (seconds, "inf"),
+                         (actors, "0")):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse(wrong)
 
 
 def test_learn_takes_a_count_of_seeds_or_the_seeds_themselves() -> None:
