@@ -35,6 +35,7 @@ from a3c_http.models.actor_critic import ActorCritic
 from a3c_http.models.normalize import merge_moments
 from a3c_http.optim.flatnet import FlatNetwork, NonFiniteStep
 from a3c_http.optim.optimizers import learning_rate
+from a3c_http.optim.team import SOLO, Team
 from a3c_http.wire.named_tensors import Expected
 from a3c_http.wire.protocol import MAX_ABS_RETURN
 
@@ -237,10 +238,15 @@ class Learner:
         model: ActorCritic,
         device: torch.device,
         optimizer_state: dict[str, Any] | None = None,
+        *,
+        team: Team = SOLO,
     ) -> None:
-        """`model` holds the weights to start from (the master's); it is moved to `device`."""
+        """`model` holds the weights to start from (the master's); it is moved to `device`.
+        `team`: the run's other learners (a3c_http/optim/team.py), whose gradients each step
+        averages with this one's; alone by default."""
         self.config = config
         self.device = device
+        self.team = team
         self.net = FlatNetwork(model.to(device), config, optimizer_state, self.adam_eps)
         self.model = self.net.model
         # Backpropagation writes the gradients into one vector (each parameter's .grad a view of
@@ -266,7 +272,11 @@ class Learner:
     ) -> dict[str, float] | None:
         """One update from `rollouts` (as `rollout_tensors` made them), `env_steps` into the run
         (the schedules' progress). Returns the training metrics under SB3's names, or None when
-        the weights did not change (a replay still filling, or no valid step to learn from)."""
+        the weights did not change (a replay still filling, or no valid step to learn from).
+
+        In a team every learner is handed the update's rollouts, all of them, and learns from
+        its share (`share`); what they decide from the rollouts (whether any step is valid, the
+        observations' statistics) they decide from all, so alike."""
         if not any(bool(r["valid"].any()) for r in rollouts):
             return None
         if self._statistics:  # every rollout's observations count, as SB3's VecNormalize
@@ -275,9 +285,14 @@ class Learner:
         lr = learning_rate(self.config, env_steps)
         for group in self.net.optimizer.param_groups:
             group["lr"] = lr
-        metrics = self.update(Batch.of(rollouts, self.device), env_steps)
+        metrics = self.update(Batch.of(self.share(rollouts), self.device), env_steps)
         self.updates += 1
         return {**metrics, "train/learning_rate": lr, "train/n_updates": float(self.updates)}
+
+    def share(self, rollouts: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+        """This learner's share of an update's rollouts: every `team.size`-th from its rank (all
+        of them alone). `learners` is at most `queue_size`: every share holds one at least."""
+        return rollouts[self.team.rank :: self.team.size]
 
     def update(self, batch: Batch, env_steps: int) -> dict[str, float]:
         raise NotImplementedError
@@ -289,12 +304,15 @@ class Learner:
         """The target network when it changed since the last call; None without one."""
         return None
 
-    def step(self, loss: torch.Tensor) -> float:
-        """Backpropagate `loss`, clip the gradients to max_grad_norm and take one optimizer step
-        on the flat network (undone, and counted, if it would leave a value non-finite).
-        Returns the gradients' norm before clipping."""
+    def step(self, loss: torch.Tensor | None) -> float:
+        """Backpropagate `loss` (None: this learner has no step of its share to learn from, and
+        adds no gradient to its team's), average the gradients over the team, clip them to
+        max_grad_norm and take one optimizer step on the flat network (undone, and counted, if
+        it would leave a value non-finite). Returns the gradients' norm before clipping."""
         self._grads.zero_()
-        loss.backward()  # into the parameters' .grad: views of `_grads`
+        if loss is not None:
+            loss.backward()  # into the parameters' .grad: views of `_grads`
+        self.team.average(self.net.gradient(self._grads))
         grads, limit = self.net.gradient(self._grads), self.config.max_grad_norm
         norm = float(torch.linalg.vector_norm(grads))
         if not norm <= limit:  # clip_grad_norm_'s scaling (a non-finite norm spoils the step)

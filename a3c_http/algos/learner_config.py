@@ -3,7 +3,7 @@ apex_dpg, sac): the base of their sections, torch-free as every config section i
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from a3c_http.config.training import TrainConfig
 
@@ -35,6 +35,16 @@ class LearnerConfig(TrainConfig):
         "the same host. A learner whose actors' work is light (sac and apex_dpg on vector "
         "observations) takes them all.",
     )
+    learners: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Learner processes beside the master that learn as one (data-parallel, "
+        "a3c_http/optim/team.py): each takes its share of an update's queue_size rollouts "
+        "(Ape-X: its shard of the replay, and of batch_size and learning_starts), and their "
+        "gradients are averaged before every step (gloo on CPUs, NCCL with a GPU each). At "
+        "most queue_size; learner_threads is shared among them.",
+    )
     device: str = Field(
         "auto",
         pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$",
@@ -42,3 +52,12 @@ class LearnerConfig(TrainConfig):
         "when torch sees one, else the CPU), cpu, cuda, cuda:N or mps. A device the master host "
         "does not have is refused with 422.",
     )
+
+    @model_validator(mode="after")
+    def _a_rollout_for_every_learner(self) -> LearnerConfig:
+        if self.learners > self.queue_size:
+            raise ValueError(
+                f"learners {self.learners} is more than queue_size {self.queue_size}: each "
+                "learner takes a share of an update's rollouts, one at least"
+            )
+        return self

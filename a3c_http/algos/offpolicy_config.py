@@ -13,6 +13,13 @@ class OffPolicyConfig(LearnerConfig):
     """A run whose actors fill a replay beside the master that one learner samples, learning an
     actor and its critics (a3c_http/algos/continuous.py)."""
 
+    learners: int = Field(
+        1,
+        ge=1,
+        le=1,
+        description="sac and apex_dpg: one learner (their actor's, critics' and entropy "
+        "coefficient's optimizers are not averaged over a team).",
+    )
     buffer_size: int = Field(
         1_000_000,
         ge=1,

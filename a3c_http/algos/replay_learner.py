@@ -25,6 +25,7 @@ from a3c_http.algos.learner import Learner
 from a3c_http.algos.replay import Replay
 from a3c_http.config.training import TrainConfig
 from a3c_http.optim.optimizers import learning_rate
+from a3c_http.optim.team import SOLO, Team
 
 
 def transitions_of(r: dict[str, torch.Tensor]) -> Transitions:
@@ -45,10 +46,15 @@ class ReplayLearner(Learner):
         model: Any,
         device: torch.device,
         optimizer_state: dict[str, Any] | None = None,
+        *,
+        team: Team = SOLO,
     ) -> None:
-        super().__init__(config, model, device, optimizer_state)
-        self.replay = Replay(config.buffer_size, config.prioritized_alpha)
-        self.rng = np.random.default_rng(config.seed)
+        super().__init__(config, model, device, optimizer_state, team=team)
+        # In a team each learner's replay is a shard of the run's: its share of the
+        # transitions, prioritized on its own.
+        self.replay = Replay(max(1, config.buffer_size // team.size), config.prioritized_alpha)
+        seed = config.seed if team.rank == 0 or config.seed is None else [config.seed, team.rank]
+        self.rng = np.random.default_rng(seed)
         self.steps = 0  # gradient steps taken (since the learner started)
 
     def learn(
@@ -57,12 +63,14 @@ class ReplayLearner(Learner):
         """Store the rollouts' transitions (with their priorities, where they carry them); then,
         once the replay holds learning_starts, `gradient_steps` steps: the means of their
         metrics under SB3's names. None: no step yet."""
-        cfg = self.config
-        for r in rollouts:
+        cfg, team = self.config, self.team
+        for r in self.share(rollouts):
             priorities = r["priorities"][r["valid"]] if "priorities" in r else None
             self.replay.add(dataclasses.asdict(transitions_of(r)), priorities)
-        if len(self.replay) < max(cfg.learning_starts, 1):
+        starts = max(-(-cfg.learning_starts // team.size), 1)  # each shard its share of them
+        if not team.agree(int(len(self.replay) >= starts), "min"):
             return None
+        batch_size = max(1, cfg.batch_size // team.size)
         lr = learning_rate(cfg, env_steps)
         self.set_learning_rate(lr)
         progress = min(1.0, env_steps / cfg.max_steps) if cfg.max_steps else 0.0
@@ -70,7 +78,7 @@ class ReplayLearner(Learner):
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}  # a metric of some steps only (a delayed actor's loss)
         for _ in range(cfg.gradient_steps):
-            rows, index, weights = self.replay.sample(cfg.batch_size, beta, self.rng)
+            rows, index, weights = self.replay.sample(batch_size, beta, self.rng)
             batch = Transitions(**{k: v.to(self.device) for k, v in rows.items()})
             errors, metrics = self.train_step(batch, weights.to(self.device))
             self.replay.update(index, errors)

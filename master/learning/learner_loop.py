@@ -21,13 +21,16 @@ import os
 import queue
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from a3c_http.algos.learner import Learner
 from a3c_http.algos.registry import algorithm_class, config_json, model_for
+from a3c_http.config.training import TrainConfig
+from a3c_http.optim.team import SOLO, ProcessTeam, Team, TeamSpec
 from a3c_http.wire.tensors import Layout
 
 log = logging.getLogger("a3c.master")
@@ -69,6 +72,8 @@ class Start:
     slots: dict[str, torch.Tensor] = field(default_factory=dict)  # shared with the master
     version_value: Any = None  # the shared version of `weights` (shared too), and their lock
     lock: Any = None
+    # This learner's place in a team of `learners` (a3c_http/optim/team.py); None: alone.
+    team: TeamSpec | None = None
 
 
 class PeerGone(Exception):
@@ -102,19 +107,100 @@ def learner_main(start: Start, inbox: Any, outbox: Any) -> None:
         outbox.put(("error", detail))
 
 
-def _learn(start: Start, inbox: Any, outbox: Any) -> None:
+# What the first learner of a team tells the others before each update (`Plan`).
+STOP, LEARN = 0, 1
+
+
+def _learner(start: Start) -> tuple[TrainConfig, Learner, Team]:
+    """The learner a process builds from its Start, in its team (joined here: this waits for
+    every learner of the team) where it has one."""
     config = config_json(start.config_json)
+    spec = start.team or TeamSpec(0, 1)
     device = torch.device(start.device)
-    version, optimizer_every_s = start.version, start.optimizer_every_s
+    if device.type == "cuda" and device.index is None and spec.size > 1:
+        device = torch.device("cuda", spec.rank % max(torch.cuda.device_count(), 1))
     if device.type == "cpu":  # half the cores (the rest for workers on this host), or as told
         cores = os.cpu_count() or 2
         wanted = config.learner_threads or max(1, min(4, cores // 2))
-        torch.set_num_threads(min(wanted, cores))
+        torch.set_num_threads(max(1, min(wanted, cores) // spec.size))  # shared by the team
+    team = ProcessTeam(spec, device) if spec.size > 1 else SOLO
     model = model_for(config)
     model.load_state_dict(Layout.of(model).views(start.weights))
-    learner = algorithm_class(config).learner(config, model, device, start.optimizer_state)
+    # (only the algorithms whose config allows several learners take a team)
+    joined = {"team": team} if spec.size > 1 else {}
+    learner = algorithm_class(config).learner(
+        config, model, device, start.optimizer_state, **joined
+    )
     if start.target is not None:
         learner.restore_target(start.target[0])
+    return config, learner, team
+
+
+class Plan:
+    """The next step of a team (STOP, or LEARN from rollouts in these slots at these env
+    steps), told by its first learner to the others: int64s, not a pickle."""
+
+    def __init__(self, config: TrainConfig) -> None:
+        self.tensor = torch.zeros(3 + config.queue_size, dtype=torch.int64)
+
+    def tell(self, team: Team, command: int, slots: Sequence[int] = (), env_steps: int = 0) -> None:
+        if team.size == 1:
+            return
+        self.tensor.zero_()
+        self.tensor[0], self.tensor[1], self.tensor[2] = command, env_steps, len(slots)
+        self.tensor[3 : 3 + len(slots)] = torch.tensor(slots, dtype=torch.int64)
+        team.broadcast(self.tensor)
+
+    def hear(self, team: Team) -> tuple[int, list[int], int]:
+        team.broadcast(self.tensor)
+        command, env_steps, n = (int(v) for v in self.tensor[:3])
+        return command, self.tensor[3 : 3 + n].tolist(), env_steps
+
+
+def follower_main(start: Start) -> None:
+    """A learner of rank 1 or more in a team (a3c_http/optim/team.py): it learns from the
+    rollouts its first learner names, in the slots they share, until told to stop; it ends on
+    an error, or when the first learner is gone (a collective then fails), which the first
+    learner's master sees and starts the team again."""
+    team: Team = SOLO
+    try:
+        config, learner, team = _learner(start)
+        plan = Plan(config)
+        while True:
+            command, slots, env_steps = plan.hear(team)
+            if command == STOP:
+                return
+            learner.learn([{n: rows[s] for n, rows in start.slots.items()} for s in slots],
+                          env_steps)  # fmt: skip
+            team.agree(0)  # done with the slots: the first learner frees them after this
+    except Exception:  # its team's first learner fails too, and reports it
+        log.error("learner %s failed:\n%s", start.team, traceback.format_exc())
+        raise SystemExit(1) from None
+    finally:
+        team.close()
+
+
+def _learn(start: Start, inbox: Any, outbox: Any) -> None:
+    version, optimizer_every_s = start.version, start.optimizer_every_s
+    config, learner, team = _learner(start)
+    plan = Plan(config)
+    try:
+        _lead(start, inbox, outbox, config, learner, team, plan, version, optimizer_every_s)
+    finally:
+        team.close()
+
+
+def _lead(
+    start: Start,
+    inbox: Any,
+    outbox: Any,
+    config: TrainConfig,
+    learner: Learner,
+    team: Team,
+    plan: Plan,
+    version: int,
+    optimizer_every_s: float,
+) -> None:
     outbox.put(("ready",))
     parent = multiprocessing.parent_process()
     master_alive = parent.is_alive if parent is not None else lambda: True
@@ -140,6 +226,7 @@ def _learn(start: Start, inbox: Any, outbox: Any) -> None:
                 return
             continue
         if message[0] == "stop":
+            plan.tell(team, STOP)
             share(version)
             outbox.put(("publication", Publication(
                 version, True, learner.optimizer_state(), {}, 0, dropped, freed=freed,
@@ -163,7 +250,10 @@ def _learn(start: Start, inbox: Any, outbox: Any) -> None:
             continue
         batch, pending = pending[: config.queue_size], pending[config.queue_size :]
         undone = learner.nonfinite_steps
-        metrics = learner.learn([p[1] for p in batch], max(p[3] for p in batch))
+        env_steps = max(p[3] for p in batch)
+        plan.tell(team, LEARN, [p[0] for p in batch], env_steps)
+        metrics = learner.learn([p[1] for p in batch], env_steps)
+        team.agree(0)  # every learner is done with the slots
         freed += [p[0] for p in batch]  # learnt from: the learner keeps nothing of the slots
         if metrics is None:  # taken, the weights unchanged (a replay still filling)
             outbox.put(("publication", Publication(

@@ -27,6 +27,7 @@ only after MAX_FAILURES_IN_A_ROW failures with no update between them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import queue
@@ -39,9 +40,17 @@ import torch
 
 from a3c_http.algos.registry import algorithm_class
 from a3c_http.config.training import TrainConfig
+from a3c_http.optim.team import TeamSpec, rendezvous_port
 from a3c_http.wire.named_tensors import Expected
 from a3c_http.wire.protocol import EXPERIENCE_HOLD_S
-from master.learning.learner_loop import PeerGone, Publication, Start, holding, learner_main
+from master.learning.learner_loop import (
+    PeerGone,
+    Publication,
+    Start,
+    follower_main,
+    holding,
+    learner_main,
+)
 from master.learning.learner_needs import child_context, resolve_device, spinning_threads
 
 log = logging.getLogger("a3c.master")
@@ -83,7 +92,8 @@ class LearnerProcess:
         # Held by start and stop: a learner started while another call stops one is stopped
         # after it, never left running. Taken before `_cond`, never while it is held.
         self.lifecycle = threading.RLock()
-        self._process: Any = None
+        self._process: Any = None  # the first learner (the only one, unless `learners`)
+        self._followers: list[Any] = []  # the others of its team, which it leads
         self._inbox: Any = None
         self._reader: threading.Thread | None = None
         self._capacity = 0
@@ -160,22 +170,35 @@ class LearnerProcess:
         # Value's default) would be a second one that a killed process could leave held.
         self._shared_lock = context.Lock()
         self._shared_version = context.Value("q", version, lock=False)
+        start = Start(config.model_dump_json(), self._shared, optimizer_state, version,
+                      str(device), self.optimizer_every_s, target, self._slots,
+                      self._shared_version, self._shared_lock)  # fmt: skip
+        # A team of `learners` on this host meets at a port of the first's (as torchrun's
+        # ranks at MASTER_PORT).
+        port = rendezvous_port() if config.learners > 1 else 0
+        team = [TeamSpec(rank, config.learners, "127.0.0.1", port)
+                for rank in range(config.learners)] if port else []  # fmt: skip
         process = context.Process(
             target=learner_main,
-            args=(
-                Start(config.model_dump_json(), self._shared, optimizer_state, version,
-                       str(device), self.optimizer_every_s, target, self._slots,
-                       self._shared_version, self._shared_lock),
-                inbox,
-                outbox,
-            ),
+            args=(dataclasses.replace(start, team=team[0] if team else None), inbox, outbox),
             name="a3c-learner",
             daemon=True,
-        )  # fmt: skip
+        )
+        followers = [
+            context.Process(
+                target=follower_main,
+                args=(dataclasses.replace(start, team=spec),),
+                name=f"a3c-learner-{spec.rank}",
+                daemon=True,
+            )
+            for spec in team[1:]
+        ]
         with spinning_threads():
             process.start()
+            for follower in followers:
+                follower.start()
         with self._cond:
-            self._process, self._inbox = process, inbox
+            self._process, self._inbox, self._followers = process, inbox, followers
             self._capacity = capacity
             self._batch = config.queue_size
             self._waits_for_update = learner.waits_for_update and config.max_in_flight == 0
@@ -191,10 +214,15 @@ class LearnerProcess:
                 self.updates = self.used = self.dropped_stale = self.nonfinite_steps = 0
                 self.metrics = {}
         self._reader = threading.Thread(
-            target=self._read, args=(process, outbox), name="a3c-learner-reader", daemon=True
+            target=self._read, args=(process, followers, outbox), name="a3c-learner-reader",
+            daemon=True,
         )
         self._reader.start()
-        log.info("learner started on %s (pid %s)", device, process.pid)
+        log.info(
+            "learner started on %s (pid %s)%s", device, process.pid,
+            f" with {len(followers)} more (pids {', '.join(str(f.pid) for f in followers)})"
+            if followers else "",
+        )  # fmt: skip
 
     @property
     def _waiting(self) -> int:
@@ -301,6 +329,7 @@ class LearnerProcess:
     def _stop(self, wait_s: float) -> None:
         with self._cond:
             process, inbox, reader = self._process, self._inbox, self._reader
+            followers = self._followers
             if process is None:
                 return
             self._stopping = True
@@ -310,13 +339,12 @@ class LearnerProcess:
         # A learner still starting (importing torch takes seconds) has taken no rollout and
         # holds nothing the master lacks: it is ended at once.
         process.join(wait_s if ready else 0)
-        if process.is_alive():
-            process.kill()
-            process.join(5)
+        _end([process, *followers], wait_s if ready else 0)
         if reader is not None and reader is not threading.current_thread():
             reader.join(wait_s)
         with self._cond:
             self._process = self._inbox = self._reader = None
+            self._followers = []
             self._cond.notify_all()
 
     def status(self) -> dict[str, Any]:
@@ -324,6 +352,8 @@ class LearnerProcess:
             return {
                 "running": self._process is not None,
                 "pid": self._process.pid if self._process is not None else None,
+                # the team's others (`learners`), led by the first
+                "follower_pids": [f.pid for f in self._followers],
                 "device": self.device,
                 "queued": self._waiting,
                 "capacity": self._capacity,
@@ -336,15 +366,23 @@ class LearnerProcess:
                 "restarts": self.restarts,
             }
 
-    def _read(self, process: Any, outbox: Any) -> None:
-        """The learner's messages, until it ends."""
+    def _read(self, process: Any, followers: list[Any], outbox: Any) -> None:
+        """The learner's messages, until it ends; a learner of its team that ends is its
+        failure too (the team learns as one)."""
         while True:
+            reported = False
             try:
                 message = outbox.get(timeout=0.5)
+                reported = True
             except queue.Empty:
-                if process.is_alive():
+                with self._cond:  # a stopping team's followers end first, as told
+                    watched = [process] if self._stopping else [process, *followers]
+                ended = [p for p in watched if not p.is_alive()]
+                if not ended:
                     continue
-                message = ("error", f"the learner process ended (exit code {process.exitcode})")
+                which = "the learner process" if ended[0] is process else (
+                    f"learner {followers.index(ended[0]) + 1} of its team")  # fmt: skip
+                message = ("error", f"{which} ended (exit code {ended[0].exitcode})")
             except (EOFError, OSError):
                 message = ("error", "the learner's channel closed")
             kind = message[0]
@@ -362,13 +400,13 @@ class LearnerProcess:
                         self.error = message[1]
                         self.failures_in_a_row += 1
                         self._process = self._inbox = None  # reserve() refuses from now on
+                        self._followers = []
                     self._cond.notify_all()
                 if not stopping:
                     log.error("learner failed: %s", message[1])
-                    process.join(STOP_WAIT_S)  # it has reported and is ending
-                    if process.is_alive():
-                        process.kill()
-                        process.join(5)
+                    # one that reported is ending; one whose follower ended would wait for it
+                    process.join(STOP_WAIT_S if reported else 0)
+                    _end([process, *followers], 0)
                     self._failed(message[1])
                 return
 
@@ -393,3 +431,14 @@ class LearnerProcess:
             self.dropped_stale += publication.dropped
             self.nonfinite_steps += publication.nonfinite_steps
             self._give_back(publication.freed)
+
+
+def _end(processes: list[Any], wait_s: float) -> None:
+    """End a team's processes: each waited for up to `wait_s` (they end once their first
+    learner stopped or failed), then killed."""
+    deadline = time.monotonic() + wait_s
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join(5)

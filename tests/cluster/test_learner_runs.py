@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from a3c_http.local.cluster import LocalCluster, stat_fields, wait_for, with_descendants
+from a3c_http.local.cluster import LocalCluster, pid_running, wait_for, with_descendants
 from a3c_http.store.runstore import RunStore
 
 pytestmark = pytest.mark.integration
@@ -19,12 +19,6 @@ RUN = {
     "max_steps": None,
     "heartbeat_timeout_s": 30,
 }
-
-
-def _alive(pid: int) -> bool:
-    """Running: an ended process whose new parent has not reaped it yet is a zombie, not alive."""
-    fields = stat_fields(pid)
-    return fields is not None and fields[0] != "Z"
 
 
 def test_a_ppo_run_learns_and_survives_a_killed_master(cluster: LocalCluster) -> None:
@@ -50,7 +44,7 @@ def test_a_ppo_run_learns_and_survives_a_killed_master(cluster: LocalCluster) ->
     )
     cluster.master.kill()
     saved = RunStore(cluster.run_dir).load()
-    wait_for(lambda: not _alive(learner_pid), 30, "the learner to end with its master")
+    wait_for(lambda: not pid_running(learner_pid), 30, "the learner to end with its master")
     cluster.master.start().wait_healthy()
     resumed = cluster.status()
     assert resumed["state"] == "running" and resumed["learner"]["running"]

@@ -29,6 +29,7 @@ from a3c_http.algos.replay_learner import ReplayLearner, transitions_of
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import Rollout
 from a3c_http.models.q_network import QNetwork
+from a3c_http.optim.team import SOLO, Team
 from a3c_http.wire.tensors import Layout
 
 
@@ -108,8 +109,10 @@ class ApexLearner(ReplayLearner):
         model: QNetwork,
         device: torch.device,
         optimizer_state: dict[str, Any] | None = None,
+        *,
+        team: Team = SOLO,
     ) -> None:
-        super().__init__(config, model, device, optimizer_state)
+        super().__init__(config, model, device, optimizer_state, team=team)
         self.target = copy.deepcopy(self.model).requires_grad_(False)
         self.target_step = 0  # the step the target was taken at
         self.target_changed = False  # since the last `take_target`

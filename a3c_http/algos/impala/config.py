@@ -60,11 +60,12 @@ class ImpalaConfig(LearnerConfig):
 
     @model_validator(mode="after")
     def _minibatches_fit(self) -> ImpalaConfig:
-        environments = self.num_envs * self.queue_size
+        environments = self.num_envs * (self.queue_size // self.learners)
         if self.minibatches > environments:
             raise ValueError(
                 f"minibatches {self.minibatches} is more than the {environments} environments "
-                "of a batch (num_envs x queue_size): each minibatch takes whole environments"
+                "of a learner's batch (num_envs x queue_size, shared by the learners): each "
+                "minibatch takes whole environments"
             )
         return self
 

@@ -96,6 +96,9 @@ class PPOLearner(Learner):
         count = 0
         for _ in range(cfg.n_epochs):
             for index in self._minibatches(batch):
+                if index.numel() == 0:  # a team's learner whose share has fewer minibatches
+                    self.step(None)
+                    continue
                 loss, metrics = self._minibatch_loss(
                     batch, index, advantages, returns, old_values, clip
                 )
@@ -103,7 +106,7 @@ class PPOLearner(Learner):
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + v
                 count += 1
-        metrics = {k: v / count for k, v in sums.items()}
+        metrics = {k: v / max(count, 1) for k, v in sums.items()}
         mask = batch.valid
         metrics["train/explained_variance"] = explained_variance(old_values[mask], returns[mask])
         metrics["train/clip_range"] = clip
@@ -112,16 +115,23 @@ class PPOLearner(Learner):
 
     def _minibatches(self, batch: Batch) -> list[torch.Tensor]:
         """Shuffled minibatches: indices of valid steps `[T * N]` flat, or of environments
-        (whole sequences) for a recurrent policy."""
+        (whole sequences) for a recurrent policy. In a team each learner's minibatches are its
+        share of the team's `batch_size`, and all take as many (the most any needs: a learner
+        with fewer steps has smaller ones, or empty ones)."""
         steps, n = batch.valid.shape
+        size = self.config.batch_size
+        if self.team.size > 1:
+            size = max(1, size // self.team.size)
         if self.model.recurrent:
-            per = max(1, self.config.batch_size // steps)
+            per = max(1, size // steps)
             order = torch.randperm(n, device=self.device)
         else:
-            per = self.config.batch_size
+            per = size
             order = torch.nonzero(batch.valid.reshape(-1)).squeeze(1)
             order = order[torch.randperm(order.numel(), device=self.device)]
-        return list(order.split(per))
+        parts = list(order.split(per))
+        agreed = self.team.agree(len(parts))
+        return parts if agreed == len(parts) else list(order.tensor_split(agreed))
 
     def _minibatch_loss(
         self,
