@@ -7,7 +7,10 @@ uniform or prioritized by `prioritized_alpha`) as the n-step transitions its act
 priorities its actor computed where it sends them (else the highest so far). Once the replay holds
 `learning_starts`, each update takes `gradient_steps` steps, each on `batch_size` transitions
 sampled by priority with importance weights whose exponent rises from `prioritized_beta` to 1 over
-the run, and sets the sampled rows' priorities from the step's TD errors. The rollouts' rate and
+the run, and sets the sampled rows' priorities from the step's TD errors; each step's batch is
+drawn while the step before it runs (from priorities one step older). In a team of learners
+(`learners`, a3c_http/optim/team.py) each keeps a shard of the replay: its share of the
+rollouts, of `buffer_size`, `learning_starts` and `batch_size`. The rollouts' rate and
 the steps' are tied: the master holds an actor's push while the learner's queue is full, so a run
 takes `gradient_steps` steps for each `queue_size` rollouts whatever the actors' speed.
 """
@@ -15,6 +18,8 @@ takes `gradient_steps` steps for each `queue_size` rollouts whatever the actors'
 from __future__ import annotations
 
 import dataclasses
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -56,6 +61,11 @@ class ReplayLearner(Learner):
         seed = config.seed if team.rank == 0 or config.seed is None else [config.seed, team.rank]
         self.rng = np.random.default_rng(seed)
         self.steps = 0  # gradient steps taken (since the learner started)
+        # Sampling runs ahead of the steps (Ape-X's learner is handed its minibatches ahead):
+        # the next batch is drawn, and moved to the device, while a step runs, from priorities
+        # one step old. The lock keeps a draw and a step's priority update apart.
+        self._sampler = ThreadPoolExecutor(1, thread_name_prefix="a3c-replay-sampler")
+        self._replay_lock = threading.Lock()
 
     def learn(
         self, rollouts: list[dict[str, torch.Tensor]], env_steps: int
@@ -77,11 +87,21 @@ class ReplayLearner(Learner):
         beta = cfg.prioritized_beta + (1.0 - cfg.prioritized_beta) * progress
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}  # a metric of some steps only (a delayed actor's loss)
-        for _ in range(cfg.gradient_steps):
-            rows, index, weights = self.replay.sample(batch_size, beta, self.rng)
-            batch = Transitions(**{k: v.to(self.device) for k, v in rows.items()})
-            errors, metrics = self.train_step(batch, weights.to(self.device))
-            self.replay.update(index, errors)
+
+        def draw() -> tuple[Transitions, np.ndarray, torch.Tensor]:
+            with self._replay_lock:
+                rows, index, weights = self.replay.sample(batch_size, beta, self.rng)
+            moved = {k: v.to(self.device, non_blocking=True) for k, v in rows.items()}
+            return Transitions(**moved), index, weights.to(self.device, non_blocking=True)
+
+        ahead = self._sampler.submit(draw)
+        for step in range(cfg.gradient_steps):
+            batch, index, weights = ahead.result()
+            if step + 1 < cfg.gradient_steps:  # the next batch is drawn while this one steps
+                ahead = self._sampler.submit(draw)
+            errors, metrics = self.train_step(batch, weights)
+            with self._replay_lock:
+                self.replay.update(index, errors)
             self.steps += 1
             for name, value in metrics.items():
                 sums[name] = sums.get(name, 0.0) + value

@@ -4,6 +4,8 @@ exploration, n-step transitions across episode ends, the DQN loss, the replay an
 from __future__ import annotations
 
 import math
+import threading
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -15,10 +17,11 @@ from a3c_http.algos.apex.algorithm import ApexActor
 from a3c_http.algos.dqn.algorithm import epsilon_at
 from a3c_http.algos.dqn.loss import Transitions, dqn_loss, nstep_transitions
 from a3c_http.algos.exploration import derive
-from a3c_http.algos.registry import train_config
+from a3c_http.algos.registry import algorithm_class, model_for, train_config
 from a3c_http.algos.replay import MAX_PRIORITY, Replay, SumTree
 from a3c_http.models.encoders import UnsupportedSpace
 from a3c_http.models.q_network import EpsilonGreedy, QNetwork
+from tests.unit.test_learners import _crafted
 
 
 def test_dueling_q_values_are_the_value_plus_centred_advantages() -> None:
@@ -214,3 +217,32 @@ def test_settings_a_q_network_does_not_take_are_refused_by_name() -> None:
     for field, value in (("core", "lstm"), ("normalize_obs", True), ("normalize_reward", True)):
         with pytest.raises(ValueError, match=f"{field}={value!r} with algo 'dqn'"):
             train_config(algo="dqn", **{field: value})
+
+
+def test_the_replay_learner_draws_each_batch_while_the_step_before_it_runs(monkeypatch) -> None:
+    """Ape-X's learner is handed its minibatches ahead: step i waits for nothing, the draw of
+    step i + 1 happens while it runs (a step here goes on only once that draw is done)."""
+    cfg = train_config(algo="apex", num_envs=2, t_max=8, queue_size=1, batch_size=4,
+                       learning_starts=1, gradient_steps=3)  # fmt: skip
+    learner = algorithm_class(cfg).learner(cfg, model_for(cfg), torch.device("cpu"))
+    sample, step = learner.replay.sample, learner.train_step
+    drawn, seen = [0], threading.Condition()
+
+    def sampling(*args: Any) -> Any:
+        rows = sample(*args)
+        with seen:
+            drawn[0] += 1
+            seen.notify_all()
+        return rows
+
+    def stepping(batch: Transitions, weights: torch.Tensor) -> Any:
+        i = learner.steps
+        if i + 1 < cfg.gradient_steps:
+            with seen:
+                assert seen.wait_for(lambda: drawn[0] >= i + 2, timeout=10), f"step {i} waited"
+        return step(batch, weights)
+
+    monkeypatch.setattr(learner.replay, "sample", sampling)
+    monkeypatch.setattr(learner, "train_step", stepping)
+    assert learner.learn([_crafted(cfg)], 16) is not None
+    assert (learner.steps, drawn[0]) == (3, 3)
