@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -64,6 +65,31 @@ class Team:
 
 
 SOLO = Team()
+
+# What the first learner of a team tells the others before each update (`Plan`).
+STOP, LEARN = 0, 1
+
+
+class Plan:
+    """The next step of a team (STOP, or LEARN from rollouts in these slots at these env
+    steps), told by its first learner to the others: int64s, not a pickle."""
+
+    def __init__(self, most: int) -> None:
+        """`most`: the most slots an update takes (`queue_size`)."""
+        self.tensor = torch.zeros(3 + most, dtype=torch.int64)
+
+    def tell(self, team: Team, command: int, slots: Sequence[int] = (), env_steps: int = 0) -> None:
+        if team.size == 1:
+            return
+        self.tensor.zero_()
+        self.tensor[0], self.tensor[1], self.tensor[2] = command, env_steps, len(slots)
+        self.tensor[3 : 3 + len(slots)] = torch.tensor(slots, dtype=torch.int64)
+        team.broadcast(self.tensor)
+
+    def hear(self, team: Team) -> tuple[int, list[int], int]:
+        team.broadcast(self.tensor)
+        command, env_steps, n = (int(v) for v in self.tensor[:3])
+        return command, self.tensor[3 : 3 + n].tolist(), env_steps
 
 
 def backend_for(device: torch.device, gpus: int, size: int) -> str:

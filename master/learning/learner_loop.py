@@ -10,6 +10,12 @@ error, which it reports: the master then starts it again from the newest weights
 (master/learner_runs.py), and ends the run only after MAX_FAILURES_IN_A_ROW failures with no update
 between them. A kill or a failure loses the queue (and Ape-X's replay), never the weights,
 optimizer state, target network or counters of the last save.
+
+With `learners` N the process leads a team of N (a3c_http/optim/team.py): before each update it
+tells the others (master/learning/learner_team.py `follower_main`) which slots the update takes
+(`Plan`), and each learns from its share of them, the gradients averaged over the team at every
+step. It alone talks to the master; a learner of the team that ends ends the team's collectives,
+and the master starts the whole team again.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import os
 import queue
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +36,7 @@ import torch
 from a3c_http.algos.learner import Learner
 from a3c_http.algos.registry import algorithm_class, config_json, model_for
 from a3c_http.config.training import TrainConfig
-from a3c_http.optim.team import SOLO, ProcessTeam, Team, TeamSpec
+from a3c_http.optim.team import LEARN, SOLO, STOP, Plan, ProcessTeam, Team, TeamSpec
 from a3c_http.wire.tensors import Layout
 
 log = logging.getLogger("a3c.master")
@@ -107,11 +113,7 @@ def learner_main(start: Start, inbox: Any, outbox: Any) -> None:
         outbox.put(("error", detail))
 
 
-# What the first learner of a team tells the others before each update (`Plan`).
-STOP, LEARN = 0, 1
-
-
-def _learner(start: Start) -> tuple[TrainConfig, Learner, Team]:
+def build_learner(start: Start) -> tuple[TrainConfig, Learner, Team]:
     """The learner a process builds from its Start, in its team (joined here: this waits for
     every learner of the team) where it has one."""
     config = config_json(start.config_json)
@@ -136,54 +138,10 @@ def _learner(start: Start) -> tuple[TrainConfig, Learner, Team]:
     return config, learner, team
 
 
-class Plan:
-    """The next step of a team (STOP, or LEARN from rollouts in these slots at these env
-    steps), told by its first learner to the others: int64s, not a pickle."""
-
-    def __init__(self, config: TrainConfig) -> None:
-        self.tensor = torch.zeros(3 + config.queue_size, dtype=torch.int64)
-
-    def tell(self, team: Team, command: int, slots: Sequence[int] = (), env_steps: int = 0) -> None:
-        if team.size == 1:
-            return
-        self.tensor.zero_()
-        self.tensor[0], self.tensor[1], self.tensor[2] = command, env_steps, len(slots)
-        self.tensor[3 : 3 + len(slots)] = torch.tensor(slots, dtype=torch.int64)
-        team.broadcast(self.tensor)
-
-    def hear(self, team: Team) -> tuple[int, list[int], int]:
-        team.broadcast(self.tensor)
-        command, env_steps, n = (int(v) for v in self.tensor[:3])
-        return command, self.tensor[3 : 3 + n].tolist(), env_steps
-
-
-def follower_main(start: Start) -> None:
-    """A learner of rank 1 or more in a team (a3c_http/optim/team.py): it learns from the
-    rollouts its first learner names, in the slots they share, until told to stop; it ends on
-    an error, or when the first learner is gone (a collective then fails), which the first
-    learner's master sees and starts the team again."""
-    team: Team = SOLO
-    try:
-        config, learner, team = _learner(start)
-        plan = Plan(config)
-        while True:
-            command, slots, env_steps = plan.hear(team)
-            if command == STOP:
-                return
-            learner.learn([{n: rows[s] for n, rows in start.slots.items()} for s in slots],
-                          env_steps)  # fmt: skip
-            team.agree(0)  # done with the slots: the first learner frees them after this
-    except Exception:  # its team's first learner fails too, and reports it
-        log.error("learner %s failed:\n%s", start.team, traceback.format_exc())
-        raise SystemExit(1) from None
-    finally:
-        team.close()
-
-
 def _learn(start: Start, inbox: Any, outbox: Any) -> None:
     version, optimizer_every_s = start.version, start.optimizer_every_s
-    config, learner, team = _learner(start)
-    plan = Plan(config)
+    config, learner, team = build_learner(start)
+    plan = Plan(config.queue_size)
     try:
         _lead(start, inbox, outbox, config, learner, team, plan, version, optimizer_every_s)
     finally:

@@ -19,6 +19,8 @@ metrics, counts and new target network (Ape-X's) go to the parameter server (`pu
 serves and saves them; the optimizer's state comes at most every `optimizer_every_s` seconds (what
 the run folder keeps of it is that old at most), and with the last update when the learner stops.
 
+With `learners` N the learner is a team (master/learning/learner_team.py) whose first process this
+end talks to; one of them that ends is the team's failure, and it is started again as one learner.
 The process itself is master/learning/learner_loop.py; what the master host must have for it (the
 device, room in shared memory), master/learning/learner_needs.py. The master starts the learner
 again from the newest weights it published when it fails (master/learner_runs.py), and ends the run
@@ -27,7 +29,6 @@ only after MAX_FAILURES_IN_A_ROW failures with no update between them.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import queue
@@ -40,23 +41,15 @@ import torch
 
 from a3c_http.algos.registry import algorithm_class
 from a3c_http.config.training import TrainConfig
-from a3c_http.optim.team import TeamSpec, rendezvous_port
 from a3c_http.wire.named_tensors import Expected
 from a3c_http.wire.protocol import EXPERIENCE_HOLD_S
-from master.learning.learner_loop import (
-    PeerGone,
-    Publication,
-    Start,
-    follower_main,
-    holding,
-    learner_main,
-)
+from master.learning.learner_loop import PeerGone, Publication, Start, holding
 from master.learning.learner_needs import child_context, resolve_device, spinning_threads
+from master.learning.learner_team import end_team, start_team, team_ended, team_pids
 
 log = logging.getLogger("a3c.master")
 
-# How long a stopping learner may take to send its last weights before it is killed.
-STOP_WAIT_S = 10.0
+STOP_WAIT_S = 10.0  # how long a stopping learner may take to send its last weights
 # A learner that fails this many times with no update in between ends the run: it would only
 # fail again (a device that is gone, a bug), where one failure is started again.
 MAX_FAILURES_IN_A_ROW = 3
@@ -173,26 +166,7 @@ class LearnerProcess:
         start = Start(config.model_dump_json(), self._shared, optimizer_state, version,
                       str(device), self.optimizer_every_s, target, self._slots,
                       self._shared_version, self._shared_lock)  # fmt: skip
-        # A team of `learners` on this host meets at a port of the first's (as torchrun's
-        # ranks at MASTER_PORT).
-        port = rendezvous_port() if config.learners > 1 else 0
-        team = [TeamSpec(rank, config.learners, "127.0.0.1", port)
-                for rank in range(config.learners)] if port else []  # fmt: skip
-        process = context.Process(
-            target=learner_main,
-            args=(dataclasses.replace(start, team=team[0] if team else None), inbox, outbox),
-            name="a3c-learner",
-            daemon=True,
-        )
-        followers = [
-            context.Process(
-                target=follower_main,
-                args=(dataclasses.replace(start, team=spec),),
-                name=f"a3c-learner-{spec.rank}",
-                daemon=True,
-            )
-            for spec in team[1:]
-        ]
+        process, followers = start_team(context, start, config.learners, inbox, outbox)
         with spinning_threads():
             process.start()
             for follower in followers:
@@ -218,11 +192,7 @@ class LearnerProcess:
             daemon=True,
         )
         self._reader.start()
-        log.info(
-            "learner started on %s (pid %s)%s", device, process.pid,
-            f" with {len(followers)} more (pids {', '.join(str(f.pid) for f in followers)})"
-            if followers else "",
-        )  # fmt: skip
+        log.info("learner started on %s (%s)", device, team_pids(process, followers))
 
     @property
     def _waiting(self) -> int:
@@ -339,7 +309,7 @@ class LearnerProcess:
         # A learner still starting (importing torch takes seconds) has taken no rollout and
         # holds nothing the master lacks: it is ended at once.
         process.join(wait_s if ready else 0)
-        _end([process, *followers], wait_s if ready else 0)
+        end_team([process, *followers], wait_s if ready else 0)
         if reader is not None and reader is not threading.current_thread():
             reader.join(wait_s)
         with self._cond:
@@ -376,13 +346,10 @@ class LearnerProcess:
                 reported = True
             except queue.Empty:
                 with self._cond:  # a stopping team's followers end first, as told
-                    watched = [process] if self._stopping else [process, *followers]
-                ended = [p for p in watched if not p.is_alive()]
-                if not ended:
+                    why = team_ended(process, [] if self._stopping else followers)
+                if why is None:
                     continue
-                which = "the learner process" if ended[0] is process else (
-                    f"learner {followers.index(ended[0]) + 1} of its team")  # fmt: skip
-                message = ("error", f"{which} ended (exit code {ended[0].exitcode})")
+                message = ("error", why)
             except (EOFError, OSError):
                 message = ("error", "the learner's channel closed")
             kind = message[0]
@@ -406,7 +373,7 @@ class LearnerProcess:
                     log.error("learner failed: %s", message[1])
                     # one that reported is ending; one whose follower ended would wait for it
                     process.join(STOP_WAIT_S if reported else 0)
-                    _end([process, *followers], 0)
+                    end_team([process, *followers], 0)
                     self._failed(message[1])
                 return
 
@@ -431,14 +398,3 @@ class LearnerProcess:
             self.dropped_stale += publication.dropped
             self.nonfinite_steps += publication.nonfinite_steps
             self._give_back(publication.freed)
-
-
-def _end(processes: list[Any], wait_s: float) -> None:
-    """End a team's processes: each waited for up to `wait_s` (they end once their first
-    learner stopped or failed), then killed."""
-    deadline = time.monotonic() + wait_s
-    for process in processes:
-        process.join(max(0.0, deadline - time.monotonic()))
-        if process.is_alive():
-            process.kill()
-            process.join(5)
