@@ -43,6 +43,8 @@ from a3c_http.wire.protocol import MAX_ABS_RETURN
 # dimensions; an algorithm adds the per-step tensors its learner reads (`own_tensors`).
 STEP_TENSORS = ("obs", "actions", "rewards", "terminated", "truncated", "valid", "starts")
 _FLOATS = (torch.float32,)
+# Every algorithm's own per-step tensors (their `own_tensors`), `[T, N]` as STEP_TENSORS.
+_OWN = ("log_probs", "priorities", "returns", "discounts", "stops")
 
 
 class ExperienceAlgorithm(Algorithm):
@@ -290,9 +292,22 @@ class Learner:
         return {**metrics, "train/learning_rate": lr, "train/n_updates": float(self.updates)}
 
     def share(self, rollouts: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
-        """This learner's share of an update's rollouts: every `team.size`-th from its rank (all
-        of them alone). `learners` is at most `queue_size`: every share holds one at least."""
-        return rollouts[self.team.rank :: self.team.size]
+        """This learner's share of an update's rollouts: in a team, the rank-th of `team.size`
+        nearly equal groups of the update's environments (every rollout's, one after the other),
+        each rollout cut to those of its environments in the group (and left out with none); the
+        rollouts as they are alone. `learners` is at most the update's environments: every
+        learner has one at least."""
+        if self.team.size == 1:
+            return rollouts
+        counts = [r["valid"].shape[1] for r in rollouts]
+        group = torch.arange(sum(counts)).tensor_split(self.team.size)[self.team.rank]
+        mine, offset = [], 0
+        for rollout, n in zip(rollouts, counts, strict=True):
+            envs = group[(group >= offset) & (group < offset + n)] - offset
+            if len(envs):
+                mine.append({name: _environments(name, t, envs) for name, t in rollout.items()})
+            offset += n
+        return mine
 
     def update(self, batch: Batch, env_steps: int) -> dict[str, float]:
         raise NotImplementedError
@@ -344,6 +359,17 @@ class Learner:
             },
             "param_groups": state["param_groups"],
         }
+
+
+def _environments(name: str, tensor: torch.Tensor, envs: torch.Tensor) -> torch.Tensor:
+    """The environments `envs` of a rollout's tensor: its second dimension for the per-step
+    tensors (`[T, N, ...]`), its first for the last observation and the recurrent state
+    (`[N, ...]`); the statistics are the rollout's as they are."""
+    if name in ("last_obs", "last_start") or name.startswith("state."):
+        return tensor[envs]
+    if name in STEP_TENSORS or name in _OWN:
+        return tensor[:, envs]
+    return tensor
 
 
 def explained_variance(predicted: torch.Tensor, target: torch.Tensor) -> float:

@@ -40,10 +40,11 @@ class LearnerConfig(TrainConfig):
         ge=1,
         le=64,
         description="Learner processes beside the master that learn as one (data-parallel, "
-        "a3c_http/optim/team.py): each takes its share of an update's queue_size rollouts "
-        "(Ape-X: its shard of the replay, and of batch_size and learning_starts), and their "
-        "gradients are averaged before every step (gloo on CPUs, NCCL with a GPU each). At "
-        "most queue_size; learner_threads is shared among them.",
+        "a3c_http/optim/team.py): each takes its share of the environments of an update's "
+        "queue_size rollouts (Ape-X: its shard of the replay, and of batch_size and "
+        "learning_starts), and their gradients are averaged before every step (gloo on CPUs, "
+        "NCCL with a GPU each). At most num_envs x queue_size; learner_threads is shared "
+        "among them.",
     )
     device: str = Field(
         "auto",
@@ -55,9 +56,10 @@ class LearnerConfig(TrainConfig):
 
     @model_validator(mode="after")
     def _a_rollout_for_every_learner(self) -> LearnerConfig:
-        if self.learners > self.queue_size:
+        environments = self.num_envs * self.queue_size
+        if self.learners > environments:
             raise ValueError(
-                f"learners {self.learners} is more than queue_size {self.queue_size}: each "
-                "learner takes a share of an update's rollouts, one at least"
+                f"learners {self.learners} is more than the {environments} environments of an "
+                "update (num_envs x queue_size): each learner takes a share of them, one at least"
             )
         return self

@@ -77,12 +77,14 @@ def as_team(make: Callable[[Team], Any], rollouts: list[dict], env_steps: int = 
 
 def test_a_team_of_two_takes_the_step_one_learner_takes_on_both_shares() -> None:
     """IMPALA, one step on the whole batch: the mean of two shares' gradients (each share's loss
-    a mean over as many steps) is the whole batch's, so the team ends where one learner does."""
-    cfg = train_config(algo="impala", num_envs=2, t_max=8, queue_size=2, learners=2, seed=1,
+    a mean over as many steps) is the whole batch's, so the team ends where one learner does.
+    The shares are halves of the update's environments: here one rollout's are cut between
+    them."""
+    cfg = train_config(algo="impala", num_envs=2, t_max=8, queue_size=3, learners=2, seed=1,
                        n_epochs=1, minibatches=1)  # fmt: skip
     torch.manual_seed(0)
     start = model_for(cfg).state_dict()
-    rollouts = [experience(cfg, seed=s) for s in range(2)]
+    rollouts = [experience(cfg, seed=s) for s in range(3)]
 
     def make(team: Team | None = None) -> Any:
         model = model_for(cfg)
@@ -126,8 +128,8 @@ def test_learners_whose_shares_differ_take_as_many_steps_and_stay_equal() -> Non
 
 
 def test_a_team_that_cannot_share_an_update_is_refused_naming_why() -> None:
-    with pytest.raises(ValidationError, match="learners 3 is more than queue_size 2"):
-        train_config(algo="ppo", queue_size=2, learners=3)
+    with pytest.raises(ValidationError, match="learners 3 is more than the 2 environments"):
+        train_config(algo="ppo", num_envs=1, queue_size=2, learners=3)
     with pytest.raises(ValidationError, match="minibatches 5 is more than the 4 environments"):
         train_config(algo="impala", num_envs=2, queue_size=4, learners=2, minibatches=5)
     # sac's and apex_dpg's optimizers of their own are not averaged: one learner

@@ -60,7 +60,7 @@ class ImpalaConfig(LearnerConfig):
 
     @model_validator(mode="after")
     def _minibatches_fit(self) -> ImpalaConfig:
-        environments = self.num_envs * (self.queue_size // self.learners)
+        environments = self.num_envs * self.queue_size // self.learners
         if self.minibatches > environments:
             raise ValueError(
                 f"minibatches {self.minibatches} is more than the {environments} environments "
