@@ -155,6 +155,46 @@ class ActorCritic(nn.Module):
         h, c = self.core(features, (h, c))
         return h, (h, c)
 
+    def _unroll_core(
+        self, features: torch.Tensor, state: State, starts: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The core over features `[T, N, width]` in time order from `state`, its memory zeroed
+        where `starts` `[T, N]`: the outputs `[T, N, lstm_size]`, the same as `_core` step by
+        step. Each run of an environment's steps between episode starts is one sequence, and
+        all of them go through the LSTM in one call (padded at their ends, where nothing is
+        read), never a step at a time."""
+        steps, n = features.shape[:2]
+        if starts is None:
+            starts = torch.zeros(steps, n, dtype=torch.bool, device=features.device)
+        begins = starts.clone()
+        begins[0] = True
+        flat = begins.t().reshape(-1)  # environment by environment, in time order
+        first = torch.nonzero(flat).squeeze(1)  # where each sequence begins
+        sequence = torch.cumsum(flat, 0) - 1  # each step's sequence
+        place = torch.arange(steps * n, device=flat.device) - first[sequence]
+        env, start = first // steps, first % steps
+        # A sequence that begins the rollout goes on from its state, unless an episode begins
+        # there; one that begins an episode later, from zeros.
+        kept = ((start == 0) & ~starts[0][env]).to(features.dtype).unsqueeze(-1)
+        h0, c0 = (part[env] * kept for part in state)
+        inputs = features.transpose(0, 1).reshape(steps * n, -1)
+        padded = inputs.new_zeros(int(place.max()) + 1, first.numel(), inputs.shape[-1])
+        padded = padded.index_put((place, sequence), inputs)
+        out, _ = self._sequences()(padded, (h0.unsqueeze(0), c0.unsqueeze(0)))
+        return out[place, sequence].reshape(n, steps, -1).transpose(0, 1)
+
+    def _sequences(self) -> nn.LSTM:
+        """An nn.LSTM over the core's own parameters (the same tensors: its steps are the
+        cell's), which runs whole sequences in one call; not a module of the network (nothing of
+        it is saved or sent). Made again where the core's parameters were replaced."""
+        lstm = self.__dict__.get("_lstm")
+        if lstm is None or lstm.weight_ih_l0 is not self.core.weight_ih:
+            lstm = nn.LSTM(self.core.input_size, self.core.hidden_size)
+            for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+                setattr(lstm, f"{name}_l0", getattr(self.core, name))
+            self.__dict__["_lstm"] = lstm
+        return lstm
+
     # The interface of rollouts, the loss and evaluation.
     def initial_state(self, n: int) -> State:
         """The state of `n` environments before their first step: zeros, or () without a core."""
@@ -195,13 +235,8 @@ class ActorCritic(nn.Module):
         steps, n = obs.shape[:2]
         pi, v = self._features(obs.reshape(steps * n, *obs.shape[2:]))
         if self.recurrent:
-            pi = pi.reshape(steps, n, -1)
-            state = state or self.initial_state(n)
-            outs = []
-            for t in range(steps):
-                out, state = self._core(pi[t], state, None if starts is None else starts[t])
-                outs.append(out)
-            pi = v = torch.stack(outs)
+            pi = v = self._unroll_core(pi.reshape(steps, n, -1), state or self.initial_state(n),
+                                       starts)  # fmt: skip
         else:
             pi, v = pi.reshape(steps, n, -1), v.reshape(steps, n, -1)
         return self._heads(pi, v)
