@@ -8,6 +8,11 @@ question whichever cue came first, so it is right half the time (mean return 0 i
 recurrent one (`core: "lstm"`) remembers the cue and earns 1 an episode. It is the known-answer test
 of the recurrent path (tests/unit/test_learning.py) and a row of `scripts/bench.py learn`, in the
 spirit of POPGym's RepeatFirst and the T-maze of Bakker (2001).
+
+`a3c_http/CartPoleNoVel-v1` is CartPole-v1 with its two velocities left out of the observation
+(the cart's position and the pole's angle remain), as the RL Zoo's CartPoleNoVel-v1 that
+SB3-contrib's RecurrentPPO is benchmarked on: a policy must infer the velocities from what it saw
+before, so it needs memory to balance the pole for long.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 CUE_MEMORY = "a3c_http/CueMemory-v0"
+CARTPOLE_NO_VELOCITY = "a3c_http/CartPoleNoVel-v1"
 
 
 class CueMemory(gym.Env):
@@ -59,7 +66,29 @@ class CueMemory(gym.Env):
         return self._obs(), 0.0, False, False, {}
 
 
+class CartPoleNoVelocity(CartPoleEnv):
+    """CartPole whose observations are `[cart position, pole angle]`."""
+
+    def __init__(self, render_mode: str | None = None) -> None:
+        super().__init__(render_mode=render_mode)
+        high = np.array([self.x_threshold * 2, self.theta_threshold_radians * 2], np.float32)
+        self.observation_space = gym.spaces.Box(-high, high, dtype=np.float32)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict]:
+        obs, info = super().reset(seed=seed, options=options)
+        return obs[[0, 2]], info
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs[[0, 2]], reward, terminated, truncated, info
+
+
 def register() -> None:
     """Register this module's tasks with gymnasium (once)."""
     if CUE_MEMORY not in gym.registry:
         gym.register(CUE_MEMORY, entry_point=CueMemory, reward_threshold=0.9)
+    if CARTPOLE_NO_VELOCITY not in gym.registry:
+        gym.register(CARTPOLE_NO_VELOCITY, entry_point=CartPoleNoVelocity,
+                     max_episode_steps=500, reward_threshold=475.0)  # fmt: skip

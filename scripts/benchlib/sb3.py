@@ -11,7 +11,7 @@ from collections import deque
 from typing import Any
 
 from scripts.benchlib.tasks import GREEDY, LSTM_HP, RECURRENT, Task, greedy_of, require_env
-from scripts.benchlib.zoo import ZOO, ZOO_DQN, ZOO_PPO, ZOO_SAC, ZOO_TD3
+from scripts.benchlib.zoo import ZOO, ZOO_DQN, ZOO_PPO, ZOO_PPO_LSTM, ZOO_SAC, ZOO_TD3
 
 
 def minatar_cnn() -> type:
@@ -40,8 +40,9 @@ def minatar_cnn() -> type:
 def _classes(policy_kwargs: dict[str, Any]) -> dict[str, Any]:
     """ZOO's policy_kwargs with the names of classes replaced by the classes."""
     from stable_baselines3.common.sb2_compat.rmsprop_tf_like import RMSpropTFLike
+    from torch import nn
 
-    known = {"RMSpropTFLike": RMSpropTFLike, "MinAtarCNN": minatar_cnn()}
+    known = {"RMSpropTFLike": RMSpropTFLike, "MinAtarCNN": minatar_cnn(), "ReLU": nn.ReLU}
     return {k: known.get(v, v) if isinstance(v, str) else v for k, v in policy_kwargs.items()}
 
 
@@ -122,14 +123,24 @@ def run_sb3(env_id: str, seed: int, task: Task, cap_s: float, budget: int | None
 def run_sb3_ppo(env_id: str, seed: int, task: Task, cap_s: float, budget: int | None) -> dict:
     """SB3's PPO with ZOO_PPO's settings for `env_id`, for `budget` env steps (default: the
     Zoo's)."""
-    import torch
     from stable_baselines3 import PPO
+
+    envs, hp, budget_steps = _zoo_ppo(env_id, seed, ZOO_PPO[env_id], budget)
+    model = PPO("MlpPolicy", envs, seed=seed, verbose=0, device="cpu", **hp)
+    return _learn(model, budget_steps, _watch(task.target, cap_s, task.stop_at_target))
+
+
+def _zoo_ppo(env_id: str, seed: int, zoo: dict[str, Any], budget: int | None) -> tuple:
+    """The vectorised environments, the keyword arguments and the env steps of a PPO (or
+    RecurrentPPO) with the Zoo's settings `zoo` for `env_id`, for `budget` env steps (default:
+    the Zoo's)."""
+    import torch
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecFrameStack, VecNormalize
 
     require_env(env_id)
     torch.set_num_threads(1)
-    hp = dict(ZOO_PPO[env_id])
+    hp = dict(zoo)
     budget_steps = budget or hp.pop("n_timesteps")
     hp.pop("n_timesteps", None)
     envs = make_vec_env(env_id, n_envs=hp.pop("n_envs"), seed=seed)
@@ -144,8 +155,7 @@ def run_sb3_ppo(env_id: str, seed: int, task: Task, cap_s: float, budget: int | 
             hp[name] = lambda remaining, start=start: remaining * start
     if "policy_kwargs" in hp:
         hp["policy_kwargs"] = _classes(hp["policy_kwargs"])
-    model = PPO("MlpPolicy", envs, seed=seed, verbose=0, device="cpu", **hp)
-    return _learn(model, budget_steps, _watch(task.target, cap_s, task.stop_at_target))
+    return envs, hp, budget_steps
 
 
 def run_sb3_dqn(env_id: str, seed: int, task: Task, cap_s: float, budget: int | None) -> dict:
@@ -246,14 +256,11 @@ def run_sb3_offpolicy(
 
 
 def run_recurrent_ppo(env_id: str, seed: int, task: Task, cap_s: float, budget: int) -> dict:
-    """SB3-contrib's RecurrentPPO with an LSTM policy: its defaults but for RECURRENT's."""
-    import torch
+    """SB3-contrib's RecurrentPPO with an LSTM policy: the Zoo's settings where it has them
+    (ZOO_PPO_LSTM), else its defaults but for RECURRENT's."""
     from sb3_contrib import RecurrentPPO
-    from stable_baselines3.common.env_util import make_vec_env
 
-    require_env(env_id)
-    torch.set_num_threads(1)
-    hp = dict(RECURRENT.get(env_id, LSTM_HP))
-    envs = make_vec_env(env_id, n_envs=hp.pop("n_envs"), seed=seed)
+    envs, hp, _ = _zoo_ppo(env_id, seed, ZOO_PPO_LSTM.get(env_id) or RECURRENT.get(env_id, LSTM_HP),
+                           budget)  # fmt: skip
     model = RecurrentPPO("MlpLstmPolicy", envs, seed=seed, verbose=0, device="cpu", **hp)
     return _learn(model, budget, _watch(task.target, cap_s, task.stop_at_target))

@@ -23,6 +23,8 @@ TASKS = {
     "MinAtar/Breakout-v1": Task(18.0, 2_000_000, 600.0, stop_at_target=False),
     # a cue in the first observation to recall at the last step: feed-forward ~0, solved ~1
     "a3c_http/CueMemory-v0": Task(0.9, 300_000, 240.0),
+    # CartPole without its velocities: RecurrentPPO's Zoo settings solve it in about 100,000
+    "a3c_http/CartPoleNoVel-v1": Task(475.0, 200_000, 600.0),
 }
 
 PPO_TASKS = {
@@ -68,7 +70,7 @@ DQN_TASKS = {
 # SB3-contrib's RecurrentPPO ("MlpLstmPolicy"): its defaults but for these (on any other task too,
 # to try it: run_recurrent_ppo).
 LSTM_HP = {"n_envs": 8, "n_steps": 32}
-RECURRENT = {"a3c_http/CueMemory-v0": LSTM_HP}
+RECURRENT = {"a3c_http/CueMemory-v0": LSTM_HP, "a3c_http/CartPoleNoVel-v1": LSTM_HP}
 
 
 def require_env(env_id: str) -> None:

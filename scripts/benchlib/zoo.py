@@ -59,6 +59,19 @@ ZOO_PPO = {
     },
 }
 
+# RL Zoo 2.9.2, hyperparams/ppo_lstm.yml: SB3-contrib's RecurrentPPO, the reference of `--algo
+# ppo` on a task that needs memory (the Zoo's CartPoleNoVel-v1 is this project's
+# a3c_http/CartPoleNoVel-v1).
+ZOO_PPO_LSTM = {
+    "a3c_http/CartPoleNoVel-v1": {
+        "n_timesteps": 100_000, "normalize": True, "n_envs": 8, "n_steps": 32,
+        "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20, "ent_coef": 0.0,
+        "learning_rate": "lin_0.001", "clip_range": "lin_0.2",
+        "policy_kwargs": {"ortho_init": False, "activation_fn": "ReLU", "lstm_hidden_size": 64,
+                          "enable_critic_lstm": True, "net_arch": {"pi": [64], "vf": [64]}},
+    },
+}
+
 # RL Zoo 2.9.2, hyperparams/dqn.yml: SB3's DQN, the reference of `--algo dqn` and `--algo apex`.
 _ZOO_DQN_CLASSIC = {
     "n_timesteps": 100_000, "learning_rate": 6.3e-4, "batch_size": 128, "buffer_size": 50_000,

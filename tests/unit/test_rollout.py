@@ -270,3 +270,25 @@ def test_a_recurrent_rollout_carries_its_state_and_the_loss_unrolls_what_acted()
         assert r.starts.any()
         _, unreset = model.unroll(r.obs, r.state, torch.zeros_like(r.starts))
         assert not torch.allclose(unreset, r.values, atol=1e-6)
+
+
+def test_cartpole_without_velocities_is_cartpole_seen_through_its_positions() -> None:
+    """a3c_http/CartPoleNoVel-v1 plays CartPole-v1's very episodes, seeded alike, and shows
+    only the cart's position and the pole's angle of each observation."""
+    from a3c_http.envs.make import register_family
+    from a3c_http.envs.tasks import CARTPOLE_NO_VELOCITY
+
+    register_family(CARTPOLE_NO_VELOCITY)
+    full, masked = gym.make("CartPole-v1"), gym.make(CARTPOLE_NO_VELOCITY)
+    assert masked.observation_space.shape == (2,) and masked.spec.max_episode_steps == 500
+    seen, _ = full.reset(seed=4)
+    shown, _ = masked.reset(seed=4)
+    for _ in range(600):
+        assert np.array_equal(shown, seen[[0, 2]]) and masked.observation_space.contains(shown)
+        action = int(seen[2] > 0)  # push towards where the pole leans: it falls in time
+        seen, reward, *ended = full.step(action)
+        shown, masked_reward, *masked_ended = masked.step(action)
+        assert (masked_reward, masked_ended[:2]) == (reward, ended[:2])
+        if any(ended[:2]):
+            break
+    assert any(ended[:2])

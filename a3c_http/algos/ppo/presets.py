@@ -90,6 +90,27 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "max_steps": 1_000_000,
     },
     "a3c_http/CueMemory-v0": {"core": "lstm", "t_max": 16, "num_envs": 16, "batch_size": 256},
+    # The Zoo's RecurrentPPO settings (hyperparams/ppo_lstm.yml): CartPole's above, with an LSTM
+    # of 64 after one layer of 64 and both normalisations; the schedules over twice its 100,000
+    # env steps (over 100,000 a seed ended at 387).
+    "a3c_http/CartPoleNoVel-v1": {
+        "num_envs": 4,
+        "t_max": 32,
+        "batch_size": 256,
+        "gae_lambda": 0.8,
+        "gamma": 0.98,
+        "n_epochs": 20,
+        "lr": 1e-3,
+        "lr_schedule": "linear",
+        "clip_range_schedule": "linear",
+        "max_steps": 200_000,
+        "max_in_flight": 1,
+        "core": "lstm",
+        "lstm_size": 64,
+        "hidden_sizes": [64],
+        "normalize_obs": True,
+        "normalize_reward": True,
+    },
     # MinAtar: the Zoo's Atari settings on the MinAtar paper's small CNN.
     **{
         f"MinAtar/{game}-v{version}": {
