@@ -38,22 +38,24 @@ PPO_ATARI: dict[str, Any] = {
     "clip_range_schedule": "linear",
     "value_coef": 0.5,
 }
+# The Zoo's CartPole-v1 settings (ppo.yml), which its RecurrentPPO takes for CartPoleNoVel-v1 too.
+PPO_CARTPOLE: dict[str, Any] = {
+    "num_envs": 4,
+    "t_max": 32,
+    "batch_size": 256,
+    "gae_lambda": 0.8,
+    "gamma": 0.98,
+    "n_epochs": 20,
+    "lr": 1e-3,
+    "lr_schedule": "linear",
+    "clip_range_schedule": "linear",
+    "max_steps": 100_000,
+    # Its updates take longer than a worker's rollout of 128 steps: with one push in flight the
+    # workers go on acting meanwhile, for the wall time (docs/performance.md).
+    "max_in_flight": 1,
+}
 PPO_PRESETS: dict[str, dict[str, Any]] = {
-    "CartPole-v1": {
-        "num_envs": 4,
-        "t_max": 32,
-        "batch_size": 256,
-        "gae_lambda": 0.8,
-        "gamma": 0.98,
-        "n_epochs": 20,
-        "lr": 1e-3,
-        "lr_schedule": "linear",
-        "clip_range_schedule": "linear",
-        "max_steps": 100_000,
-        # Its updates take longer than a worker's rollout of 128 steps: with one push in flight
-        # the workers go on acting meanwhile, for the wall time (docs/performance.md).
-        "max_in_flight": 1,
-    },
+    "CartPole-v1": PPO_CARTPOLE,
     "Acrobot-v1": {
         "normalize_obs": True,
         "normalize_reward": True,
@@ -90,21 +92,12 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "max_steps": 1_000_000,
     },
     "a3c_http/CueMemory-v0": {"core": "lstm", "t_max": 16, "num_envs": 16, "batch_size": 256},
-    # The Zoo's RecurrentPPO settings (hyperparams/ppo_lstm.yml): CartPole's above, with an LSTM
+    # The Zoo's RecurrentPPO settings (hyperparams/ppo_lstm.yml): CartPole's, with an LSTM
     # of 64 after one layer of 64 and both normalisations; the schedules over twice its 100,000
     # env steps (over 100,000 a seed ended at 387).
     "a3c_http/CartPoleNoVel-v1": {
-        "num_envs": 4,
-        "t_max": 32,
-        "batch_size": 256,
-        "gae_lambda": 0.8,
-        "gamma": 0.98,
-        "n_epochs": 20,
-        "lr": 1e-3,
-        "lr_schedule": "linear",
-        "clip_range_schedule": "linear",
+        **PPO_CARTPOLE,
         "max_steps": 200_000,
-        "max_in_flight": 1,
         "core": "lstm",
         "lstm_size": 64,
         "hidden_sizes": [64],
