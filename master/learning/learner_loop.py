@@ -103,14 +103,18 @@ def holding(lock: Any, peer_alive: Callable[[], bool], poll_s: float = 1.0) -> I
 
 def learner_main(start: Start, inbox: Any, outbox: Any) -> None:
     """The learner process (see the module's docstring)."""
+    team: Team = SOLO
     try:
-        _learn(start, inbox, outbox)
+        config, learner, team = build_learner(start)
+        _learn(start, config, learner, team, inbox, outbox)
     except PeerGone:  # the master died holding the weights' lock (kill -9): as in _learn's loop
         outbox.cancel_join_thread()
     except Exception as exc:  # reported to the master, which ends the run with it
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         log.error("learner failed:\n%s", traceback.format_exc())
         outbox.put(("error", detail))
+    finally:
+        team.close()
 
 
 def build_learner(start: Start) -> tuple[TrainConfig, Learner, Team]:
@@ -138,27 +142,11 @@ def build_learner(start: Start) -> tuple[TrainConfig, Learner, Team]:
     return config, learner, team
 
 
-def _learn(start: Start, inbox: Any, outbox: Any) -> None:
-    version, optimizer_every_s = start.version, start.optimizer_every_s
-    config, learner, team = build_learner(start)
-    plan = Plan(config.queue_size)
-    try:
-        _lead(start, inbox, outbox, config, learner, team, plan, version, optimizer_every_s)
-    finally:
-        team.close()
-
-
-def _lead(
-    start: Start,
-    inbox: Any,
-    outbox: Any,
-    config: TrainConfig,
-    learner: Learner,
-    team: Team,
-    plan: Plan,
-    version: int,
-    optimizer_every_s: float,
+def _learn(
+    start: Start, config: TrainConfig, learner: Learner, team: Team, inbox: Any, outbox: Any
 ) -> None:
+    version, optimizer_every_s = start.version, start.optimizer_every_s
+    plan = Plan(config.queue_size)
     outbox.put(("ready",))
     parent = multiprocessing.parent_process()
     master_alive = parent.is_alive if parent is not None else lambda: True
