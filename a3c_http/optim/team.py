@@ -2,7 +2,7 @@
 DistributedDataParallel's scheme, on the flat gradient vector).
 
 Each learner holds the same network and optimizer, computes gradients on its share of an update's
-rollouts, and before every optimizer step the gradients are averaged over all of them
+environments, and before every optimizer step the gradients are averaged over all of them
 (`Team.average`, an all-reduce: gloo on CPUs, NCCL where every learner has a GPU of its own), so
 every learner takes the same step and the networks stay equal. Where a learner decides something
 the others must decide alike (how many minibatches, whether its replay shard is ready), the team
