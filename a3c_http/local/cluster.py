@@ -59,13 +59,6 @@ def stat_fields(pid: int) -> list[str] | None:
         return None
 
 
-def pid_running(pid: int) -> bool:
-    """Whether process `pid` runs (Linux): an ended process whose parent has not reaped it yet
-    is a zombie, not running."""
-    fields = stat_fields(pid)
-    return fields is not None and fields[0] != "Z"
-
-
 def cpu_seconds(pid: int) -> float | None:
     """The CPU time (user and system, every thread) process `pid` has used so far, from /proc
     (Linux); None where it cannot be read."""

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from a3c_http.local.cluster import LocalCluster, pid_running, wait_for, with_descendants
+from a3c_http.local.cluster import LocalCluster, wait_for, with_descendants
 from a3c_http.store.runstore import RunStore
+from tests.support.common import pid_running
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,9 @@ import signal
 
 from fastapi.testclient import TestClient
 
-from a3c_http.local.cluster import pid_running, wait_for
+from a3c_http.local.cluster import wait_for
 from tests.service.test_experience import PPO, learner, push, rollout
+from tests.support.common import pid_running
 from tests.support.master_api import _clean_env as _clean_env
 from tests.support.master_api import client as client
 from tests.support.master_api import launched as launched

@@ -22,7 +22,7 @@ from safetensors.torch import save as st_save
 
 from a3c_http.algos.registry import train_config
 from a3c_http.config.settings import Settings
-from a3c_http.local.cluster import LocalCluster, ServiceProcess
+from a3c_http.local.cluster import LocalCluster, ServiceProcess, stat_fields
 from master.app import create_app
 
 # The session cluster's workers. IMPATIENT gives up on an unreachable master after 3 s
@@ -240,3 +240,10 @@ def without_box2d(monkeypatch: pytest.MonkeyPatch) -> None:
 def patient(cluster: LocalCluster) -> list[ServiceProcess]:
     """The session cluster's workers that wait out a master that is away (PATIENT)."""
     return [cluster.workers[i] for i in PATIENT]
+
+
+def pid_running(pid: int) -> bool:
+    """Whether process `pid` runs (Linux): an ended process whose parent has not reaped it yet
+    is a zombie, not running."""
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] != "Z"
