@@ -34,6 +34,7 @@ from a3c_http.envs.make import make_env
 from a3c_http.envs.rollout import Rollout
 from a3c_http.models.encoders import UnsupportedSpace, flat
 from a3c_http.optim.flatnet import bind
+from a3c_http.optim.team import SOLO, Team
 from a3c_http.wire.named_tensors import Expected
 from a3c_http.wire.tensors import Layout
 
@@ -171,8 +172,11 @@ class ActorCriticLearner(ReplayLearner):
         model: nn.Module,
         device: torch.device,
         optimizer_state: dict[str, Any] | None = None,
+        *,
+        team: Team = SOLO,
     ) -> None:
-        super().__init__(config, model, device)  # its optimizers are its own, below
+        # Its optimizers are its own, below, and step alone: its config allows one learner.
+        super().__init__(config, model, device, team=team)
         names = [name for name, _ in self.model.named_parameters()]
         split = sum(
             p.numel() for name, p in self.model.named_parameters() if not name.startswith("critic")

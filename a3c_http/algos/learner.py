@@ -43,8 +43,6 @@ from a3c_http.wire.protocol import MAX_ABS_RETURN
 # dimensions; an algorithm adds the per-step tensors its learner reads (`own_tensors`).
 STEP_TENSORS = ("obs", "actions", "rewards", "terminated", "truncated", "valid", "starts")
 _FLOATS = (torch.float32,)
-# Every algorithm's own per-step tensors (their `own_tensors`), `[T, N]` as STEP_TENSORS.
-_OWN = ("log_probs", "priorities", "returns", "discounts", "stops")
 
 
 class ExperienceAlgorithm(Algorithm):
@@ -305,7 +303,8 @@ class Learner:
         for rollout, n in zip(rollouts, counts, strict=True):
             envs = group[(group >= offset) & (group < offset + n)] - offset
             if len(envs):
-                mine.append({name: _environments(name, t, envs) for name, t in rollout.items()})
+                steps = rollout["valid"].shape
+                mine.append({k: _environments(k, t, envs, steps) for k, t in rollout.items()})
             offset += n
         return mine
 
@@ -361,13 +360,15 @@ class Learner:
         }
 
 
-def _environments(name: str, tensor: torch.Tensor, envs: torch.Tensor) -> torch.Tensor:
-    """The environments `envs` of a rollout's tensor: its second dimension for the per-step
-    tensors (`[T, N, ...]`), its first for the last observation and the recurrent state
-    (`[N, ...]`); the statistics are the rollout's as they are."""
+def _environments(
+    name: str, tensor: torch.Tensor, envs: torch.Tensor, steps: torch.Size
+) -> torch.Tensor:
+    """The environments `envs` of a rollout's tensor: its first dimension for the last
+    observation and the recurrent state (`[N, ...]`), its second for a per-step tensor (any
+    other of shape `steps`, `[T, N]`, and more); the statistics are the rollout's as they are."""
     if name in ("last_obs", "last_start") or name.startswith("state."):
         return tensor[envs]
-    if name in STEP_TENSORS or name in _OWN:
+    if tuple(tensor.shape[:2]) == tuple(steps):
         return tensor[:, envs]
     return tensor
 

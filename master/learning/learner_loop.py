@@ -132,10 +132,8 @@ def build_learner(start: Start) -> tuple[TrainConfig, Learner, Team]:
     team = ProcessTeam(spec, device) if spec.size > 1 else SOLO
     model = model_for(config)
     model.load_state_dict(Layout.of(model).views(start.weights))
-    # (only the algorithms whose config allows several learners take a team)
-    joined = {"team": team} if spec.size > 1 else {}
     learner = algorithm_class(config).learner(
-        config, model, device, start.optimizer_state, **joined
+        config, model, device, start.optimizer_state, team=team
     )
     if start.target is not None:
         learner.restore_target(start.target[0])

@@ -308,7 +308,6 @@ class LearnerProcess:
             inbox.put(("stop",))
         # A learner still starting (importing torch takes seconds) has taken no rollout and
         # holds nothing the master lacks: it is ended at once.
-        process.join(wait_s if ready else 0)
         end_team([process, *followers], wait_s if ready else 0)
         if reader is not None and reader is not threading.current_thread():
             reader.join(wait_s)
@@ -372,8 +371,7 @@ class LearnerProcess:
                 if not stopping:
                     log.error("learner failed: %s", message[1])
                     # one that reported is ending; one whose follower ended would wait for it
-                    process.join(STOP_WAIT_S if reported else 0)
-                    end_team([process, *followers], 0)
+                    end_team([process, *followers], STOP_WAIT_S if reported else 0)
                     self._failed(message[1])
                 return
 

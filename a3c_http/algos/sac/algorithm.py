@@ -35,6 +35,7 @@ from a3c_http.algos.learner import ExperienceAlgorithm, Learner
 from a3c_http.algos.sac.network import SACNetwork
 from a3c_http.config.training import TrainConfig
 from a3c_http.envs.rollout import Rollout
+from a3c_http.optim.team import SOLO, Team
 from a3c_http.wire.named_tensors import Expected
 
 
@@ -69,6 +70,8 @@ class SACLearner(ActorCriticLearner):
         model: SACNetwork,
         device: torch.device,
         optimizer_state: dict[str, Any] | None = None,
+        *,
+        team: Team = SOLO,
     ) -> None:
         self.log_alpha = torch.tensor(
             math.log(config.entropy_coef_init if config.auto_entropy else config.entropy_coef),
@@ -79,7 +82,7 @@ class SACLearner(ActorCriticLearner):
         self.target_entropy = (
             -float(dims) if config.target_entropy is None else config.target_entropy
         )
-        super().__init__(config, model, device, optimizer_state)
+        super().__init__(config, model, device, optimizer_state, team=team)
 
     def own_state(self) -> dict[str, torch.Tensor]:
         return {"log_alpha": self.log_alpha.data}
