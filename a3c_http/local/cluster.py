@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 import httpx
 
@@ -172,32 +172,30 @@ class ServiceProcess:
         log = self.log_path.open("ab")
         log.write(f"\n===== {self.app} on {self.url}\n".encode())
         log.flush()
-        cmd = [
-            *self.wrapper,
-            sys.executable,
-            "-m",
-            "uvicorn",
-            self.app,
-            "--host",
-            self.host,
-            "--port",
-            str(self.port),
-            "--log-level",
-            "warning",
-            *self.tls.uvicorn_args(),
-            *self.uvicorn_args,
-        ]
-        self.proc = subprocess.Popen(
+        cmd = [*self.wrapper, sys.executable, "-m", "uvicorn", self.app, "--host", self.host,
+               "--port", str(self.port), "--log-level", "warning", *self.tls.uvicorn_args(),
+               *self.uvicorn_args]
+        try:
+            self.proc = self.launch(cmd, self.env, log)
+        finally:
+            log.close()
+        return self
+
+    @staticmethod
+    def launch(cmd: list[str], env: dict[str, str], log: BinaryIO) -> subprocess.Popen:
+        """Run `cmd` in ROOT with `env`, its output into `log`, in a session of its own (so a
+        signal to its process group reaches nothing of ours): the one place a service process
+        is made. A replacement (the tests' preloaded launcher) returns an object that answers
+        Popen's `pid`, `poll`, `wait` and `returncode`."""
+        return subprocess.Popen(
             cmd,
             cwd=ROOT,
-            env=self.env,
+            env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-        log.close()
-        return self
 
     def healthy(self) -> bool:
         """True once GET /healthz answers 200; raises RuntimeError if the process has exited."""

@@ -18,6 +18,7 @@ import pytest
 
 from a3c_http.algos.registry import model_for, train_config
 from a3c_http.wire import tensors as wire
+from scripts import bench
 from scripts.benchlib.actors import mismatches
 from scripts.benchlib.bar import bar
 from scripts.benchlib.capacity import actor_rate, served_per_core, setups
@@ -251,15 +252,14 @@ def test_learn_takes_a_count_of_seeds_or_the_seeds_themselves() -> None:
 
 
 @pytest.mark.integration
-def test_a_quick_scale_run_writes_a_row_per_number_of_workers(tmp_path: Path) -> None:
+def test_a_quick_scale_run_writes_a_row_per_number_of_workers(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     out = tmp_path / "scale.json"
-    done = subprocess.run(
-        [sys.executable, "scripts/bench.py", "scale", "--quick", "--workers", "1,2", "--time-cap",
-         "1", "--config", '{"max_in_flight": 0}', "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "default model (9,155 parameters" in done.stdout and "efficiency" in done.stdout
+    assert bench.main(["scale", "--quick", "--workers", "1,2", "--time-cap", "1", "--config",
+                       '{"max_in_flight": 0}', "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "default model (9,155 parameters" in printed and "efficiency" in printed
     figures = json.loads(out.read_text())
     assert figures["meta"]["config"] == {"max_in_flight": 0}
     levels = figures["models"]["default"]["levels"]
@@ -301,16 +301,12 @@ def test_the_loads_counts_add_up_only_where_every_reply_was_counted_once() -> No
 
 
 def test_simulated_actors_push_rollouts_through_a_receiver_and_every_count_adds_up(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     out = tmp_path / "load.json"
-    done = subprocess.run(
-        [sys.executable, "scripts/bench.py", "load", "--algo", "ppo", "--actors", "8",
-         "--seconds", "1", "--warmup", "0.5", "--receivers", "1", "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "counts: every one adds up" in done.stdout
+    assert bench.main(["load", "--algo", "ppo", "--actors", "8", "--seconds", "1", "--warmup",
+                       "0.5", "--receivers", "1", "--json", str(out)]) == 0
+    assert "counts: every one adds up" in capsys.readouterr().out
     figures = json.loads(out.read_text())
     assert figures["route"] == "/experience" and figures["5xx"] == 0 and figures["mismatches"] == []
     # The window's own figures (pushes/s, latency) depend on the machine's speed: here only that
@@ -346,7 +342,6 @@ def test_each_command_of_bench_py_has_its_options_and_an_unknown_one_is_refused(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """`scripts/bench.py COMMAND ARGS` is that benchmark; without a command, the bar's sections."""
-    from scripts import bench
 
     options = {"": "--sections", "scale": "--pin", "learn": "--learners", "solve": "--runs",
                "staleness": "--lags", "http": "--n", "push_body": "--workers",
