@@ -187,34 +187,50 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     learners = args.learners.split(",")
     report: dict[str, list[dict]] = {}
     known = CONTINUOUS_TASKS if args.algo in CONTINUOUS else TASKS
-    for env_id in (args.tasks or ",".join(known)).split(","):
+    env_ids = (args.tasks or ",".join(known)).split(",")
+    for env_id in env_ids:
         if env_id not in known:
             parser.error(f"unknown task {env_id!r}; known: {', '.join(known)}")
         try:
             require_env(env_id)
         except RuntimeError as exc:
             parser.error(str(exc))
-        task = task_of(env_id, args.algo)
-        rows = report.setdefault(env_id, [])
-        refs = {"a3c": "SB3's A2C", "dqn": "SB3's DQN", "apex": "SB3's DQN", "sac": "SB3's SAC",
-                "apex_dpg": "SB3's SAC"}  # fmt: skip
-        ref = "SB3-contrib's RecurrentPPO" if env_id in RECURRENT else (
-            refs.get(args.algo, "SB3's PPO")
-        )
-        how = "stop there" if task.stop_at_target else f"at {args.budget or task.budget:,} steps"
-        print(f"== {env_id} (target {task.target:g}, {how}; sb3: {ref})", flush=True)
-        for seed in seeds:
-            for learner in learners:  # alternating: learner by learner within each seed
-                r = {"learner": learner, "seed": seed, **run_one(learner, env_id, seed, args)}
-                rows.append(r)
-                mean = r["mean_return_100"]
-                done = "solved" if task.stop_at_target else "reached the target"
-                print(f"  {learner:<8} seed {seed}: {done if r['solved'] else 'NOT ' + done}"
-                      f" at {r['env_steps']:,} env steps, {r['seconds']:.1f} s, mean return "
-                      f"{'-' if mean is None else f'{mean:.1f}'}", flush=True)
-        print("\n".join(summary(rows, learners, task)), flush=True)
-        if args.json:
-            args.json.write_text(json.dumps(report, indent=1))
+    try:
+        for env_id in env_ids:
+            run_task(env_id, seeds, learners, args, report)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every process of the run was ended meanwhile
+        done = sum(len(rows) for rows in report.values())
+        kept = f"; their figures are in {args.json}" if args.json and done else ""
+        print(f"interrupted after {done} finished runs{kept}", flush=True)
+        return 130
     if args.json:
         print(f"figures written to {args.json}")
     return 0
+
+
+def run_task(env_id: str, seeds: list[int], learners: list[str], args: argparse.Namespace,
+             report: dict[str, list[dict]]) -> None:
+    """Every seed of `env_id` with each learner in turn, its rows added to `report` and the
+    whole report written to `args.json` after each run, so an interrupted benchmark keeps the
+    runs it finished."""
+    task = task_of(env_id, args.algo)
+    rows = report.setdefault(env_id, [])
+    refs = {"a3c": "SB3's A2C", "dqn": "SB3's DQN", "apex": "SB3's DQN", "sac": "SB3's SAC",
+            "apex_dpg": "SB3's SAC"}  # fmt: skip
+    ref = "SB3-contrib's RecurrentPPO" if env_id in RECURRENT else (
+        refs.get(args.algo, "SB3's PPO")
+    )
+    how = "stop there" if task.stop_at_target else f"at {args.budget or task.budget:,} steps"
+    print(f"== {env_id} (target {task.target:g}, {how}; sb3: {ref})", flush=True)
+    for seed in seeds:
+        for learner in learners:  # alternating: learner by learner within each seed
+            r = {"learner": learner, "seed": seed, **run_one(learner, env_id, seed, args)}
+            rows.append(r)
+            if args.json:
+                args.json.write_text(json.dumps(report, indent=1))
+            mean = r["mean_return_100"]
+            done = "solved" if task.stop_at_target else "reached the target"
+            print(f"  {learner:<8} seed {seed}: {done if r['solved'] else 'NOT ' + done}"
+                  f" at {r['env_steps']:,} env steps, {r['seconds']:.1f} s, mean return "
+                  f"{'-' if mean is None else f'{mean:.1f}'}", flush=True)
+    print("\n".join(summary(rows, learners, task)), flush=True)

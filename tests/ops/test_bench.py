@@ -2,7 +2,8 @@
 bodies and the bar on made-up figures, and one quick run of the `wire` section end to end (it
 starts a master); `scale`: a window's figures on made-up readings, its config overrides, and one
 quick run end to end; `staleness`: its summary of made-up runs; `load`: its counts on made-up
-readings and one short run of simulated actors end to end; every command's --help."""
+readings and one short run of simulated actors end to end; `learn`: what an interrupted run keeps;
+every command's --help."""
 
 from __future__ import annotations
 
@@ -249,6 +250,31 @@ def test_learn_takes_a_count_of_seeds_or_the_seeds_themselves() -> None:
     for wrong in ("0", "x", ",", "-1,2"):
         with pytest.raises(SystemExit):
             seed_list(wrong, parser)
+
+
+def test_an_interrupted_learn_run_keeps_the_runs_it_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Ctrl-C or SIGTERM (the handler raises KeyboardInterrupt) during the third run: the JSON
+    holds the two runs before it, the command says so and exits 130, without a traceback."""
+    from scripts.benchlib import learn
+
+    finished = {"solved": True, "seconds": 1.0, "env_steps": 1000, "mean_return_100": 500.0}
+    calls = iter([finished, finished, KeyboardInterrupt()])
+
+    def run_one(*_: object) -> dict:
+        outcome = next(calls)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(learn, "run_one", run_one)
+    out = tmp_path / "learn.json"
+    assert learn.main(["--tasks", "CartPole-v1", "--seeds", "2", "--json", str(out)]) == 130
+    rows = json.loads(out.read_text())["CartPole-v1"]
+    assert [(r["learner"], r["seed"]) for r in rows] == [("cluster", 0), ("sb3", 0)]
+    assert f"interrupted after 2 finished runs; their figures are in {out}" in (
+        capsys.readouterr().out)
 
 
 @pytest.mark.integration
