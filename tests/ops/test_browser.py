@@ -1,6 +1,7 @@
 """The dashboard in a real headless Chromium (tests/support/browser.py) against the session cluster,
-which has a token: the page asks for it once, draws the return curve, lists every worker, and its
-stop button stops the run. Skipped, with the reason, where no Chromium is installed."""
+which has a token: the page asks for it once, draws the return curve, lists every worker and the
+learner, and its stop button stops the run. Skipped, with the reason, where no Chromium is
+installed."""
 
 from __future__ import annotations
 
@@ -22,13 +23,15 @@ CURVE = """(() => {
           mean: drawn('mean100'), target: svg.querySelectorAll('line.target').length};
 })()"""
 WORKERS = "[...document.querySelectorAll('#workers tbody tr')].map(r => r.dataset.workerId)"
+LEARNER_ROWS = ("Object.fromEntries([...document.querySelectorAll('#learner tr')]"
+                ".map(r => [r.cells[0].textContent, r.cells[1].textContent]))")
 
 
-def test_the_dashboard_draws_the_run_lists_every_worker_and_stops_it(
+def test_the_dashboard_draws_the_run_lists_every_worker_and_the_learner_and_stops_it(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
     executable = chromium_or_skip()
-    reply = cluster.train(**{**ENDLESS_RUN, "target_return": 475.0})
+    reply = cluster.train(**{**ENDLESS_RUN, "algo": "ppo", "target_return": 475.0})
     assert reply.status_code == 202, reply.text
     wait_for(lambda: cluster.status()["global_episode"] >= 20, 60, "some episodes")
     worker_ids = {w["worker_id"] for w in cluster.status()["workers"]}
@@ -48,7 +51,15 @@ def test_the_dashboard_draws_the_run_lists_every_worker_and_stops_it(
         assert page.js("document.querySelector('#state').textContent") == "running"
         # The curve names the run's algorithm; a time of the status reads as a date, not as
         # seconds since the epoch.
-        assert page.js("document.querySelector('#env-id').textContent") == "CartPole-v1 · a3c"
+        assert page.js("document.querySelector('#env-id').textContent") == "CartPole-v1 · ppo"
+        # The learner beside the master: its process and its updates as /status has them.
+        learner = cluster.status()["learner"]
+        assert page.wait("!document.querySelector('#learner-section').hidden", 20, "the learner")
+        assert page.js("document.querySelector('#learner-state').textContent") == (
+            "running on cpu, one process")
+        rows = page.wait(f"(r => Number(r.updates.replaceAll(',', '')) > 0 && r)({LEARNER_ROWS})",
+                         20, "an update")
+        assert rows["pids"] == str(learner["pid"]) and "train/value_loss" in rows, rows
         saved = page.wait(
             """[...document.querySelectorAll('#run tr')].filter(
                  r => r.cells[0].textContent === 'last_saved_at' && r.cells[1].textContent !== '–'

@@ -156,6 +156,7 @@
       cell(row, w.url || "");
       cell(row, w.error || "", "error");
     }
+    renderLearner(status.learner);
     const scalars = Object.entries(status).filter(([k, v]) => k !== "config" && k !== "workers" && (v === null || typeof v !== "object"));
     const waiting = status.waiting_workers || [];
     $("#waiting").textContent = waiting.length ? `Waiting for a run: ${waiting.join(", ")}` : "";
@@ -165,6 +166,29 @@
     $("#stop").disabled = status.state !== "running";
     A3CChart.draw($("#curve"), { x: run.x, y: run.y, mean: run.mean, target: config.target_return, evals: run.evals });
     $("#updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+  }
+
+  // The learner beside the master (ppo, impala, apex, apex_dpg, sac): its processes, its queue,
+  // what it did and the last update's figures; hidden in runs that have none.
+  function renderLearner(learner) {
+    $("#learner-section").hidden = !learner;
+    if (!learner) return;
+    const team = [learner.pid, ...(learner.follower_pids || [])].filter((pid) => pid != null);
+    $("#learner-state").textContent = learner.running
+      ? `running on ${learner.device || "?"}, ${team.length === 1 ? "one process" : `a team of ${team.length}`}`
+      : "not running";
+    const rows = [
+      ["pids", team.join(", ") || "–"],
+      ["queued", `${number(learner.queued, 0)} of ${number(learner.capacity, 0)}`],
+      ["updates", number(learner.updates, 0)],
+      ["rollouts used", number(learner.rollouts_used, 0)],
+      ["dropped as stale", number(learner.dropped_stale, 0)],
+      ["steps undone (not finite)", number(learner.nonfinite_steps, 0)],
+      ["restarts", number(learner.restarts, 0)],
+      ["last error", learner.error || "–"],
+      ...Object.entries(learner.metrics || {}),
+    ];
+    keyValues($("#learner"), rows);
   }
 
   // -- the loop, the token and the stop button --------------------------------------------------
