@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Iterator
 from typing import BinaryIO
 
@@ -34,16 +35,23 @@ def _preloaded_services() -> Iterator[None]:
     """Masters and workers started by ServiceProcess are forked from a process that imported
     torch and the web stack once (tests/support/zygote.py), where it can start them as a new
     interpreter would: about 1.5 s of CPU less for each of the 30 or so the suite starts."""
-    zygote = Zygote(ROOT)
+    zygotes: list[Zygote] = []  # started at the first service, so runs that start none skip it
     plain = ServiceProcess.launch
 
+    first = threading.Lock()
+
     def launch(cmd: list[str], env: dict[str, str], log: BinaryIO) -> object:
+        with first:
+            if not zygotes:
+                zygotes.append(Zygote(ROOT))
+        zygote = zygotes[0]
         return zygote.launch(cmd, env, log) if zygote.serves(cmd, env) else plain(cmd, env, log)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ServiceProcess, "launch", staticmethod(launch))
         yield
-    zygote.close()
+    for zygote in zygotes:
+        zygote.close()
 
 
 @pytest.fixture(scope="session")
