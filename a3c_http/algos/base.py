@@ -170,6 +170,7 @@ class Algorithm:
             encoder=config.encoder,
             core=config.core,
             lstm_size=config.lstm_size,
+            lstm_first=config.lstm_first,
         )
 
     @classmethod

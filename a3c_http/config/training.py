@@ -69,25 +69,17 @@ class TrainConfig(BaseModel):
         description="atari: gymnasium's AtariPreprocessing (up to 30 no-ops after a reset, 4 "
         "frames a step max-pooled, 84x84 grayscale); the environment is made with frameskip=1.",
     )
-    frame_stack: int = Field(
-        1,
-        ge=1,
-        le=16,
-        description="Observations stacked as channels (as gymnasium's FrameStackObservation).",
-    )
-    clip_reward: bool = Field(
-        False,
-        description="The loss learns from the sign of each reward (-1, 0, +1), as the DQN and "
-        "A3C papers on Atari; reported returns stay the true ones.",
-    )
+    frame_stack: int = Field(1, ge=1, le=16, description="Observations stacked as channels (as "
+                             "gymnasium's FrameStackObservation).")
+    clip_reward: bool = Field(False, description="The loss learns from the sign of each reward "
+                              "(-1, 0, +1), as the DQN and A3C papers on Atari; reported returns "
+                              "stay the true ones.")
     life_loss: bool = Field(
         False,
         description="A lost life (Atari's `lives` info) ends the loss's bootstrapping as an "
         "episode end would; the episode itself, its return and the recurrent state go on.",
     )
-    num_envs: int = Field(
-        8, ge=1, le=256, description="Environments each worker steps in one batch."
-    )
+    num_envs: int = Field(8, ge=1, le=256, description="Environments a worker steps in one batch.")
     hidden_sizes: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
         default_factory=lambda: [64, 64],
         min_length=0,
@@ -117,6 +109,10 @@ class TrainConfig(BaseModel):
         "through each rollout. With lstm the mlp encoder is shared by the policy and the value.",
     )
     lstm_size: int = Field(128, ge=1, le=4096, description="Units of the lstm core.")
+    lstm_first: bool = Field(False, description="With core lstm: the LSTM reads the encoder's "
+                             "output, then the policy and the value each have ReLU layers of "
+                             "hidden_sizes (RecurrentPPO's layout with the RL Zoo's settings); "
+                             "false: tanh layers of hidden_sizes feed the LSTM.")
     log_std_init: float = Field(
         0.0, ge=-5, le=2, description="Initial log standard deviation of continuous actions."
     )
@@ -376,6 +372,9 @@ class TrainConfig(BaseModel):
                 f"normalize_obs with encoder {self.encoder!r}: the CNN encoders scale image "
                 "observations to [0, 1] instead of normalising them; leave normalize_obs false"
             )
+        if self.lstm_first and (self.core != "lstm" or self.shared_torso):
+            raise ValueError("lstm_first puts the LSTM of core 'lstm' before a torso of the "
+                             "policy's and one of the value's: set core 'lstm', shared_torso false")
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
             raise ValueError(
                 "heartbeat_timeout_s must be larger than heartbeat_interval_s, "

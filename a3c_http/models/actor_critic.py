@@ -6,7 +6,10 @@ a policy head and a value head.
   shared or one per head (none with `hidden_sizes: []`).
 - core `none`: feed-forward; `lstm`: an LSTM cell of `lstm_size` units whose state each
   environment carries (`initial_state`, `act`), zeroed where an episode starts, and which the loss
-  runs again over a rollout in time order from the state the rollout began with (`unroll`).
+  runs again over a rollout in time order from the state the rollout began with (`unroll`). The
+  torso feeds the LSTM, whose output both heads read; with `lstm_first` the LSTM reads the
+  encoder's features and each head has ReLU layers of `hidden_sizes` after it (SB3-contrib's
+  RecurrentPPO's layout with the RL Zoo's settings).
 - discrete action spaces get a categorical head (logits); Box action spaces a Gaussian head with
   a learned, state-independent log standard deviation.
 
@@ -60,6 +63,7 @@ class ActorCritic(nn.Module):
         encoder: str = "mlp",
         core: str = "none",
         lstm_size: int = 128,
+        lstm_first: bool = False,
     ) -> None:
         super().__init__()
         self.obs_shape = (obs_dim,) if isinstance(obs_dim, int) else tuple(obs_dim)
@@ -67,6 +71,7 @@ class ActorCritic(nn.Module):
         self.action_dim = action_dim
         self.discrete = discrete
         self.recurrent = core == "lstm"
+        self.lstm_first = self.recurrent and lstm_first
         if normalize_obs:
             self.obs_rms = RunningMeanStd((self.obs_dim,))
         if normalize_reward:
@@ -75,20 +80,29 @@ class ActorCritic(nn.Module):
         if encoder != "mlp":
             self.encoder = ImageEncoder(encoder, self.obs_shape)
             width = self.encoder.width
-        if shared_torso or self.recurrent:
+        if self.lstm_first:
+            self.core = self._lstm_cell(width, lstm_size)
+            self.policy_torso, _ = mlp(lstm_size, hidden_sizes, nn.ReLU)
+            self.value_torso, width = mlp(lstm_size, hidden_sizes, nn.ReLU)
+        elif shared_torso or self.recurrent:
             self.torso, width = mlp(width, hidden_sizes)
         else:
             self.policy_torso, _ = mlp(width, hidden_sizes)
             self.value_torso, width = mlp(width, hidden_sizes)
-        if self.recurrent:
-            self.core = nn.LSTMCell(width, lstm_size)
-            nn.init.zeros_(self.core.bias_ih)
-            nn.init.zeros_(self.core.bias_hh)
+        if self.recurrent and not self.lstm_first:
+            self.core = self._lstm_cell(width, lstm_size)
             width = lstm_size
         self.policy_head = layer(width, action_dim, 0.01)
         self.value_head = layer(width, 1, 1.0)
         if not discrete:
             self.log_std = nn.Parameter(torch.full((action_dim,), float(log_std_init)))
+
+    @staticmethod
+    def _lstm_cell(width: int, lstm_size: int) -> nn.LSTMCell:
+        cell = nn.LSTMCell(width, lstm_size)
+        nn.init.zeros_(cell.bias_ih)
+        nn.init.zeros_(cell.bias_hh)
+        return cell
 
     @classmethod
     def for_spaces(
@@ -124,6 +138,8 @@ class ActorCritic(nn.Module):
     def _features(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The policy's and the value's features before the core (the same tensor when shared)."""
         x = self._input(obs)
+        if self.lstm_first:
+            return x, x
         if hasattr(self, "torso"):
             shared = self.torso(x)
             return shared, shared
@@ -140,6 +156,13 @@ class ActorCritic(nn.Module):
         std = self.log_std.clamp(-20.0, 2.0).exp().expand_as(out)
         # Independent sums log-probabilities and entropies over the action dimensions.
         return Independent(Normal(out, std, validate_args=False), 1, validate_args=False)
+
+    def _after_core(self, h: torch.Tensor, value: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy's and the value's features from the core's output `h` (the value's only
+        where `value`; else `h`)."""
+        if not self.lstm_first:
+            return h, h
+        return self.policy_torso(h), self.value_torso(h) if value else h
 
     def _heads(self, pi: torch.Tensor, v: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
         """The action distribution and the value from features of any leading shape."""
@@ -217,10 +240,13 @@ class ActorCritic(nn.Module):
         whose learner values the rollout itself (every acting policy's `act` takes it)."""
         x = self._input(obs)
         shared = hasattr(self, "torso")
-        pi = v = self.torso(x) if shared else self.policy_torso(x)
+        if self.lstm_first:
+            pi = v = x
+        else:
+            pi = v = self.torso(x) if shared else self.policy_torso(x)
         if self.recurrent:
-            pi, state = self._core(pi, state or self.initial_state(obs.shape[0]), starts)
-            v = pi
+            h, state = self._core(pi, state or self.initial_state(obs.shape[0]), starts)
+            pi, v = self._after_core(h, value)
         elif value and not shared:
             v = self.value_torso(x)
         return self._distribution(pi), self.value_head(v).squeeze(-1) if value else None, state
@@ -235,8 +261,8 @@ class ActorCritic(nn.Module):
         steps, n = obs.shape[:2]
         pi, v = self._features(obs.reshape(steps * n, *obs.shape[2:]))
         if self.recurrent:
-            pi = v = self._unroll_core(pi.reshape(steps, n, -1), state or self.initial_state(n),
-                                       starts)  # fmt: skip
+            h = self._unroll_core(pi.reshape(steps, n, -1), state or self.initial_state(n), starts)
+            pi, v = self._after_core(h)
         else:
             pi, v = pi.reshape(steps, n, -1), v.reshape(steps, n, -1)
         return self._heads(pi, v)

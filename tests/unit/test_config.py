@@ -154,6 +154,13 @@ def test_solved_on_eval_needs_evaluations() -> None:
     assert train_config(solved_on="eval", eval_every_updates=5).solved_on == "eval"
 
 
+@pytest.mark.parametrize("wrong", [{}, {"core": "lstm", "shared_torso": True}])
+def test_lstm_first_needs_an_lstm_and_a_torso_for_each_head(wrong: dict) -> None:
+    with pytest.raises(ValidationError, match="set core 'lstm', shared_torso false"):
+        train_config(algo="ppo", lstm_first=True, **wrong)
+    assert train_config(algo="ppo", lstm_first=True, core="lstm").lstm_first
+
+
 def test_a_sync_round_must_end_before_its_workers_look_lost() -> None:
     with pytest.raises(ValidationError, match="sync_timeout_s must be below heartbeat_timeout_s"):
         train_config(algo="a2c", sync_timeout_s=30.0, heartbeat_timeout_s=30.0)

@@ -245,14 +245,17 @@ def test_frames_stay_uint8_the_loss_sees_clipped_rewards_and_lives_and_episodes_
     assert r.starts[:, 0].tolist() == [True, False, False, False, False] * 2
 
 
-def test_a_recurrent_rollout_carries_its_state_and_the_loss_unrolls_what_acted() -> None:
+@pytest.mark.parametrize("lstm_first", [False, True])
+def test_a_recurrent_rollout_carries_its_state_and_the_loss_unrolls_what_acted(
+    lstm_first: bool,
+) -> None:
     """CueMemory's episodes are 6 steps: rollouts of 4 cut them, so the state crosses rollouts,
     and every episode start zeroes it. The loss's unroll from the rollout's first state gives
-    the very values the rollout acted with."""
+    the very values the rollout acted with, in either layout (torso before or after the LSTM)."""
     torch.manual_seed(0)
     collector = RolloutCollector(CUE_MEMORY, {}, num_envs=3, seed=0)
     try:
-        model = build_model(CUE_MEMORY, {}, [8], core="lstm", lstm_size=8)
+        model = build_model(CUE_MEMORY, {}, [8], core="lstm", lstm_size=8, lstm_first=lstm_first)
         rollouts = collect_many(collector, model, t_max=4, times=3)
     finally:
         collector.close()
