@@ -182,7 +182,7 @@ class Zygote:
 
     def launch(self, cmd: list[str], env: dict[str, str], log: BinaryIO) -> ForkedService:
         request = {"module": cmd[2], "args": cmd[3:], "env": env, "cwd": str(self.root),
-                   "log": log.name}
+                   "log": os.path.abspath(log.name)}  # the child opens it from ROOT
         assert self.proc.stdin is not None
         with self._asking, self.changed:
             seen = len(self._started)
