@@ -112,7 +112,8 @@ class TrainConfig(BaseModel):
     lstm_first: bool = Field(False, description="With core lstm: the LSTM reads the encoder's "
                              "output, then the policy and the value each have ReLU layers of "
                              "hidden_sizes (RecurrentPPO's layout with the RL Zoo's settings); "
-                             "false: tanh layers of hidden_sizes feed the LSTM.")
+                             "false: tanh layers of hidden_sizes feed the LSTM. No effect "
+                             "without a core.")
     log_std_init: float = Field(
         0.0, ge=-5, le=2, description="Initial log standard deviation of continuous actions."
     )
@@ -372,9 +373,9 @@ class TrainConfig(BaseModel):
                 f"normalize_obs with encoder {self.encoder!r}: the CNN encoders scale image "
                 "observations to [0, 1] instead of normalising them; leave normalize_obs false"
             )
-        if self.lstm_first and (self.core != "lstm" or self.shared_torso):
-            raise ValueError("lstm_first puts the LSTM of core 'lstm' before a torso of the "
-                             "policy's and one of the value's: set core 'lstm', shared_torso false")
+        if self.lstm_first and self.core == "lstm" and self.shared_torso:
+            raise ValueError("lstm_first gives the policy and the value a torso each after the "
+                             "LSTM, and shared_torso one for both: leave one of them false")
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
             raise ValueError(
                 "heartbeat_timeout_s must be larger than heartbeat_interval_s, "
