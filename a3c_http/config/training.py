@@ -109,10 +109,10 @@ class TrainConfig(BaseModel):
         "through each rollout. With lstm the mlp encoder is shared by the policy and the value.",
     )
     lstm_size: int = Field(128, ge=1, le=4096, description="Units of the lstm core.")
-    lstm_first: bool = Field(False, description="With core lstm: the LSTM reads the encoder's "
-                             "output, then the policy and the value each have ReLU layers of "
-                             "hidden_sizes (RecurrentPPO's layout with the RL Zoo's settings); "
-                             "false: tanh layers of hidden_sizes feed the LSTM. No effect "
+    lstm_first: bool = Field(False, description="With core lstm: the policy and the value each "
+                             "have an LSTM of their own on the encoder's output, then ReLU layers "
+                             "of hidden_sizes (RecurrentPPO's layout with the RL Zoo's settings); "
+                             "false: tanh layers of hidden_sizes feed one LSTM. No effect "
                              "without a core.")
     log_std_init: float = Field(
         0.0, ge=-5, le=2, description="Initial log standard deviation of continuous actions."

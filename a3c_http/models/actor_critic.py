@@ -7,9 +7,10 @@ a policy head and a value head.
 - core `none`: feed-forward; `lstm`: an LSTM cell of `lstm_size` units whose state each
   environment carries (`initial_state`, `act`), zeroed where an episode starts, and which the loss
   runs again over a rollout in time order from the state the rollout began with (`unroll`). The
-  torso feeds the LSTM, whose output both heads read; with `lstm_first` the LSTM reads the
-  encoder's features and each head has ReLU layers of `hidden_sizes` after it (SB3-contrib's
-  RecurrentPPO's layout with the RL Zoo's settings).
+  torso feeds the LSTM, whose output both heads read; with `lstm_first` the policy and the value
+  each have an LSTM of their own over the encoder's features and ReLU layers of `hidden_sizes`
+  after it (SB3-contrib's RecurrentPPO's layout, `enable_critic_lstm`, with the RL Zoo's
+  settings), and the state is the policy's (h, c) followed by the value's.
 - discrete action spaces get a categorical head (logits); Box action spaces a Gaussian head with
   a learned, state-independent log standard deviation.
 
@@ -82,6 +83,7 @@ class ActorCritic(nn.Module):
             width = self.encoder.width
         if self.lstm_first:
             self.core = self._lstm_cell(width, lstm_size)
+            self.value_core = self._lstm_cell(width, lstm_size)
             self.policy_torso, _ = mlp(lstm_size, hidden_sizes, nn.ReLU)
             self.value_torso, width = mlp(lstm_size, hidden_sizes, nn.ReLU)
         elif shared_torso or self.recurrent:
@@ -157,12 +159,16 @@ class ActorCritic(nn.Module):
         # Independent sums log-probabilities and entropies over the action dimensions.
         return Independent(Normal(out, std, validate_args=False), 1, validate_args=False)
 
-    def _after_core(self, h: torch.Tensor, value: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        """The policy's and the value's features from the core's output `h` (the value's only
-        where `value`; else `h`)."""
-        if not self.lstm_first:
+    def _after_core(
+        self, h: torch.Tensor | tuple[torch.Tensor, torch.Tensor], value: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy's and the value's features from the core's output: one tensor that both
+        heads read, or with `lstm_first` the policy's LSTM's and the value's, each through its
+        torso (the value's only where `value`)."""
+        if not isinstance(h, tuple):
             return h, h
-        return self.policy_torso(h), self.value_torso(h) if value else h
+        h_policy, h_value = h
+        return self.policy_torso(h_policy), self.value_torso(h_value) if value else h_value
 
     def _heads(self, pi: torch.Tensor, v: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
         """The action distribution and the value from features of any leading shape."""
@@ -171,17 +177,24 @@ class ActorCritic(nn.Module):
     def _core(
         self, features: torch.Tensor, state: State, starts: torch.Tensor | None
     ) -> tuple[torch.Tensor, State]:
-        h, c = state
         if starts is not None:  # a new episode begins with a new memory
-            keep = (~starts).to(h.dtype).unsqueeze(-1)
-            h, c = h * keep, c * keep
-        h, c = self.core(features, (h, c))
-        return h, (h, c)
+            keep = (~starts).to(state[0].dtype).unsqueeze(-1)
+            state = tuple(part * keep for part in state)
+        h, c = self.core(features, state[:2])
+        if not self.lstm_first:
+            return h, (h, c)
+        hv, cv = self.value_core(features, state[2:])
+        return (h, hv), (h, c, hv, cv)
 
     def _unroll_core(
-        self, features: torch.Tensor, state: State, starts: torch.Tensor | None
+        self,
+        features: torch.Tensor,
+        state: State,
+        starts: torch.Tensor | None,
+        cell: str = "core",
     ) -> torch.Tensor:
-        """The core over features `[T, N, width]` in time order from `state`, its memory zeroed
+        """The LSTM cell `cell` over features `[T, N, width]` in time order from `state` (its
+        (h, c)), its memory zeroed
         where `starts` `[T, N]`: the outputs `[T, N, lstm_size]`, the same as `_core` step by
         step. Each run of an environment's steps between episode starts is one sequence, and
         all of them go through the LSTM in one call (padded at their ends, where nothing is
@@ -203,19 +216,22 @@ class ActorCritic(nn.Module):
         inputs = features.transpose(0, 1).reshape(steps * n, -1)
         padded = inputs.new_zeros(int(place.max()) + 1, first.numel(), inputs.shape[-1])
         padded = padded.index_put((place, sequence), inputs)
-        out, _ = self._sequences()(padded, (h0.unsqueeze(0), c0.unsqueeze(0)))
+        lstm = self._sequences(cell)
+        out, _ = lstm(padded, (h0.unsqueeze(0), c0.unsqueeze(0)))
         return out[place, sequence].reshape(n, steps, -1).transpose(0, 1)
 
-    def _sequences(self) -> nn.LSTM:
-        """An nn.LSTM over the core's own parameters (the same tensors: its steps are the
-        cell's), which runs whole sequences in one call; not a module of the network (nothing of
-        it is saved or sent). Made again where the core's parameters were replaced."""
-        lstm = self.__dict__.get("_lstm")
-        if lstm is None or lstm.weight_ih_l0 is not self.core.weight_ih:
-            lstm = nn.LSTM(self.core.input_size, self.core.hidden_size)
+    def _sequences(self, cell_name: str) -> nn.LSTM:
+        """An nn.LSTM over the parameters of the LSTM cell `cell_name` (the same tensors: its
+        steps are the cell's), which runs whole sequences in one call; not a module of the
+        network (nothing of it is saved or sent). Made again where the cell's parameters were
+        replaced."""
+        cell, key = getattr(self, cell_name), f"_sequences_{cell_name}"
+        lstm = self.__dict__.get(key)
+        if lstm is None or lstm.weight_ih_l0 is not cell.weight_ih:
+            lstm = nn.LSTM(cell.input_size, cell.hidden_size)
             for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
-                setattr(lstm, f"{name}_l0", getattr(self.core, name))
-            self.__dict__["_lstm"] = lstm
+                setattr(lstm, f"{name}_l0", getattr(cell, name))
+            self.__dict__[key] = lstm
         return lstm
 
     # The interface of rollouts, the loss and evaluation.
@@ -224,7 +240,8 @@ class ActorCritic(nn.Module):
         if not self.recurrent:
             return ()
         zeros = torch.zeros(n, self.core.hidden_size)
-        return zeros, zeros.clone()
+        parts = 4 if self.lstm_first else 2  # the policy's (h, c), then the value's
+        return zeros, *(zeros.clone() for _ in range(parts - 1))
 
     def act(
         self,
@@ -237,7 +254,9 @@ class ActorCritic(nn.Module):
         """One step of `[N]` environments: the action distribution, the value and the state
         after it. `starts[i]`: environment i's observation begins an episode (its state is
         zeroed first). `value` False: no value (None) and none of its layers run, for an actor
-        whose learner values the rollout itself (every acting policy's `act` takes it)."""
+        whose learner values the rollout itself (every acting policy's `act` takes it); but
+        the value's own LSTM (`lstm_first`) still steps, since the state a rollout begins with
+        is the one the learner unrolls it from."""
         x = self._input(obs)
         shared = hasattr(self, "torso")
         if self.lstm_first:
@@ -261,7 +280,10 @@ class ActorCritic(nn.Module):
         steps, n = obs.shape[:2]
         pi, v = self._features(obs.reshape(steps * n, *obs.shape[2:]))
         if self.recurrent:
-            h = self._unroll_core(pi.reshape(steps, n, -1), state or self.initial_state(n), starts)
+            features, state = pi.reshape(steps, n, -1), state or self.initial_state(n)
+            h = self._unroll_core(features, state[:2], starts)
+            if self.lstm_first:
+                h = (h, self._unroll_core(features, state[2:], starts, "value_core"))
             pi, v = self._after_core(h)
         else:
             pi, v = pi.reshape(steps, n, -1), v.reshape(steps, n, -1)

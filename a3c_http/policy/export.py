@@ -106,7 +106,10 @@ class PlayedPolicy(nn.Module):
         if self.float_obs:
             obs = obs.to(torch.float32)
         noise, state = (rest[0], rest[1:]) if self.sampled else (None, rest)
+        if state and self.model.lstm_first:  # the value's LSTM: not part of acting
+            state = (*state, torch.zeros_like(state[0]), torch.zeros_like(state[1]))
         dist, _, state = self.model.act(obs, tuple(state))
+        state = state[:2]
         action = self.model.greedy(dist) if noise is None else self.model.drawn(dist, noise)
         if self.box:  # np.clip(action, low, high), as evaluation does
             action = torch.minimum(torch.maximum(action, self.low), self.high)
@@ -235,7 +238,7 @@ def _example(
     if obs.is_floating_point():
         obs = obs.float()
     draws = () if noise is None else (torch.full((EXAMPLE_BATCH, *noise["shape"][1:]), 0.5),)
-    return (obs, *draws, *model.initial_state(EXAMPLE_BATCH))
+    return (obs, *draws, *model.initial_state(EXAMPLE_BATCH)[:2])  # the policy's (h, c)
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:

@@ -161,10 +161,12 @@ def test_the_observation_statistics_are_folded_in(tmp_path: Path, case: str) -> 
     assert not torch.equal(theirs, unnormalised)
 
 
-def test_the_recurrent_state_goes_in_and_out(tmp_path: Path) -> None:
+@pytest.mark.parametrize("lstm_first", [False, True])
+def test_the_recurrent_state_goes_in_and_out(tmp_path: Path, lstm_first: bool) -> None:
     """(obs, noise, h, c) -> (action, h, c), the state of the network's own steps; zeros start
-    it."""
-    _, model = make_run(tmp_path / "run", **CASES["minatar_lstm"])
+    it. With `lstm_first` the value's own LSTM is not part of acting: the file carries the
+    policy's (h, c) only."""
+    _, model = make_run(tmp_path / "run", **CASES["minatar_lstm"], lstm_first=lstm_first)
     meta = export(tmp_path / "run", tmp_path / "policy.pt", "torchscript")
     assert meta["inputs"] == ["obs", "noise", "h", "c"]
     assert meta["outputs"] == ["action", "h_out", "c_out"]

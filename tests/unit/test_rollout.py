@@ -259,7 +259,8 @@ def test_a_recurrent_rollout_carries_its_state_and_the_loss_unrolls_what_acted(
         rollouts = collect_many(collector, model, t_max=4, times=3)
     finally:
         collector.close()
-    assert all(len(r.state) == 2 and r.state[0].shape == (3, 8) for r in rollouts)
+    parts = 4 if lstm_first else 2  # the policy's (h, c), then the value's LSTM's
+    assert all(len(r.state) == parts and r.state[0].shape == (3, 8) for r in rollouts)
     assert not any(r.state[0].abs().sum() == 0 for r in rollouts[1:])  # carried, not zeroed
     starts = cat(rollouts, "starts")
     valid = cat(rollouts, "valid")

@@ -93,9 +93,10 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
     },
     "a3c_http/CueMemory-v0": {"core": "lstm", "t_max": 16, "num_envs": 16, "batch_size": 256},
     # The Zoo's RecurrentPPO settings (hyperparams/ppo_lstm.yml): CartPole's, with an LSTM
-    # of 64 on the observation and a ReLU layer of 64 for each head after it (RecurrentPPO's
-    # layout: tanh layers before the LSTM solved 2 of 3 seeds), and both normalisations; the
-    # schedules over twice its 100,000 env steps (over 100,000 a seed ended at 387).
+    # of 64 on the observation and a ReLU layer of 64 after it for the policy and for the value
+    # each (RecurrentPPO's layout: one LSTM after tanh layers solved 2 of 3 seeds, one LSTM
+    # first 6 of 9), and both normalisations; the schedules over twice its 100,000 env steps
+    # (over 100,000 a seed ended at 387).
     "a3c_http/CartPoleNoVel-v1": {
         **PPO_CARTPOLE,
         "max_steps": 200_000,
