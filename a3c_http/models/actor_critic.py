@@ -193,10 +193,9 @@ class ActorCritic(nn.Module):
         starts: torch.Tensor | None,
         cell: str = "core",
     ) -> torch.Tensor:
-        """The LSTM cell `cell` over features `[T, N, width]` in time order from `state` (its
-        (h, c)), its memory zeroed
-        where `starts` `[T, N]`: the outputs `[T, N, lstm_size]`, the same as `_core` step by
-        step. Each run of an environment's steps between episode starts is one sequence, and
+        """The LSTM cell named `cell` over features `[T, N, width]` in time order from `state`
+        (its (h, c)), its memory zeroed where `starts` `[T, N]`: the outputs `[T, N, lstm_size]`,
+        the same as `_core` step by step. Each run of an environment's steps between episode starts is one sequence, and
         all of them go through the LSTM in one call (padded at their ends, where nothing is
         read), never a step at a time."""
         steps, n = features.shape[:2]
