@@ -195,9 +195,9 @@ class ActorCritic(nn.Module):
     ) -> torch.Tensor:
         """The LSTM cell named `cell` over features `[T, N, width]` in time order from `state`
         (its (h, c)), its memory zeroed where `starts` `[T, N]`: the outputs `[T, N, lstm_size]`,
-        the same as `_core` step by step. Each run of an environment's steps between episode starts is one sequence, and
-        all of them go through the LSTM in one call (padded at their ends, where nothing is
-        read), never a step at a time."""
+        the same as `_core` step by step. Each run of an environment's steps between episode
+        starts is one sequence, and all of them go through the LSTM in one call (padded at their
+        ends, where nothing is read), never a step at a time."""
         steps, n = features.shape[:2]
         if starts is None:
             starts = torch.zeros(steps, n, dtype=torch.bool, device=features.device)
