@@ -191,13 +191,14 @@ class ActorCritic(nn.Module):
         features: torch.Tensor,
         state: State,
         starts: torch.Tensor | None,
-        cell: str = "core",
-    ) -> torch.Tensor:
-        """The LSTM cell named `cell` over features `[T, N, width]` in time order from `state`
-        (its (h, c)), its memory zeroed where `starts` `[T, N]`: the outputs `[T, N, lstm_size]`,
-        the same as `_core` step by step. Each run of an environment's steps between episode
-        starts is one sequence, and all of them go through the LSTM in one call (padded at their
-        ends, where nothing is read), never a step at a time."""
+        cells: tuple[str, ...] = ("core",),
+    ) -> list[torch.Tensor]:
+        """Each LSTM cell named in `cells` over features `[T, N, width]` in time order from its
+        (h, c) in `state` (the first cell's first), its memory zeroed where `starts` `[T, N]`:
+        the outputs `[T, N, lstm_size]` of each, the same as `_core` step by step. Each run of an
+        environment's steps between episode starts is one sequence, and all of them go through
+        each LSTM in one call (padded at their ends, where nothing is read), never a step at a
+        time."""
         steps, n = features.shape[:2]
         if starts is None:
             starts = torch.zeros(steps, n, dtype=torch.bool, device=features.device)
@@ -211,13 +212,15 @@ class ActorCritic(nn.Module):
         # A sequence that begins the rollout goes on from its state, unless an episode begins
         # there; one that begins an episode later, from zeros.
         kept = ((start == 0) & ~starts[0][env]).to(features.dtype).unsqueeze(-1)
-        h0, c0 = (part[env] * kept for part in state)
         inputs = features.transpose(0, 1).reshape(steps * n, -1)
         padded = inputs.new_zeros(int(place.max()) + 1, first.numel(), inputs.shape[-1])
         padded = padded.index_put((place, sequence), inputs)
-        lstm = self._sequences(cell)
-        out, _ = lstm(padded, (h0.unsqueeze(0), c0.unsqueeze(0)))
-        return out[place, sequence].reshape(n, steps, -1).transpose(0, 1)
+        outs = []
+        for i, cell in enumerate(cells):
+            h0, c0 = (part[env] * kept for part in state[2 * i : 2 * i + 2])
+            out, _ = self._sequences(cell)(padded, (h0.unsqueeze(0), c0.unsqueeze(0)))
+            outs.append(out[place, sequence].reshape(n, steps, -1).transpose(0, 1))
+        return outs
 
     def _sequences(self, cell_name: str) -> nn.LSTM:
         """An nn.LSTM over the parameters of the LSTM cell `cell_name` (the same tensors: its
@@ -280,10 +283,12 @@ class ActorCritic(nn.Module):
         pi, v = self._features(obs.reshape(steps * n, *obs.shape[2:]))
         if self.recurrent:
             features, state = pi.reshape(steps, n, -1), state or self.initial_state(n)
-            h = self._unroll_core(features, state[:2], starts)
             if self.lstm_first:
-                h = (h, self._unroll_core(features, state[2:], starts, "value_core"))
-            pi, v = self._after_core(h)
+                h_policy, h_value = self._unroll_core(features, state, starts,
+                                                      ("core", "value_core"))  # fmt: skip
+                pi, v = self._after_core((h_policy, h_value))
+            else:
+                pi = v = self._unroll_core(features, state, starts)[0]
         else:
             pi, v = pi.reshape(steps, n, -1), v.reshape(steps, n, -1)
         return self._heads(pi, v)
