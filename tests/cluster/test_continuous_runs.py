@@ -31,6 +31,9 @@ SMALL = {
     "gradient_steps": 8,
     "eval_every_updates": None,
     "solved_on": "train",
+    # One thread: the presets' spinning learner threads (master/learning/learner_needs.py) only
+    # wait for each other on a machine that the other tests keep busy.
+    "learner_threads": 1,
 }
 
 
