@@ -33,7 +33,9 @@ class LearnerConfig(TrainConfig):
         description="The learner's threads on a CPU (PyTorch's intra-op threads), at most the "
         "master host's cores; 0: half its cores, at least 1, the other half left to workers on "
         "the same host. A learner whose actors' work is light (sac and apex_dpg on vector "
-        "observations) takes them all.",
+        "observations) takes them all. Several threads spin between operations, and while "
+        "the learner waits (a core each); on a host busier than its cores they wait for each "
+        "other instead: set 1 there.",
     )
     learners: int = Field(
         1,

@@ -86,7 +86,11 @@ def spinning_threads() -> Iterator[None]:
     (OpenMP's OMP_WAIT_POLICY=ACTIVE, read as PyTorch loads), unless this process's environment
     says otherwise: a step of many small operations on several threads otherwise waits for them
     to wake at each (SAC on Pendulum, a learner of 2 threads beside 2 workers: 4,029 env steps in
-    39.5 s spinning, 57.8 s not). A learner of one thread has none to wake."""
+    39.5 s spinning, 57.8 s not). A learner of one thread has none to wake. The price: the
+    threads spin while the learner waits for rollouts too (a core each, taken from workers on
+    the same host), and on a host busier than its cores they wait for each other instead (a SAC
+    step of 32-unit layers beside a busy core: 76 ms on 2 threads, 0.55 ms on one): there, set
+    `learner_threads` 1, or OMP_WAIT_POLICY=PASSIVE in the master's environment."""
     if "OMP_WAIT_POLICY" in os.environ:
         yield
         return
