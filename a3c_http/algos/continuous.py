@@ -70,8 +70,7 @@ class ActionBox:
         biases = {(h + lo) / 2 for lo, h in zip(self.low, self.high, strict=True)}
         if len(scales) == 1 and len(biases) == 1:
             return scales.pop(), biases.pop()
-        low = torch.tensor(self.low, dtype=like.dtype, device=like.device)
-        high = torch.tensor(self.high, dtype=like.dtype, device=like.device)
+        low, high = like.new_tensor(self.low), like.new_tensor(self.high)  # (a trace's constants)
         return (high - low) / 2, (high + low) / 2
 
     def from_unit(self, unit: torch.Tensor) -> torch.Tensor:

@@ -54,3 +54,36 @@ class Payout(gym.Env):
 
 if "Payout-v0" not in gym.registry:
     gym.register("Payout-v0", entry_point=Payout)
+
+
+class Knobs(gym.Env):
+    """Two knobs of their own ranges (a Box of actions whose dimensions differ: [-2, 2] and
+    [0, 1]); each step shows a random point in [-1, 1]^2 and pays minus the squared distance
+    of the knobs from it, mapped into their ranges. Five steps an episode."""
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.action_space = gym.spaces.Box(
+            np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32)
+        )
+        self.t = 0
+        self._point = np.zeros(2, np.float32)
+
+    def _show(self) -> np.ndarray:
+        self._point = self.np_random.uniform(-1.0, 1.0, 2).astype(np.float32)
+        return self._point
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._show(), {}
+
+    def step(self, action):
+        self.t += 1
+        wanted = self._point * np.array([2.0, 0.5]) + np.array([0.0, 0.5])
+        reward = -float(np.sum((np.asarray(action, dtype=np.float64) - wanted) ** 2))
+        return self._show(), reward, self.t >= 5, False, {}
+
+
+if "Knobs-v0" not in gym.registry:
+    gym.register("Knobs-v0", entry_point=Knobs)

@@ -30,6 +30,7 @@ from a3c_http.policy.evaluation import (
 from a3c_http.policy.export import METADATA, main, sidecar
 from a3c_http.store.runstore import RunStore, Snapshot
 from a3c_http.wire import tensors as wire
+from tests.support import envs  # noqa: F401  (registers Knobs-v0)
 from tests.support.run_folders import make_run
 
 EPISODES = 6  # played side by side in one batch, as evaluation plays up to 16
@@ -47,11 +48,17 @@ CASES = {
     # SAC's squashed mean and Ape-X DPG's actor: continuous actions played deterministically
     "pendulum_sac": {"env_id": "Pendulum-v1", "algo": "sac", "hidden_sizes": [8]},
     "pendulum_dpg": {"env_id": "Pendulum-v1", "algo": "apex_dpg", "hidden_sizes": [8]},
+    # a Box whose dimensions have ranges of their own (tests/support/envs.py)
+    "knobs_sac": {"env_id": "Knobs-v0", "algo": "sac", "hidden_sizes": [8]},
 }
 # A step of an exported policy: a batch of raw observations and the state -> actions and state.
 Step = Callable[..., tuple[np.ndarray, ...]]
 # torch 2.10+ deprecates TorchScript in favour of torch.export; its files still load.
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated")
+# An export says nothing but where it wrote: no warning of the trace's (its constants included).
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated"),
+    pytest.mark.filterwarnings("error::torch.jit.TracerWarning"),
+]
 
 
 def project_returns(folder: Path, episodes: int) -> tuple[float, ...]:
