@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+import tests.support.envs  # noqa: F401  (registers Knobs-v0)
 from a3c_http.algos.registry import model_for, train_config
 from a3c_http.config.files import saved_config
 from a3c_http.config.training import TrainConfig
@@ -30,7 +31,6 @@ from a3c_http.policy.evaluation import (
 from a3c_http.policy.export import METADATA, main, sidecar
 from a3c_http.store.runstore import RunStore, Snapshot
 from a3c_http.wire import tensors as wire
-from tests.support import envs  # noqa: F401  (registers Knobs-v0)
 from tests.support.run_folders import make_run
 
 EPISODES = 6  # played side by side in one batch, as evaluation plays up to 16
