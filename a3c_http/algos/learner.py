@@ -113,7 +113,8 @@ def expected_tensors(
         actions = Expected((steps, n, *action_space.shape), _FLOATS)
         log_probs = Expected((steps, n), _FLOATS)
     low, high = _bounds(observation_space, obs)
-    within = f"the observation space, a Box of shape {observation_space.shape}"
+    shape = observation_space.shape
+    within = f"the observation space (a Box of shape {shape}) widened by its width"
     rewards = "the rewards a run takes (MAX_ABS_RETURN)"
     flags = Expected((steps, n), (torch.bool,))
     expected = {
@@ -149,7 +150,10 @@ def _bounds(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """A Box observation space's bounds as tensors of the observations' dtype and shape (rounded
     as the observations are: a value inside stays inside), or None where the space or its dtype
-    bounds nothing."""
+    bounds nothing. Floating-point bounds are widened by their width each way where both are
+    finite: environments overstep their own a little (BipedalWalker-v3's hull angle passes pi),
+    and a worker that plays one honestly is never refused; a crafted value (3e38, as an extreme
+    reward's) still is."""
     if not isinstance(space, gym.spaces.Box) or tuple(space.shape) != tuple(obs.shape[1:]):
         return None, None
     if obs.dtype == torch.bool:
@@ -158,6 +162,9 @@ def _bounds(
     high = torch.as_tensor(space.high).to(obs.dtype)
     if obs.is_floating_point():
         bounded = bool(torch.isfinite(low).any() or torch.isfinite(high).any())
+        width = high - low
+        width = torch.where(torch.isfinite(width), width, torch.zeros_like(width))
+        low, high = low - width, high + width
     else:  # an integer dtype bounds its values itself
         info = torch.iinfo(obs.dtype)
         bounded = bool((low > info.min).any() or (high < info.max).any())

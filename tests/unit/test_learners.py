@@ -191,11 +191,12 @@ def test_impala_takes_a_step_on_each_minibatch_of_whole_environments(monkeypatch
         (lambda t: t["log_probs"].__setitem__((0, 1), 0.5),
          "'log_probs' holds 0.5 at [0, 1], outside a discrete policy's log-probabilities "
          "(at most 0)"),
-        (lambda t: t["obs"].__setitem__((2, 1, 2), 7.0),  # the pole's angle, at most 0.42 rad
-         "'obs' holds 7 at [2, 1, 2], outside the observation space, a Box of shape (4,) "
-         "(from -0.418879 to 0.418879)"),
-        (lambda t: t["last_obs"].__setitem__((1, 0), -5.0),  # the cart's position
-         "'last_obs' holds -5 at [1, 0], outside the observation space"),
+        # the pole's angle, at most 0.42 rad (1.26 widened by the space's width each way)
+        (lambda t: t["obs"].__setitem__((2, 1, 2), 7.0),
+         "'obs' holds 7 at [2, 1, 2], outside the observation space (a Box of shape (4,)) "
+         "widened by its width (from -1.25664 to 1.25664)"),
+        (lambda t: t["last_obs"].__setitem__((1, 0), -15.0),  # the cart's position, 4.8 (14.4)
+         "'last_obs' holds -15 at [1, 0], outside the observation space"),
     ],
     ids=["missing", "unexpected", "dtype", "shape", "nan", "action", "log-prob", "obs", "last-obs"],
 )
@@ -205,6 +206,18 @@ def test_a_rollout_that_does_not_fit_is_named(change, message: str) -> None:
     change(tensors)
     with pytest.raises(WireError, match=re.escape(message)):
         decode_tensors(encode_tensors(tensors, None), expected_tensors(cfg, model, _own(cfg)))
+
+
+def test_an_observation_a_little_outside_its_declared_box_is_taken() -> None:
+    """As BipedalWalker-v3's hull angle passes pi: a worker that plays such an environment
+    honestly is not refused (the pole's angle at 0.5 rad, its Box 0.42)."""
+    cfg = train_config(algo="ppo", num_envs=2, t_max=4)
+    tensors, model = _rollout(cfg)
+    tensors["obs"][2, 1, 2] = 0.5
+    decoded, _ = decode_tensors(
+        encode_tensors(tensors, None), expected_tensors(cfg, model, _own(cfg))
+    )
+    assert float(decoded["obs"][2, 1, 2]) == 0.5
 
 
 @pytest.mark.parametrize(
