@@ -65,3 +65,22 @@ class LearnerConfig(TrainConfig):
                 "update (num_envs x queue_size): each learner takes a share of them, one at least"
             )
         return self
+
+
+def replay_never_fills(buffer_size: int, learning_starts: int, learners: int = 1) -> str | None:
+    """Why a replay of `buffer_size` would never hold `learning_starts` transitions (each of
+    `learners` keeping its share of both, as a3c_http/algos/replay_learner.py shares them), so
+    that no gradient step would ever be taken; None where it fills."""
+    shard = max(1, buffer_size // learners)
+    starts = max(-(-learning_starts // learners), 1)
+    if starts <= shard:
+        return None
+    each = (
+        f" (each of {learners} learners keeps {shard} and waits for {starts})"
+        if (learners > 1)
+        else ""
+    )
+    return (
+        f"learning_starts {learning_starts} is more than the replay holds{each}: buffer_size "
+        f"{buffer_size}, so no gradient step would ever be taken"
+    )

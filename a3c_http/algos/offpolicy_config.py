@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from a3c_http.algos.learner_config import LearnerConfig
+from a3c_http.algos.learner_config import LearnerConfig, replay_never_fills
 
 
 class OffPolicyConfig(LearnerConfig):
@@ -88,4 +88,6 @@ class OffPolicyConfig(LearnerConfig):
         for field, (bad, why) in problems.items():
             if bad:
                 raise ValueError(f"{field}={getattr(self, field)!r} with algo {self.algo!r}: {why}")
+        if never := replay_never_fills(self.buffer_size, self.learning_starts, self.learners):
+            raise ValueError(never)
         return self

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import gymnasium as gym
 import pytest
@@ -303,6 +304,24 @@ def test_a_field_of_another_algorithm_is_refused_with_whose_it_is() -> None:
     # A field no algorithm has keeps the hint of what was meant.
     with pytest.raises(ValidationError, match="unknown field 'ent_coef'"):
         train_config(ent_coef=0.1)
+
+
+@pytest.mark.parametrize(
+    ("fields", "holds"),
+    [
+        ({"algo": "sac", "env_id": "Pendulum-v1", "buffer_size": 1000}, "replay holds"),
+        ({"algo": "dqn", "buffer_size": 1000}, "replay holds"),
+        # a team's learners keep 333 each and wait for 334 each
+        ({"algo": "apex", "buffer_size": 1000, "learners": 3, "num_envs": 4},
+         "replay holds (each of 3 learners keeps 333 and waits for 334)"),
+    ],
+    ids=["sac", "dqn", "apex-team"],
+)
+def test_a_replay_that_never_holds_learning_starts_is_refused(fields: dict, holds: str) -> None:
+    refused = re.escape(f"learning_starts 1001 is more than the {holds}")
+    with pytest.raises(ValidationError, match=refused):
+        train_config(**fields, learning_starts=1001)
+    train_config(**fields, learning_starts=1000 if "learners" not in fields else 999)
 
 
 def test_each_section_holds_the_shared_fields_and_its_own_only() -> None:

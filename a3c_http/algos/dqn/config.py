@@ -9,6 +9,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from a3c_http.algos.dqn.presets import DEFAULTS, DQN_PRESETS
+from a3c_http.algos.learner_config import replay_never_fills
 from a3c_http.config.training import TrainConfig
 
 
@@ -70,6 +71,9 @@ class ValueBasedConfig(TrainConfig):
         for field, (bad, why) in problems.items():
             if getattr(self, field, None) == bad:
                 raise ValueError(f"{field}={bad!r} with algo {self.algo!r}: {why}")
+        learners = getattr(self, "learners", 1)  # apex's team shares the replay; dqn's own
+        if never := replay_never_fills(self.buffer_size, self.learning_starts, learners):
+            raise ValueError(never)
         return self
 
 
