@@ -299,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"a3c-export: error: {exc}", file=sys.stderr)
         return exc.exit_code
     shape = "x".join(str(n) for n in meta["observation"]["shape"])
-    takes = "(obs, h, c) -> (action, h, c)" if meta["recurrent"] else "obs -> action"
+    ins, outs = meta["inputs"], meta["outputs"]
+    takes = " -> ".join(names[0] if len(names) == 1 else f"({', '.join(names)})"
+                        for names in (ins, outs))  # fmt: skip
     print(
         f"{args.out}: {meta['format']} policy of {meta['env_id']} (model version "
         f"{meta['model_version']}), {takes}, obs [B, {shape}] {meta['observation']['dtype']}; "

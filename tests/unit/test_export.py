@@ -169,7 +169,9 @@ def test_the_observation_statistics_are_folded_in(tmp_path: Path, case: str) -> 
 
 
 @pytest.mark.parametrize("lstm_first", [False, True])
-def test_the_recurrent_state_goes_in_and_out(tmp_path: Path, lstm_first: bool) -> None:
+def test_the_recurrent_state_goes_in_and_out(
+    tmp_path: Path, lstm_first: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
     """(obs, noise, h, c) -> (action, h, c), the state of the network's own steps; zeros start
     it. With `lstm_first` the value's own LSTM is not part of acting: the file carries the
     policy's (h, c) only."""
@@ -177,6 +179,7 @@ def test_the_recurrent_state_goes_in_and_out(tmp_path: Path, lstm_first: bool) -
     meta = export(tmp_path / "run", tmp_path / "policy.pt", "torchscript")
     assert meta["inputs"] == ["obs", "noise", "h", "c"]
     assert meta["outputs"] == ["action", "h_out", "c_out"]
+    assert "(obs, noise, h, c) -> (action, h_out, c_out)" in capsys.readouterr().out
     assert meta["observation"] == {"shape": [4, 10, 10, 4], "dtype": "bool", "input_dtype": "bool"}
     policy = torch.jit.load(str(tmp_path / "policy.pt"))
     obs = torch.rand(5, 3, 4, 10, 10, 4) < 0.2  # 5 steps of 3 environments, 4 frames each
