@@ -40,6 +40,13 @@ class StatusCollector(Collector):
         ):
             if s[key] is not None:  # no sample rather than a made-up 0 before the first episode
                 yield GaugeMetricFamily(name, doc, value=s[key])
+        if s.get("eval_mean_return") is not None:  # what a run judged on evaluations is judged by
+            yield GaugeMetricFamily(
+                "a3c_eval_mean_return",
+                "Mean return of the latest evaluation of the global weights (eval_episodes "
+                "episodes, played as a3c-evaluate plays them).",
+                value=s["eval_mean_return"],
+            )
         yield GaugeMetricFamily(
             "a3c_model_version", "Version of the global weights.", value=s["model_version"]
         )
@@ -120,7 +127,7 @@ class StatusCollector(Collector):
                 "a3c_learner_queued", "Rollouts waiting for the learner.", value=learner["queued"]
             )
             replay = learner["metrics"].get("replay/size")
-            if replay is not None:  # apex: the prioritized replay beside the master
+            if replay is not None:  # apex, apex_dpg, sac: the replay beside the master
                 yield GaugeMetricFamily(
                     "a3c_replay_size", "Transitions in the learner's replay.", value=replay
                 )

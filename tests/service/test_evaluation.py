@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import load as st_load
 
 from a3c_http.algos.base import Sends
@@ -277,6 +278,12 @@ def test_solved_on_eval_finishes_the_run_on_the_latest_evaluation(
 
 
 @pytest.mark.integration  # the real evaluation process
+def gauges(c: TestClient) -> dict[str, float]:
+    """The master's /metrics samples without labels, by name."""
+    families = text_string_to_metric_families(c.get("/metrics").text)
+    return {s.name: s.value for f in families for s in f.samples if not s.labels}
+
+
 def test_the_master_evaluates_while_it_trains_and_keeps_the_evaluations(
     tmp_path: Path, standin: StandInWorker
 ) -> None:
@@ -289,6 +296,7 @@ def test_the_master_evaluates_while_it_trains_and_keeps_the_evaluations(
             **dict.fromkeys(EVAL_FIELDS),
             "evaluations": 0,
         }
+        assert "a3c_eval_mean_return" not in gauges(c)  # no made-up score before the first
         weights = st_load(c.get("/global_model_weights").content)
         grads = wire.encode({name: torch.full_like(t, 1e-3) for name, t in weights.items()})
         for version in (0, 1):
@@ -305,6 +313,7 @@ def test_the_master_evaluates_while_it_trains_and_keeps_the_evaluations(
         # CartPole pays 1 a step: the return is the length.
         assert status["eval_mean_return"] == status["eval_mean_length"] >= 1
         assert math.isfinite(status["eval_std_return"])
+        assert gauges(c)["a3c_eval_mean_return"] == status["eval_mean_return"]  # GET /metrics
     assert not [p for p in multiprocessing.active_children() if p.name == "a3c-evaluation"]
 
     with TestClient(create_app(settings), headers=AUTH) as c:  # a restart shows the same
