@@ -277,13 +277,13 @@ def test_solved_on_eval_finishes_the_run_on_the_latest_evaluation(
 # -- through the app, with the real evaluation process ---------------------------------------------
 
 
-@pytest.mark.integration  # the real evaluation process
 def gauges(c: TestClient) -> dict[str, float]:
     """The master's /metrics samples without labels, by name."""
     families = text_string_to_metric_families(c.get("/metrics").text)
     return {s.name: s.value for f in families for s in f.samples if not s.labels}
 
 
+@pytest.mark.integration  # the real evaluation process
 def test_the_master_evaluates_while_it_trains_and_keeps_the_evaluations(
     tmp_path: Path, standin: StandInWorker
 ) -> None:
