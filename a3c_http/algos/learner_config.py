@@ -75,12 +75,9 @@ def replay_never_fills(buffer_size: int, learning_starts: int, learners: int = 1
     starts = max(-(-learning_starts // learners), 1)
     if starts <= shard:
         return None
-    each = (
-        f" (each of {learners} learners keeps {shard} and waits for {starts})"
-        if (learners > 1)
-        else ""
-    )
+    team = f" (each of {learners} learners keeps {shard} and waits for {starts})"
     return (
-        f"learning_starts {learning_starts} is more than the replay holds{each}: buffer_size "
-        f"{buffer_size}, so no gradient step would ever be taken"
+        f"learning_starts {learning_starts} is more than the replay holds"
+        f"{team if learners > 1 else ''}: buffer_size {buffer_size}, so no gradient step would "
+        "ever be taken"
     )

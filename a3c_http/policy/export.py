@@ -108,7 +108,7 @@ class PlayedPolicy(nn.Module):
         noise, state = (rest[0], rest[1:]) if self.sampled else (None, rest)
         if state and self.model.lstm_first:  # the value's LSTM: not part of acting
             state = (*state, torch.zeros_like(state[0]), torch.zeros_like(state[1]))
-        dist, _, state = self.model.act(obs, tuple(state))
+        dist, _, state = self.model.act(obs, tuple(state), value=False)  # no value to play
         state = state[:2]
         action = self.model.greedy(dist) if noise is None else self.model.drawn(dist, noise)
         if self.box:  # np.clip(action, low, high), as evaluation does

@@ -37,16 +37,13 @@ class StatusCollector(Collector):
             ("a3c_best_score", "best_score", "The best episode return of this run."),
             ("a3c_moving_average_return", "moving_average", "avg = 0.99 avg + 0.01 return."),
             ("a3c_mean_return_100", "mean_return_100", "Mean return of the last 100 episodes."),
+            # what a run judged on evaluations (solved_on eval) is judged by
+            ("a3c_eval_mean_return", "eval_mean_return", "Mean return of the latest evaluation "
+             "of the global weights (eval_episodes episodes, as a3c-evaluate plays them)."),
         ):
-            if s[key] is not None:  # no sample rather than a made-up 0 before the first episode
+            # no sample rather than a made-up 0 before the first episode (or evaluation)
+            if s[key] is not None:
                 yield GaugeMetricFamily(name, doc, value=s[key])
-        if s.get("eval_mean_return") is not None:  # what a run judged on evaluations is judged by
-            yield GaugeMetricFamily(
-                "a3c_eval_mean_return",
-                "Mean return of the latest evaluation of the global weights (eval_episodes "
-                "episodes, played as a3c-evaluate plays them).",
-                value=s["eval_mean_return"],
-            )
         yield GaugeMetricFamily(
             "a3c_model_version", "Version of the global weights.", value=s["model_version"]
         )
