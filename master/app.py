@@ -21,11 +21,11 @@ from a3c_http.server.service import install_common
 from a3c_http.store.runstore import RunDirInUse
 from a3c_http.wire.protocol import STOP_HEADER
 from a3c_http.wire.tensors import WireError
-from master.api import original, run, view, weights
+from master.api import original, run, shards, view, weights
 from master.api.headers import TENSOR_PATHS
 from master.api.metrics import MasterMetrics
 from master.background import housekeeping
-from master.errors import Invalid
+from master.errors import Invalid, Unavailable
 from master.ingress.receivers import Receivers
 from master.ingress.route import UpdateRoute
 from master.ingress.updates import push, take_push
@@ -108,7 +108,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         public_paths=view.PUBLIC_PATHS,
         tensor_paths=TENSOR_PATHS,
     )
-    for module in (original, weights, run, view):
+    for module in (original, weights, run, view, shards):
         app.include_router(module.router)
     app.include_router(view.pages)
 
@@ -116,6 +116,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _conflict(request: Request, exc: StateConflict) -> JSONResponse:
         headers = {STOP_HEADER: "1"} if exc.stop else None
         return JSONResponse({"detail": str(exc)}, status_code=409, headers=headers)
+
+    @app.exception_handler(Unavailable)
+    async def _unavailable(request: Request, exc: Unavailable) -> JSONResponse:
+        headers = {"Retry-After": str(exc.retry_after_s)}
+        return JSONResponse({"detail": str(exc)}, status_code=503, headers=headers)
 
     @app.exception_handler(WireError)
     @app.exception_handler(Invalid)

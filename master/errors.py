@@ -20,3 +20,10 @@ class Invalid(ValueError):
 class NotRegistered(StateConflict):
     """A worker message from an id that is not in the run's registry (409, told to stop): only a
     worker the master started or one that registered (`POST /worker_started`) takes part."""
+
+
+class Unavailable(Exception):
+    """The run cannot take the request for now (503, with Retry-After): a part it needs is being
+    started again (master/shards/: a shard that failed). Nothing of the request is taken."""
+
+    retry_after_s = 1

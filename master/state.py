@@ -66,6 +66,7 @@ from master.persistence.resume import (
 from master.persistence.saver import Persister
 from master.run.events import lock_file_restored, resume_failed
 from master.run.ledger import RunLedger
+from master.shard_runs import ShardRuns
 
 if TYPE_CHECKING:
     from master.ingress.receivers import Receivers
@@ -86,7 +87,7 @@ class ModelTooLarge(ValueError):
     """The model of a config does not fit in a request body."""
 
 
-class ClusterState(LearnerRuns):
+class ClusterState(LearnerRuns, ShardRuns):
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.store = RunStore.acquire(settings.run_dir)
@@ -109,6 +110,7 @@ class ClusterState(LearnerRuns):
         if resumed is not None:
             self.persister.restored(resumed.saved_at)
             self._start_learner(resumed=True)
+            self._start_shards()
         # Started and closed by the app's lifespan (master/app.py).
         self.evaluator = Evaluator(self.ledger, self.params, self.record_evaluation)
         self.ledger.events.flush()  # the resume's line before any of its save's
@@ -128,6 +130,7 @@ class ClusterState(LearnerRuns):
         """Stop the learner, if one runs, and give up the run folder (the caller saved what it
         wanted to keep)."""
         self.learner.stop()
+        self.params.close_shards()
         self.store.close()
 
     def keep_folder(self) -> None:
@@ -173,6 +176,7 @@ class ClusterState(LearnerRuns):
             started = self.persister.switch_run(swap)
             self.resume_error = None  # that run's files are moved aside (or will be, at next save)
             self._start_learner(expected=expected)
+            self._start_shards()
         self.ledger.events.flush()
         return started
 
@@ -319,14 +323,17 @@ class ClusterState(LearnerRuns):
         except Invalid:
             self.params.count_invalid()
             raise
-        if config.lr_schedule != "constant":  # a constant rate is the optimizer's own
-            self.params.set_learning_rate(learning_rate(config, self.ledger.env_steps()))
+        self._schedule_learning_rate(config)
         outcome = algorithm_class(config).apply(
             self.params, update, config, refusal, self._round_expectation
         )
         if outcome.duplicate and not run_summary["duplicate"]:
             self.ledger.count_duplicate(worker_id)
         return outcome, run_summary
+
+    def _schedule_learning_rate(self, config: TrainConfig) -> None:
+        if config.lr_schedule != "constant":  # a constant rate is the optimizer's own
+            self.params.set_learning_rate(learning_rate(config, self.ledger.env_steps()))
 
     def _round_expectation(self) -> set[str]:
         """The running workers a sync round waits for."""
@@ -370,6 +377,7 @@ class ClusterState(LearnerRuns):
             "run_dir": str(self.store.dir.resolve()),
             "fronts": self.receivers.status() if self.receivers is not None else None,
             "learner": self._learner_status(),
+            "shards": self.params.shards_status(),
         }
 
     def persist(self, force: bool = False, clean: bool = False, wait_s: float = -1) -> bool:

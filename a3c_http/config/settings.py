@@ -87,6 +87,14 @@ class Settings(FromEnv):
         "master's own port; needed with A3C_RECEIVERS. Workers the master starts are told the "
         "master URL's host with this port (when this host is 0.0.0.0 or ::), or this host.",
     )
+    # Where the parameter-server shards of a run with `shards` above 1 listen (master/shards/).
+    shards_host: str = Field(
+        "127.0.0.1",
+        pattern=r"^[0-9A-Za-z:.\-]+$",
+        description="The address the master's parameter-server shards (a run's `shards`) listen "
+        "on, each on a port of its own, and that the workers are told: one they can reach "
+        "(this host's address on the cluster's network, or 0.0.0.0 is not one: name the host).",
+    )
     # The run's scalars to Weights & Biases too (master/persistence/wandb_sink.py).
     wandb_project: str | None = Field(
         None,

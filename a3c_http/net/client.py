@@ -22,6 +22,7 @@ import torch
 from a3c_http.net.push_process import PushProcess
 from a3c_http.net.replies import _STOP, _VERSION, Weights, _run_summary
 from a3c_http.net.sender import UpdateSender
+from a3c_http.net.shards import ShardedPushes
 from a3c_http.net.transport import (
     A3CError,
     Conflict,
@@ -116,8 +117,15 @@ class MasterClient(UpdateSender):
     def _seq_header(self) -> dict[str, str]:
         return {SEQ_HEADER: str(next(self._seq))}
 
+    def use_shards(self, layout: wire.Layout) -> None:
+        """Push gradients to the run's parameter-server shards (a3c_http/net/shards.py), from
+        sender threads, rather than to the master."""
+        self.shard_pushes = ShardedPushes(self, layout)
+
     def close(self) -> None:
         """Close the connections; pushes not sent yet are dropped."""
+        if self.shard_pushes is not None:
+            self.shard_pushes.close()
         if self._pusher is not None:
             self._pusher.close()
         if self._senders is not None:

@@ -17,6 +17,7 @@ import torch
 
 from a3c_http.net.push_process import PushProcess
 from a3c_http.net.replies import _STOP, _VERSION, Weights, _run_summary
+from a3c_http.net.shards import ShardedPushes
 from a3c_http.net.transport import ProtocolError
 from a3c_http.wire import tensors as wire
 from a3c_http.wire.named_tensors import encode_tensors
@@ -27,6 +28,7 @@ from a3c_http.wire.protocol import (
     LOSS_HEADER,
     ROLLOUT_METADATA,
     RUN_ID_HEADER,
+    SEQ_HEADER,
     VERSION_HEADER,
     WORKER_ID_HEADER,
 )
@@ -40,7 +42,10 @@ def _metadata(report: Mapping[str, Any] | None) -> dict[str, str] | None:
 class UpdateSender:
     """The pushes of `MasterClient`, which sets what they use: `pushes` (the transport to where
     pushes go), `transport`, `run_id`, `push_threads`, `_push_options` (None: sender threads),
-    `_pusher`, `_senders`, `_seq_header` and `_weights`."""
+    `_pusher`, `_senders`, `_seq_header` and `_weights`; `shard_pushes` once the run's gradients
+    go to parameter-server shards (`MasterClient.use_shards`)."""
+
+    shard_pushes: ShardedPushes | None = None
 
     def push_gradients(
         self,
@@ -60,6 +65,8 @@ class UpdateSender:
         global weights, with the run's summary. `wait_s`: how long the master may hold the
         reply beyond the usual timeout (a sync round's `sync_timeout_s`). Raises `Conflict` when
         they were too stale or an outlier. Safe to call from several threads at once."""
+        if self.shard_pushes is not None:
+            return self._sharded(worker_id, version, grads, layout, loss, grad_norm, wait_s, report)
         return self._send(
             self._gradients(worker_id, version, grads, layout, loss, grad_norm, wait_s, report),
             layout,
@@ -75,9 +82,29 @@ class UpdateSender:
     ) -> Future:
         """`push_gradients` (the same arguments), from the sender (`_send_async`): returns at
         once, with a future of its result."""
+        if self.shard_pushes is not None:
+            sharded = self._sharded
+            return self._in_thread(lambda: sharded(worker_id, version, grads, layout, **extra))
         return self._send_async(
             lambda: self._gradients(worker_id, version, grads, layout, **extra), layout
         )
+
+    def _sharded(
+        self,
+        worker_id: str,
+        version: int,
+        grads: Mapping[str, torch.Tensor] | torch.Tensor,
+        layout: wire.Layout,
+        loss: float | None = None,
+        grad_norm: float | None = None,
+        wait_s: float = 0.0,
+        report: Mapping[str, Any] | None = None,
+    ) -> Weights:
+        """A gradient push to the run's shards (a3c_http/net/shards.py)."""
+        assert self.shard_pushes is not None
+        vector = grads if isinstance(grads, torch.Tensor) else layout.flatten(grads)
+        seq = int(self._seq_header()[SEQ_HEADER])
+        return self.shard_pushes.push(worker_id, version, vector, seq, loss, grad_norm, report)
 
     def push_experience(
         self,
@@ -185,9 +212,7 @@ class UpdateSender:
         builds it too (the encoding leaves the caller's thread); the push process takes it
         built."""
         if self._push_options is None:
-            if self._senders is None:
-                self._senders = ThreadPoolExecutor(self.push_threads, thread_name_prefix="a3c-push")
-            return self._senders.submit(lambda: self._send(build(), layout))
+            return self._in_thread(lambda: self._send(build(), layout))
         if self._pusher is None:
             options = {**self._push_options, **self.pushes.options(), "run_id": self.run_id}
             self._pusher = PushProcess(options, self.push_threads, self.transport.stop_event)
@@ -195,6 +220,12 @@ class UpdateSender:
         return self._pusher.submit(
             "POST", update.pop("path"), **update, convert=lambda reply: self._reply(reply, layout)
         )
+
+    def _in_thread(self, call: Callable[[], Weights]) -> Future:
+        """`call` in one of the sender threads."""
+        if self._senders is None:
+            self._senders = ThreadPoolExecutor(self.push_threads, thread_name_prefix="a3c-push")
+        return self._senders.submit(call)
 
     def _reply(self, reply: Any, layout: wire.Layout) -> Weights:
         """What a push's reply (an httpx.Response, or the push process's `Reply`) brings: the

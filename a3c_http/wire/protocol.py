@@ -52,3 +52,11 @@ MAX_COUNT = 2**53
 MAX_ABS_RETURN = 1e9
 # GET /metrics: Prometheus's text exposition format.
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Parameter-server shards (master/shards/): a push's three steps. The worker stages its slice of
+# the gradients on every shard, commits the push to the master with the shards' receipts, and
+# fetches each shard's slice of the weights once the push's version is applied there.
+SHARD_STAGE_PATH = "/shard/stage"
+SHARD_WEIGHTS_PATH = "/shard/weights"
+SHARDS_PATH = "/shards"  # the master's: the run's shards (GET), a push's commit (POST .../commit)
+SHARD_EPOCH_HEADER = "X-A3C-Shard-Epoch"  # the shards' current opening (a reset starts another)

@@ -48,13 +48,21 @@ def gradient_problem(
     norm = net.gradient_norm(vector)
     if not math.isfinite(norm) and not bool(torch.isfinite(net.gradient(vector)).all()):
         return norm, net.wire.non_finite(vector)
+    why = norm_problem(norm, config, net.wire.relative_error)
+    if why is None:
+        return norm, net.batch_problem(vector, limits.rollout_steps)
+    return norm, why
+
+
+def norm_problem(norm: float, config: TrainConfig, relative_error: float) -> str | None:
+    """Why a gradient of `norm` cannot have been clipped to max_grad_norm, or None."""
     # clip_grad_norm_ leaves at most max_grad_norm, give or take float32's rounding; in a run of
     # wire_dtype bfloat16, rounding each value to bfloat16 (a relative error of at most 2**-8)
     # can raise the norm by that much more, and no more.
-    bound = config.max_grad_norm * (1 + 1e-3) * (1 + net.wire.relative_error) + 1e-6
+    bound = config.max_grad_norm * (1 + 1e-3) * (1 + relative_error) + 1e-6
     if norm <= bound:
-        return norm, net.batch_problem(vector, limits.rollout_steps)
-    return norm, (
+        return None
+    return (
         f"the gradients' norm is {norm:.4g}, above max_grad_norm={config.max_grad_norm:g}: a "
         "worker clips its gradients to max_grad_norm before it sends them"
     )

@@ -58,9 +58,10 @@ from master.learning.admission import (
 from master.learning.rounds import Outcome, SyncRounds, Update
 from master.learning.saved import SavedParameters, refresh_every
 from master.learning.target import TargetNetwork
+from master.learning.shard_params import ShardedParameters
 
 
-class ParameterServer(SyncRounds, SavedParameters):
+class ParameterServer(SyncRounds, SavedParameters, ShardedParameters):
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.net: FlatNetwork | None = None
@@ -114,6 +115,7 @@ class ParameterServer(SyncRounds, SavedParameters):
         with self.lock:
             if self._learner_optimizer is not None:
                 return self._learner_optimizer
+            self._fresh_from_shards()
             return self._require_net().optimizer_state()
 
     @property
@@ -134,6 +136,7 @@ class ParameterServer(SyncRounds, SavedParameters):
         version (from the vector itself, under the lock: one pass over it; a snapshot first and
         the bytes after the lock were three), and their version."""
         with self.lock:
+            self._fresh_from_shards()
             cached = self._encoded
             if cached is None or cached[0] != self.version:
                 net = self._require_net()
@@ -147,6 +150,7 @@ class ParameterServer(SyncRounds, SavedParameters):
             net = self._require_net()
             if net.wire.dtype == "float32":
                 return self.weights()
+            self._fresh_from_shards()
             version, vector = self.version, net.snapshot()
         return net.layout.encode(vector), version
 

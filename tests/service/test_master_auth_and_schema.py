@@ -93,6 +93,8 @@ CONFLICT_OPERATIONS = {
     ("POST", "/local_model_weights"),
     ("POST", "/gradients"),
     ("POST", "/experience"),
+    ("GET", "/shards"),
+    ("POST", "/shards/commit"),
 }
 
 

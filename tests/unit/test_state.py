@@ -66,7 +66,7 @@ def test_gradients_of_an_earlier_run_are_refused_however_recent_their_version(
 
 
 def test_weights_of_an_earlier_run_never_replace_the_new_runs(state: ClusterState) -> None:
-    best_weights = train_config(CONFIG.model_dump(), algo="best_weights")
+    best_weights = train_config(CONFIG.model_dump(exclude={"shards"}), algo="best_weights")
     first, _ = state.start_run(best_weights, WORKERS)
     state.finish("stopped")
     state.start_run(CONFIG, WORKERS)

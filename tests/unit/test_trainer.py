@@ -87,7 +87,7 @@ def test_pushes_report_loss_and_norm_and_a_refused_one_is_dropped_for_the_weight
     """Each push carries the rollout's loss and the norm before clipping; a 409 without stop (an
     outlier, stale gradients) makes the worker pull the weights and go on. In sync mode the push
     may wait sync_timeout_s longer than other requests (the client's 10 s)."""
-    config = train_config(CONFIG.model_dump(), algo="a2c", sync_timeout_s=5.0).model_copy(
+    config = train_config(CONFIG.model_dump(exclude={"shards"}), algo="a2c", sync_timeout_s=5.0).model_copy(
         update={"heartbeat_interval_s": 60.0}
     )
     model = build_model(config.env_id, config.env_kwargs, config.hidden_sizes)
@@ -154,7 +154,9 @@ def test_a_bfloat16_run_pushes_bfloat16_gradients_and_loads_the_bfloat16_weights
 def test_a_bfloat16_run_pushes_its_weights_in_bfloat16() -> None:
     """best_weights mode: the weights a worker pushes (here its temporary slot, at a heartbeat)
     follow the run's dtype."""
-    config = train_config(CONFIG.model_dump(), wire_dtype="bfloat16", algo="best_weights")
+    config = train_config(
+        CONFIG.model_dump(exclude={"shards"}), wire_dtype="bfloat16", algo="best_weights"
+    )
     model = build_model(config.env_id, config.env_kwargs, config.hidden_sizes)
     layout = wire.Layout.of(model, "bfloat16")
     weights = layout.encode(layout.flatten(model.state_dict()))

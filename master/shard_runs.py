@@ -1,0 +1,94 @@
+"""The facade's part for runs with shards (a part of master/state.py `ClusterState`): starting the
+shards with the run, a push's commit (the ledger admits and counts, the parameter server decides),
+and what happens when a shard fails."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from a3c_http.wire.protocol import ROLLOUT_METADATA
+from master.errors import StateConflict
+from master.learner_runs import rollout_report
+from master.learning.rounds import Update
+from master.run.events import ERROR, WARNING
+from master.shards.coordinator import RESTARTS, ShardsDown
+
+if TYPE_CHECKING:
+    from master.api.shards import Commit
+
+
+class ShardRuns:
+    """The mixin; `ClusterState` has the `ledger`, `params` and `settings` it uses."""
+
+    def _start_shards(self) -> None:
+        """A running run with `shards` above 1 gets its shard processes (any other stops an
+        earlier run's)."""
+        config = self.ledger.config  # type: ignore[attr-defined]
+        if getattr(config, "shards", 1) < 2 or self.ledger.run_state != "running":  # type: ignore[attr-defined]
+            self.params.close_shards()  # type: ignore[attr-defined]
+            return
+        try:
+            self.params.start_shards(self.settings, config, self._shards_failed)  # type: ignore[attr-defined]
+        except Exception as exc:  # noqa: BLE001 - the run cannot go on without them, whatever it was
+            why = f"the run's parameter-server shards could not start: {exc}"
+            self.finish(why)  # type: ignore[attr-defined]
+            raise ShardsDown(why) from None
+
+    def _shards_failed(self, reason: str) -> None:
+        """A shard failed (the shards' watcher thread): pushes wait (503) while every shard is put
+        back to the network as last gathered; after RESTARTS failed tries the run ends."""
+        events = self.ledger.events  # type: ignore[attr-defined]
+        events.add(WARNING, "shard_failed", reason)
+        events.flush()
+        problem = None
+        for _ in range(RESTARTS):
+            try:
+                version = self.params.reset_shards()  # type: ignore[attr-defined]
+            except Exception as exc:  # noqa: BLE001 - whatever it was, it is the run's end's reason
+                problem = f"{type(exc).__name__}: {exc}"
+                continue
+            events.add(WARNING, "shards_reset", f"every shard is back at version {version}")
+            events.flush()
+            return
+        events.add(ERROR, "shards_lost", f"{reason}; starting them again failed: {problem}")
+        self.params.close_shards()  # type: ignore[attr-defined]
+        self.finish(f"a parameter-server shard failed and could not be started again: {problem}")  # type: ignore[attr-defined]
+
+    def shard_plan(self) -> dict[str, Any]:
+        shards = self.params.shards  # type: ignore[attr-defined]
+        if shards is None:
+            raise StateConflict("the run has no shards: its workers push to POST /gradients")
+        return {"run_id": self.ledger.run_id, **shards.plan()}  # type: ignore[attr-defined]
+
+    def commit_sharded(self, commit: Commit) -> dict[str, Any]:
+        """A push staged on every shard (master/api/shards.py `Commit`): admitted as every push
+        (the run, the worker; a finished run's refused unless a retry), its receipts checked
+        (master/shards/coordinator.py `verify`, the norm against max_grad_norm), its report
+        counted, then screened and decided by the parameter server."""
+        ledger, params = self.ledger, self.params  # type: ignore[attr-defined]
+        refusal, config, _ = ledger.admit_update(commit.worker_id, commit.run_id)
+        shards = params.shards
+        if shards is None or getattr(config, "shards", 1) < 2:
+            raise StateConflict("the run has no shards: its workers push to POST /gradients")
+        receipts = [r.model_dump() for r in commit.receipts]
+        norm = shards.verify(receipts, commit.worker_id, commit.seq)
+        params.check_norm(norm, config)
+        report = rollout_report({ROLLOUT_METADATA: commit.report} if commit.report else {})
+        episodes = list(report.episodes) if report else []
+        stats = report.stats.model_dump() if report and report.stats else None
+        try:
+            summary = self._after_change(  # type: ignore[attr-defined]
+                ledger.report_rollout(commit.worker_id, episodes, stats, commit.run_id, commit.seq)
+            )
+        except Exception:
+            params.count_invalid()
+            raise
+        self._schedule_learning_rate(config)  # type: ignore[attr-defined]
+        update = Update(
+            commit.worker_id, commit.version, None, commit.seq, commit.loss,  # type: ignore[arg-type]
+            max(commit.grad_norm or 0.0, norm),
+        )  # fmt: skip
+        version, duplicate = params.commit_sharded(update, config, refusal)
+        if duplicate and not summary["duplicate"]:
+            ledger.count_duplicate(commit.worker_id)
+        return {"version": version, "duplicate": duplicate, **summary}

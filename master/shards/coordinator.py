@@ -1,0 +1,361 @@
+"""The master's side of its parameter-server shards (master/shards/__init__.py): their processes,
+the receipts a commit must bring, the admitted pushes handed to every shard in version order, the
+gathering of every shard's slice at one version, and the reset after a shard fails.
+
+`ShardSet` is owned by the parameter server (master/learning/parameter_server.py), which calls
+`decide` under its own lock, so the order of the versions is the order of the decisions each
+shard's sender thread delivers. Nothing here takes the parameter server's lock: the reset asks it
+through the callback it was given.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hmac
+import json
+import logging
+import math
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from a3c_http.config.settings import Settings
+from a3c_http.config.training import TrainConfig
+from a3c_http.optim.flatnet import FlatNetwork
+from a3c_http.wire.protocol import CONTENT_TYPE
+from master.errors import Invalid, StateConflict, Unavailable
+from master.shards.shard import OPENING, receipt
+
+logger = logging.getLogger("a3c.master.shards")
+ROOT = Path(__file__).resolve().parents[2]
+# How long a starting shard may take to answer its health check.
+START_WAIT_S = 60.0
+# How long the master waits for every shard to apply what it decided (a save's gathering).
+DRAIN_WAIT_S = 30.0
+# At most this many decisions in one `POST /shard/apply`.
+BATCH = 256
+# How often a shard's process is looked at while no push comes.
+WATCH_S = 0.5
+# Starts of a failed shard before the run ends with the reason.
+RESTARTS = 3
+
+
+class ShardsDown(Unavailable):
+    """The shards cannot take pushes now (503): one failed and the master is resetting them."""
+
+
+def slices(n: int, shards: int) -> list[tuple[int, int]]:
+    """`n` values cut in `shards` contiguous, nearly equal slices (the first ones the larger)."""
+    size, extra = divmod(n, shards)
+    bounds = [0]
+    for i in range(shards):
+        bounds.append(bounds[-1] + size + (1 if i < extra else 0))
+    return list(zip(bounds, bounds[1:], strict=False))
+
+
+class _Process:
+    """One shard's process, on a socket the master bound, ending with the master's pipe."""
+
+    def __init__(self, index: int, host: str, scheme: str) -> None:
+        self.index = index
+        listening = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        listening.bind((host, 0))
+        listening.listen(1024)
+        listening.set_inheritable(True)
+        port = listening.getsockname()[1]
+        self.url = f"{scheme}://{'[' + host + ']' if ':' in host else host}:{port}"
+        theirs, self._pipe = os.pipe()
+        os.set_inheritable(theirs, True)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))),
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "master.shards.shard", str(listening.fileno()), str(theirs)],
+            env=env,
+            pass_fds=(listening.fileno(), theirs),
+            stdin=subprocess.DEVNULL,
+        )
+        os.close(theirs)
+        listening.close()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._pipe)  # the shard ends when its pipe closes
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class ShardSet:
+    """A run's shards: `start` them with the network, `verify` a commit's receipts, `decide`
+    each admitted push, `gather` their slices; a shard that fails stops the pushes until `reset`
+    (called by the watcher thread through `on_failure`) puts every shard back to one version."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        config: TrainConfig,
+        on_failure: Callable[[str], None],
+    ) -> None:
+        self.settings = settings
+        self.count = config.shards
+        self.config = config
+        self.on_failure = on_failure  # the parameter server's: reset from its last gathering
+        self.lock = threading.Condition()
+        scheme = "https" if settings.tls.serves else "http"
+        self._procs = [_Process(i, settings.shards_host, scheme) for i in range(self.count)]
+        headers = {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
+        verify = settings.tls.client_context() if settings.tls.configured else True
+        self._http = httpx.Client(headers=headers, timeout=30.0, verify=verify)
+        self.epoch = ""
+        self._key = b""
+        self._slices: list[tuple[int, int]] = []
+        self._queues: list[collections.deque] = [collections.deque() for _ in self._procs]
+        self.decided = 0  # the last version decided
+        self.delivered = [0] * self.count  # the last version each shard said it applied
+        self.failure: str | None = None
+        self.restarts = 0
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._deliver, args=(i,), daemon=True, name=f"a3c-shard-{i}")
+            for i in range(self.count)
+        ] + [threading.Thread(target=self._watch, daemon=True, name="a3c-shard-watch")]
+        self._wait_healthy()
+
+    # -- opening ----------------------------------------------------------------------------------
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + START_WAIT_S
+        for proc in self._procs:
+            while True:
+                if not proc.alive():
+                    code = _ended(proc.proc.returncode)
+                    raise RuntimeError(f"shard {proc.index} ended at its start ({code})")
+                try:
+                    if self._http.get(f"{proc.url}/healthz", timeout=2.0).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"shard {proc.index} did not answer in {START_WAIT_S:g} s")
+                time.sleep(0.05)  # polling a starting process's port
+
+    def open(self, net: FlatNetwork, version: int) -> None:
+        """Hand every shard its slice of `net`'s parameters and optimizer state at `version`,
+        under a new epoch and key (receipts of before are refused from now on)."""
+        with self.lock:
+            self.epoch = uuid.uuid4().hex[:16]
+            self._key = secrets.token_bytes(32)
+            self._slices = slices(net.layout.n_params, self.count)
+            self.decided = version
+            self.delivered = [version] * self.count
+            for queue in self._queues:
+                queue.clear()
+            state = net.optimizer.state.get(net.params, {})
+            for proc, (lo, hi) in zip(self._procs, self._slices, strict=True):
+                tensors = {"weights": net.params.detach()[lo:hi].clone()}
+                for name, value in state.items():
+                    if torch.is_tensor(value):
+                        part = value[lo:hi] if value.dim() else value
+                        tensors[f"optimizer.{name}"] = part.detach().clone()
+                meta = {
+                    "config": self.config.model_dump(mode="json"),
+                    "index": proc.index, "lo": lo, "hi": hi, "version": version,
+                    "epoch": self.epoch, "key": self._key.hex(),
+                }  # fmt: skip
+                body = st_save(tensors, {OPENING: json.dumps(meta)})
+                reply = self._http.post(
+                    f"{proc.url}/shard/open", content=body, headers={"Content-Type": CONTENT_TYPE}
+                )
+                if reply.status_code != 200:
+                    raise RuntimeError(f"shard {proc.index} refused its opening: {reply.text}")
+            self.failure = None
+            self.lock.notify_all()
+        if not self._threads[0].is_alive():
+            for thread in self._threads:
+                thread.start()
+
+    def plan(self) -> dict[str, Any]:
+        """What a worker needs to push to the shards: the epoch and each shard's URL and slice."""
+        with self.lock:
+            return {
+                "epoch": self.epoch,
+                "down": self.failure,
+                "shards": [
+                    {"url": p.url, "lo": lo, "hi": hi}
+                    for p, (lo, hi) in zip(self._procs, self._slices, strict=True)
+                ],
+            }
+
+    # -- a push ----------------------------------------------------------------------------------
+
+    def verify(self, receipts: list[dict[str, Any]], worker: str, seq: int) -> float:
+        """The push's gradient norm from every shard's receipt of this epoch; Invalid (422) for
+        a receipt missing, repeated or not genuine, StateConflict (409) for another epoch's,
+        ShardsDown (503) while the shards are being reset."""
+        with self.lock:
+            if self.failure is not None:
+                raise ShardsDown(f"{self.failure}; the master is resetting the shards")
+            epoch, key = self.epoch, self._key
+        if sorted(int(r.get("shard", -1)) for r in receipts) != list(range(self.count)):
+            raise Invalid(f"a commit needs one receipt of each of the {self.count} shards")
+        total = 0.0
+        for r in receipts:
+            if r.get("epoch") != epoch:
+                raise StateConflict(
+                    f"shard {r['shard']}'s receipt is of epoch {r.get('epoch')!r}, the shards' is "
+                    f"{epoch!r} (they were reset): nothing applied, pull the weights and go on"
+                )
+            sumsq = float(r.get("sumsq", math.nan))
+            want = receipt(key, epoch, int(r["shard"]), worker, seq, sumsq)
+            if not (math.isfinite(sumsq) and sumsq >= 0) or not hmac.compare_digest(
+                want, str(r.get("receipt", ""))
+            ):
+                raise Invalid(f"shard {r['shard']}'s receipt is not the one it gave: not applied")
+            total += sumsq
+        return math.sqrt(total)
+
+    def decide(self, version: int, worker: str, seq: int, lr: float) -> None:
+        """An admitted push, `version` the next: every shard applies it, in this order."""
+        with self.lock:
+            self.decided = version
+            decision = {"version": version, "worker": worker, "seq": seq, "lr": lr}
+            for queue in self._queues:
+                queue.append(decision)
+            self.lock.notify_all()
+
+    def _deliver(self, index: int) -> None:
+        """Shard `index`'s sender: the decisions in order, a batch a request."""
+        queue = self._queues[index]
+        while True:
+            with self.lock:
+                while not self._closed and (not queue or self.failure is not None):
+                    self.lock.wait()
+                if self._closed:
+                    return
+                batch = [queue[i] for i in range(min(BATCH, len(queue)))]
+                epoch, url = self.epoch, self._procs[index].url
+            try:
+                reply = self._http.post(
+                    f"{url}/shard/apply", json={"epoch": epoch, "decisions": batch}
+                )
+                problem = None if reply.status_code == 200 else reply.text
+            except httpx.HTTPError as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            with self.lock:
+                if epoch != self.epoch:
+                    continue  # reset meanwhile: its queue starts afresh
+                if problem is not None:
+                    self._fail(f"shard {index} ({url}) failed to apply: {problem}")
+                    continue
+                for _ in batch:
+                    queue.popleft()
+                self.delivered[index] = int(reply.json()["version"])
+                self.lock.notify_all()
+
+    def _fail(self, why: str) -> None:
+        """Stop the pushes (caller holds the lock); the watcher resets the shards."""
+        if self.failure is None:
+            self.failure = why
+            logger.error("%s: pushes wait while the master resets the shards", why)
+            self.lock.notify_all()
+
+    def _watch(self) -> None:
+        while True:
+            with self.lock:
+                self.lock.wait(WATCH_S)
+                if self._closed:
+                    return
+                for proc in self._procs:
+                    if not proc.alive():
+                        self._fail(f"shard {proc.index} ended ({_ended(proc.proc.returncode)})")
+                failure = self.failure
+            if failure is not None:
+                self.on_failure(failure)
+
+    def restart_failed(self) -> None:
+        """Start again every shard whose process ended (the reset's first half)."""
+        self.restarts += 1
+        scheme = "https" if self.settings.tls.serves else "http"
+        for i, proc in enumerate(self._procs):
+            if not proc.alive():
+                proc.stop()
+                self._procs[i] = _Process(i, self.settings.shards_host, scheme)
+        self._wait_healthy()
+
+    # -- gathering -------------------------------------------------------------------------------
+
+    def gather(self, net: FlatNetwork) -> int:
+        """Every shard's slice and optimizer state, once each has applied every decision, into
+        `net`; the version they are at. The caller holds the tickets (no `decide` meanwhile)."""
+        deadline = time.monotonic() + DRAIN_WAIT_S
+        with self.lock:
+            while min(self.delivered) < self.decided:
+                if self.failure is not None:
+                    raise ShardsDown(self.failure)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ShardsDown(f"the shards did not apply version {self.decided} in time")
+                self.lock.wait(left)
+            version = self.decided
+        parts: dict[str, list[torch.Tensor]] = {}
+        for proc in self._procs:
+            reply = self._http.get(f"{proc.url}/shard/state")
+            if reply.status_code != 200:
+                raise ShardsDown(f"shard {proc.index} gave no state: {reply.text}")
+            for name, tensor in st_load(reply.content).items():
+                parts.setdefault(name, []).append(tensor)
+        with torch.no_grad():
+            net.params.copy_(torch.cat(parts.pop("weights")))
+        state = net.optimizer.state.setdefault(net.params, {})
+        for name, tensors in parts.items():
+            name = name.removeprefix("optimizer.")
+            state[name] = torch.cat(tensors) if tensors[0].dim() else tensors[0].clone()
+        net.weight_bound = float(net.params.detach().abs().max())
+        return version
+
+    def status(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [
+                {
+                    "index": p.index,
+                    "url": p.url,
+                    "pid": p.proc.pid,
+                    "alive": p.alive(),
+                    "slice": list(s),
+                    "version": self.delivered[p.index],
+                }
+                for p, s in zip(self._procs, self._slices or [(0, 0)] * self.count, strict=True)
+            ]
+
+    def close(self) -> None:
+        with self.lock:
+            self._closed = True
+            self.lock.notify_all()
+        for proc in self._procs:
+            proc.stop()
+        self._http.close()
+
+
+def _ended(code: int | None) -> str:
+    return f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"

@@ -1,0 +1,341 @@
+"""One parameter-server shard: a slice of the global network's parameters and of its optimizer's
+state, the gradient slices staged for pushes, and the versions applied in the master's order
+(master/shards/__init__.py says how a push crosses the shards).
+
+    python -m master.shards.shard LISTEN_FD PARENT_FD
+
+The master binds the shard's socket and keeps the write end of a pipe whose read end is
+`PARENT_FD`: when the master ends or is killed the pipe closes and the shard ends too, so no
+shard outlives the master that opened it. The shard reads the master's settings from the same
+environment (its token, TLS, body bounds: a3c_http/server/service.py `install_common`).
+
+Routes: `POST /shard/open` (the master: a run's slice, its optimizer state, its version and the
+key of its receipts), `POST /shard/stage` (a worker: its slice of a push's gradients),
+`POST /shard/apply` (the master: the admitted pushes, in version order), `GET /shard/weights`
+(a worker: the slice once a version is applied), `GET /shard/state` (the master: the slice and
+its optimizer's state, to save), `GET /shard/status`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Annotated, Any
+
+import torch
+import uvicorn
+from fastapi import FastAPI, Header, HTTPException, Query, Request, Response
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch import nn
+
+from a3c_http import tuning
+from a3c_http.algos.registry import config_json
+from a3c_http.config.settings import Settings
+from a3c_http.optim.flatnet import STEP_BOUND, WEIGHT_BOUND_LIMIT
+from a3c_http.optim.optimizers import make_optimizer
+from a3c_http.server import logs
+from a3c_http.server.service import install_common, protected_router
+from a3c_http.wire.protocol import (
+    CONTENT_TYPE,
+    SEQ_HEADER,
+    SHARD_EPOCH_HEADER,
+    SHARD_STAGE_PATH,
+    SHARD_WEIGHTS_PATH,
+    VERSION_HEADER,
+    WORKER_ID_HEADER,
+)
+from a3c_http.wire.tensors import Layout, WireError
+
+# A staged slice whose push was never committed is dropped after this long.
+STAGE_TTL_S = 120.0
+# At most this many slices staged at once (a worker's pushes in flight, times the workers).
+MAX_STAGED = 4096
+# How long `GET /shard/weights` waits for its version before it answers 503.
+WEIGHTS_WAIT_S = 30.0
+# The metadata entry of `/shard/open`'s and `/shard/state`'s bodies.
+OPENING = "a3c_shard"
+
+
+def receipt(key: bytes, epoch: str, index: int, worker: str, seq: int, sumsq: float) -> str:
+    """What a shard signs when it stages a slice: the master admits a push only with every
+    shard's receipt of its epoch (master/shards/coordinator.py)."""
+    message = json.dumps([epoch, index, worker, seq, repr(float(sumsq))]).encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+class Refused(Exception):
+    """A request the shard cannot take: `status` and a message that says why."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Shard:
+    """The slice and everything that changes with it, under one condition."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.epoch: str | None = None  # None until the master opens the shard
+        self.index = 0
+        self.lo = self.hi = 0
+        self.version = 0
+        self._key = b""
+        self._param: nn.Parameter | None = None
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._layout: Layout | None = None
+        self._staged: dict[tuple[str, int], tuple[torch.Tensor, float]] = {}
+        self._encoded: tuple[int, bytes] | None = None
+        self._bound = 0.0  # at least the size of every weight (flatnet.py's `weight_bound`)
+        self.applied = 0
+        self.failed: str | None = None  # why the slice can no longer be trusted
+
+    def open(self, body: bytes) -> dict[str, Any]:
+        """A run's slice: its weights, its optimizer's state (entries `optimizer.NAME`, none
+        for a fresh optimizer), and in the metadata the run's config, the slice's place, its
+        version, the epoch and the receipts' key. Replaces whatever the shard held."""
+        try:
+            tensors = st_load(body)
+            meta = json.loads(_metadata(body)[OPENING])
+            config = config_json(json.dumps(meta["config"]))
+            weights = tensors["weights"].to(torch.float32).reshape(-1)
+        except Exception as exc:  # noqa: BLE001 - any malformed opening is the same refusal
+            raise Refused(422, f"not a shard's opening: {exc}") from None
+        n = int(meta["hi"]) - int(meta["lo"])
+        if weights.numel() != n:
+            raise Refused(422, f"the slice has {weights.numel()} values, its place {n}")
+        param = nn.Parameter(weights.clone())
+        optimizer = make_optimizer([param], config)
+        state = {k.removeprefix("optimizer."): v for k, v in tensors.items() if k != "weights"}
+        if state:
+            groups = optimizer.state_dict()["param_groups"]
+            optimizer.load_state_dict({"state": {0: state}, "param_groups": groups})
+        with self.cond:
+            self.epoch, self.index = str(meta["epoch"]), int(meta["index"])
+            self.lo, self.hi, self.version = int(meta["lo"]), int(meta["hi"]), int(meta["version"])
+            self._key = bytes.fromhex(meta["key"])
+            self._param, self._optimizer = param, optimizer
+            self._layout = Layout([("slice", (n,))], n, config.wire_dtype)
+            self._staged = {}
+            self._encoded = None
+            self._bound = float(weights.abs().max()) if n else 0.0
+            self.failed = None
+            self.cond.notify_all()
+        return self.status()
+
+    def _check_epoch(self, epoch: str | None) -> Layout:
+        if self.epoch is None or self._layout is None:
+            raise Refused(409, "this shard holds no run yet: the master opens it with its run")
+        if self.failed is not None:
+            raise Refused(503, f"shard {self.index} failed ({self.failed}): the master resets it")
+        if epoch is not None and epoch != self.epoch:
+            raise Refused(
+                409,
+                f"epoch {epoch!r} is over (the shards were reset, now {self.epoch!r}): ask the "
+                "master for its shards and pull the weights again",
+            )
+        return self._layout
+
+    def stage(self, worker: str, seq: int, epoch: str, body: bytes) -> dict[str, Any]:
+        """A worker's slice of a push's gradients, checked (finite, this slice's size) and kept
+        until the master decides; answered with its sum of squares and a receipt."""
+        with self.cond:
+            layout = self._check_epoch(epoch)
+            index, key = self.index, self._key
+        try:
+            vector, _ = layout.decode(body)
+        except WireError as exc:
+            raise Refused(422, f"shard {index}: {exc}; nothing staged") from None
+        sumsq = float(torch.dot(vector, vector))
+        now = time.monotonic()
+        with self.cond:
+            self._check_epoch(epoch)
+            for old in [k for k, (_, at) in self._staged.items() if now - at > STAGE_TTL_S]:
+                del self._staged[old]
+            if len(self._staged) >= MAX_STAGED and (worker, seq) not in self._staged:
+                raise Refused(503, f"shard {index}: {MAX_STAGED} pushes staged already")
+            self._staged[(worker, seq)] = (vector, now)
+        return {
+            "shard": index,
+            "epoch": epoch,
+            "sumsq": sumsq,
+            "receipt": receipt(key, epoch, index, worker, seq, sumsq),
+        }
+
+    def apply(self, epoch: str, decisions: list[dict[str, Any]]) -> int:
+        """The master's admitted pushes, each `{version, worker, seq, lr}`, in version order: each
+        staged slice is stepped with its learning rate; one the shard has applied already is
+        passed over (a resent batch). A gap or a slice not staged here fails the shard (the
+        master then resets every shard)."""
+        with self.cond:
+            self._check_epoch(epoch)
+            try:
+                for decision in decisions:
+                    version = int(decision["version"])
+                    if version <= self.version:
+                        continue
+                    if version != self.version + 1:
+                        raise Refused(409, f"version {version} after {self.version}: a gap")
+                    staged = self._staged.pop((str(decision["worker"]), int(decision["seq"])), None)
+                    if staged is None:
+                        raise Refused(409, f"the push of version {version} was not staged here")
+                    self._step(staged[0], float(decision["lr"]))
+                    self.version = version
+                    self.applied += 1
+            except Refused as exc:
+                self.failed = str(exc)
+                raise
+            finally:
+                self.cond.notify_all()
+            return self.version
+
+    def _step(self, gradient: torch.Tensor, lr: float) -> None:
+        assert self._param is not None and self._optimizer is not None
+        group = self._optimizer.param_groups[0]
+        group["lr"] = lr
+        self._param.grad = gradient
+        try:
+            getattr(self._optimizer, "apply", self._optimizer.step)()
+        finally:
+            self._param.grad = None
+        self._bound += STEP_BOUND * lr
+        if self._bound >= WEIGHT_BOUND_LIMIT:  # far from float32's limit, a step stays finite
+            if not bool(torch.isfinite(self._param.detach()).all()):
+                raise Refused(409, "a step left a weight non-finite")
+            self._bound = float(self._param.detach().abs().max())
+
+    def weights(self, version: int, wait_s: float = WEIGHTS_WAIT_S) -> tuple[bytes, int]:
+        """The slice in the run's wire dtype once `version` is applied, and its version."""
+        deadline = time.monotonic() + wait_s
+        with self.cond:
+            while True:
+                layout = self._check_epoch(None)
+                if self.version >= version:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise Refused(503, f"shard {self.index} has not applied version {version} yet")
+                self.cond.wait(left)
+            cached = self._encoded
+            if cached is None or cached[0] != self.version:
+                assert self._param is not None
+                cached = self._encoded = (self.version, layout.encode(self._param.detach()))
+            return cached[1], cached[0]
+
+    def state(self) -> bytes:
+        """The slice in float32 and its optimizer's per-element state, at one version."""
+        with self.cond:
+            self._check_epoch(None)
+            assert self._param is not None and self._optimizer is not None
+            tensors = {"weights": self._param.detach().clone()}
+            for name, value in self._optimizer.state.get(self._param, {}).items():
+                if torch.is_tensor(value):
+                    tensors[f"optimizer.{name}"] = value.detach().clone().reshape(value.shape)
+            meta = {"version": self.version, "epoch": self.epoch, "index": self.index}
+        return st_save(tensors, {OPENING: json.dumps(meta)})
+
+    def status(self) -> dict[str, Any]:
+        with self.cond:
+            return {
+                "index": self.index,
+                "epoch": self.epoch,
+                "lo": self.lo,
+                "hi": self.hi,
+                "version": self.version,
+                "applied": self.applied,
+                "staged": len(self._staged),
+                "failed": self.failed,
+                "pid": os.getpid(),
+            }
+
+
+def _metadata(body: bytes) -> dict[str, str]:
+    """A safetensors body's `__metadata__` (safetensors' own reader drops it)."""
+    size = int.from_bytes(body[:8], "little")
+    return json.loads(body[8 : 8 + size]).get("__metadata__") or {}
+
+
+def create_app(settings: Settings, shard: Shard | None = None) -> FastAPI:
+    shard = shard or Shard()
+    app = FastAPI(title="a3c-http parameter-server shard", docs_url=None, redoc_url=None)
+    app.state.shard = shard
+    router = protected_router()
+
+    def answer(call: Any, *args: Any) -> Any:
+        try:
+            return call(*args)
+        except Refused as exc:
+            raise HTTPException(exc.status, str(exc)) from None
+
+    @router.post("/shard/open")
+    async def open_(request: Request) -> dict[str, Any]:
+        return answer(shard.open, await request.body())
+
+    @router.post(SHARD_STAGE_PATH)
+    async def stage(
+        request: Request,
+        worker: Annotated[str, Header(alias=WORKER_ID_HEADER, max_length=128)],
+        seq: Annotated[int, Header(alias=SEQ_HEADER, ge=0)],
+        epoch: Annotated[str, Header(alias=SHARD_EPOCH_HEADER, max_length=64)],
+    ) -> dict[str, Any]:
+        return answer(shard.stage, worker, seq, epoch, await request.body())
+
+    @router.post("/shard/apply")
+    def apply(body: dict[str, Any]) -> dict[str, Any]:
+        decisions = body.get("decisions")
+        if not isinstance(decisions, list) or not isinstance(body.get("epoch"), str):
+            raise HTTPException(422, "expected {'epoch': str, 'decisions': [...]}")
+        return {"version": answer(shard.apply, body["epoch"], decisions)}
+
+    @router.get(SHARD_WEIGHTS_PATH)
+    def weights(version: Annotated[int, Query(ge=0)] = 0) -> Response:
+        body, at = answer(shard.weights, version)
+        return Response(body, media_type=CONTENT_TYPE, headers={VERSION_HEADER: str(at)})
+
+    @router.get("/shard/state")
+    def state() -> Response:
+        return Response(answer(shard.state), media_type=CONTENT_TYPE)
+
+    @router.get("/shard/status")
+    def status() -> dict[str, Any]:
+        return shard.status()
+
+    app.include_router(router)
+    install_common(app, settings, tensor_paths=frozenset({SHARD_STAGE_PATH, "/shard/open"}))
+    return app
+
+
+def _end_with_parent(parent_fd: int) -> None:
+    """End this process when the master's end of the pipe closes."""
+
+    def watch() -> None:
+        while os.read(parent_fd, 1):
+            pass
+        os._exit(0)
+
+    threading.Thread(target=watch, name="a3c-shard-parent", daemon=True).start()
+
+
+def main(listen_fd: int, parent_fd: int) -> None:
+    settings = Settings.from_env()
+    logs.configure(settings.log_level, settings.log_format)
+    tuning.keep_freed_memory(settings.max_body_bytes)
+    torch.set_num_threads(1)
+    _end_with_parent(parent_fd)
+    listening = socket.socket(fileno=listen_fd)
+    config = uvicorn.Config(
+        create_app(settings), log_level="warning", access_log=False,
+        **settings.tls.uvicorn_kwargs(),
+    )  # fmt: skip
+    uvicorn.Server(config).run(sockets=[listening])
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]))

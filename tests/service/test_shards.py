@@ -1,0 +1,182 @@
+"""A run with parameter-server shards (master/shards/): an in-process master whose shards are real
+processes on loopback ports; the test plays the worker's three steps (stage, commit, fetch). The
+shards' step itself is tests/unit/test_shard_step.py's; a worker's pushes to them in a run of real
+processes, and a shard killed there, tests/cluster/test_shard_runs.py's."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from a3c_http.algos.registry import train_config
+from a3c_http.config.settings import Settings
+from a3c_http.local.cluster import wait_for
+from a3c_http.optim.flatnet import FlatNetwork
+from a3c_http.wire.tensors import Layout
+from master.app import create_app
+from tests.support.common import OCTET, master_running, pid_running
+
+GRADIENT = 1e-3  # every value of a push's gradients: a norm of 0.1 for the default model
+
+
+def plan(c) -> dict:  # noqa: ANN001 (a TestClient)
+    r = c.get("/shards")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def stage(c, seq: int, gradient: torch.Tensor, worker: str = "w1") -> list[dict]:  # noqa: ANN001
+    """Stage `gradient` on every shard: their receipts."""
+    p = plan(c)
+    receipts = []
+    for shard in p["shards"]:
+        part = gradient[shard["lo"] : shard["hi"]]
+        headers = {
+            **OCTET, "X-Worker-Id": worker, "X-A3C-Seq": str(seq), "X-A3C-Shard-Epoch": p["epoch"],
+        }  # fmt: skip
+        body = Layout([("slice", (part.numel(),))], part.numel()).encode(part)
+        r = httpx.post(f"{shard['url']}/shard/stage", content=body, headers=headers)
+        assert r.status_code == 200, r.text
+        receipts.append(r.json())
+    return receipts
+
+
+def commit(c, seq: int, receipts: list[dict], version: int | None = None, **extra):  # noqa: ANN001
+    body = {
+        "worker_id": "w1", "seq": seq, "receipts": receipts,
+        "version": c.app.state.cluster.params.version if version is None else version,
+        "report": json.dumps({"episodes": [[10.0, 10]]}), **extra,
+    }  # fmt: skip
+    return c.post("/shards/commit", json=body)
+
+
+def shard_weights(c, version: int) -> torch.Tensor:  # noqa: ANN001
+    parts = []
+    for shard in plan(c)["shards"]:
+        r = httpx.get(f"{shard['url']}/shard/weights", params={"version": version})
+        assert r.status_code == 200, r.text
+        assert int(r.headers["X-Model-Version"]) == version
+        n = shard["hi"] - shard["lo"]
+        parts.append(Layout([("slice", (n,))], n).decode(r.content)[0])
+    return torch.cat(parts)
+
+
+def shard_versions(c) -> list[int]:  # noqa: ANN001
+    return [s["version"] for s in c.get("/status").json()["shards"]]
+
+
+@pytest.fixture
+def sharded(tmp_path: Path):
+    with master_running(tmp_path, shards=2) as c:
+        yield c
+
+
+def test_a_push_is_applied_by_every_shard_as_the_master_would_step_it(sharded) -> None:
+    c = sharded
+    params = c.app.state.cluster.params
+    start = params.version
+    # The step the master would take on its own network without shards, on a copy of it.
+    expected = FlatNetwork(copy.deepcopy(params.net.model), c.app.state.cluster.ledger.config)
+    n = params.net.layout.n_params
+    gradient = torch.full((n,), GRADIENT)
+    receipts = stage(c, 1, gradient)
+    r = commit(c, 1, receipts)
+    assert r.status_code == 200, r.text
+    assert r.json()["version"] == start + 1 and not r.json()["duplicate"]
+    assert r.json()["global_episode"] == 1  # the rollout's report counted
+    expected.step([gradient])
+    torch.testing.assert_close(shard_weights(c, start + 1), expected.params.detach())
+    assert shard_versions(c) == [start + 1] * 2
+    # The master's own weights are the shards' at that version (gathered).
+    whole = c.get("/global_model_weights")
+    assert int(whole.headers["X-Model-Version"]) == start + 1
+    torch.testing.assert_close(params.net.params.detach(), expected.params.detach())
+    # A retry of the commit is answered, not applied again.
+    again = commit(c, 1, receipts)
+    assert again.status_code == 200 and again.json()["duplicate"]
+    assert params.version == start + 1
+
+
+def test_a_refused_commit_is_applied_by_no_shard(sharded) -> None:
+    c = sharded
+    params = c.app.state.cluster.params
+    start = params.version
+    n = params.net.layout.n_params
+    receipts = stage(c, 1, torch.full((n,), GRADIENT))
+    forged = [{**receipts[0], "sumsq": receipts[0]["sumsq"] / 4}, receipts[1]]
+    too_large = stage(c, 2, torch.full((n,), 1.0))  # a norm of about 96: never clipped to 0.5
+    refusals = [
+        (commit(c, 1, receipts[:1]), 422, "one receipt of each of the 2 shards"),
+        (commit(c, 1, forged), 422, "not the one it gave"),
+        (commit(c, 1, [{**receipts[0], "epoch": "old"}, receipts[1]]), 409, "epoch 'old'"),
+        (commit(c, 2, too_large), 422, "above max_grad_norm"),
+        (commit(c, 1, receipts, run_id="another"), 409, "run"),
+    ]
+    for r, status, words in refusals:
+        assert r.status_code == status, r.text
+        assert words in r.json()["detail"]
+    assert params.version == start and shard_versions(c) == [start, start]
+    assert c.get("/status").json()["global_episode"] == 0
+    # The staged push is still whole: its genuine commit is applied by both.
+    assert commit(c, 1, receipts).status_code == 200
+    wait_for(lambda: shard_versions(c) == [start + 1] * 2, 10, "both shards apply it")
+
+
+def test_a_shard_killed_puts_every_shard_back_at_the_last_gathered_weights(sharded) -> None:
+    c = sharded
+    params = c.app.state.cluster.params
+    n = params.net.layout.n_params
+    assert commit(c, 1, stage(c, 1, torch.full((n,), GRADIENT))).status_code == 200
+    gathered = c.get("/global_model_weights")  # the master's copy, at this version
+    at = int(gathered.headers["X-Model-Version"])
+    kept = params.net.params.detach().clone()
+    assert commit(c, 2, stage(c, 2, torch.full((n,), -GRADIENT))).status_code == 200
+    victim = c.get("/status").json()["shards"][1]["pid"]
+    os.kill(victim, signal.SIGKILL)
+
+    def back() -> bool:
+        shards = c.get("/status").json()["shards"]
+        return (
+            all(s["alive"] for s in shards)
+            and shards[1]["pid"] != victim
+            and (len({s["version"] for s in shards}) == 1 and shards[0]["version"] > at + 1)
+        )
+
+    wait_for(back, 60, "the shards put back after one was killed")
+    version = params.version
+    assert shard_versions(c) == [version, version]
+    torch.testing.assert_close(shard_weights(c, version), kept)  # the push after `at` is lost
+    assert c.get("/status").json()["state"] == "running"
+    # Pushes go on at the new version.
+    assert commit(c, 3, stage(c, 3, torch.full((n,), GRADIENT))).status_code == 200
+    wait_for(lambda: shard_versions(c) == [version + 1] * 2, 10, "both shards apply it")
+
+
+def test_a_reopened_master_opens_its_shards_at_the_saved_weights(tmp_path: Path) -> None:
+    settings = Settings(run_dir=tmp_path / "run", workers_file=tmp_path / "w.txt", token=None)
+    with TestClient(create_app(settings), client=("127.0.0.1", 50000)) as c:
+        state = c.app.state.cluster
+        _, (worker,) = state.start_run(train_config(seed=1, shards=2), ["http://127.0.0.1:9001"])
+        assert c.post("/worker_started", json={"worker_id": worker}).status_code == 200
+        n = state.params.net.layout.n_params
+        assert commit(c, 1, stage(c, 1, torch.full((n,), GRADIENT))).status_code == 200
+        assert state.persist(force=True)
+        saved, version = state.params.net.params.detach().clone(), state.params.version
+        pids = [s["pid"] for s in c.get("/status").json()["shards"]]
+    # A master that ends ends its shards; the run in its folder is still running.
+    wait_for(lambda: not any(pid_running(p) for p in pids), 10, "the shards end with the master")
+    with TestClient(create_app(settings), client=("127.0.0.1", 50000)) as c:
+        status = c.get("/status").json()
+        assert status["state"] == "running"
+        at = status["model_version"]
+        assert at >= version and [s["version"] for s in status["shards"]] == [at, at]
+        torch.testing.assert_close(shard_weights(c, at), saved)
+        c.app.state.cluster.finish("the test is over")
