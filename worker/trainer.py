@@ -126,6 +126,8 @@ class Trainer:
         # The run's wire dtype: gradients go up in it, weights come back in it.
         self.layout = wire.Layout.of(model, cfg.wire_dtype)
         self.flat = bind(model, self.layout)  # loading weights is one copy into it
+        if getattr(cfg, "shards", 1) > 1:  # its gradients go to parameter-server shards
+            self.client.use_shards(self.layout)
         collector = RolloutCollector.for_config(cfg, seed)
         self.algorithm = algorithm = algorithm_for(cfg, model, policy)
         self.policy = algorithm.policy

@@ -57,8 +57,8 @@ from master.learning.admission import (
 )
 from master.learning.rounds import Outcome, SyncRounds, Update
 from master.learning.saved import SavedParameters, refresh_every
-from master.learning.target import TargetNetwork
 from master.learning.shard_params import ShardedParameters
+from master.learning.target import TargetNetwork
 
 
 class ParameterServer(SyncRounds, SavedParameters, ShardedParameters):

@@ -87,9 +87,8 @@ def test_pushes_report_loss_and_norm_and_a_refused_one_is_dropped_for_the_weight
     """Each push carries the rollout's loss and the norm before clipping; a 409 without stop (an
     outlier, stale gradients) makes the worker pull the weights and go on. In sync mode the push
     may wait sync_timeout_s longer than other requests (the client's 10 s)."""
-    config = train_config(CONFIG.model_dump(exclude={"shards"}), algo="a2c", sync_timeout_s=5.0).model_copy(
-        update={"heartbeat_interval_s": 60.0}
-    )
+    a2c = train_config(CONFIG.model_dump(exclude={"shards"}), algo="a2c", sync_timeout_s=5.0)
+    config = a2c.model_copy(update={"heartbeat_interval_s": 60.0})
     model = build_model(config.env_id, config.env_kwargs, config.hidden_sizes)
     weights = wire.encode(model.state_dict())
     paths: list[str] = []
