@@ -54,11 +54,12 @@ class ShardRuns:
         self.params.close_shards()  # type: ignore[attr-defined]
         self.finish(f"a parameter-server shard failed and could not be started again: {problem}")  # type: ignore[attr-defined]
 
-    def shard_plan(self) -> dict[str, Any]:
+    def shard_plan(self, seen_as: str | None = None) -> dict[str, Any]:
+        """The running run's shards for a worker that reaches the master at `seen_as`."""
         shards = self.params.shards  # type: ignore[attr-defined]
         if shards is None:
             raise StateConflict("the run has no shards: its workers push to POST /gradients")
-        return {"run_id": self.ledger.run_id, **shards.plan()}  # type: ignore[attr-defined]
+        return {"run_id": self.ledger.run_id, **shards.plan(seen_as)}  # type: ignore[attr-defined]
 
     def commit_sharded(self, commit: Commit) -> dict[str, Any]:
         """A push staged on every shard (master/api/shards.py `Commit`): admitted as every push

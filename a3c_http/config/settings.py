@@ -92,8 +92,16 @@ class Settings(FromEnv):
         "127.0.0.1",
         pattern=r"^[0-9A-Za-z:.\-]+$",
         description="The address the master's parameter-server shards (a run's `shards`) listen "
-        "on, each on a port of its own, and that the workers are told: one they can reach "
-        "(this host's address on the cluster's network, or 0.0.0.0 is not one: name the host).",
+        "on, and that workers are told: one they can reach (this host's address on the "
+        "cluster's network where they are on other hosts). 0.0.0.0 or ::: every address, and "
+        "workers are told the host they reach the master at.",
+    )
+    shards_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="The port of the first shard; shard i listens on this port + i (a fixed "
+        "range, for firewalls and container ports). 0: each a free port.",
     )
     # The run's scalars to Weights & Biases too (master/persistence/wandb_sink.py).
     wandb_project: str | None = Field(

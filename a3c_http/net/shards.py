@@ -74,6 +74,7 @@ class ShardedPushes:
         self._shards: list[_Shard] = []
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
+        self._retired: list[_Shard] = []
 
     def _plan(self) -> tuple[str, list[_Shard]]:
         with self._lock:
@@ -92,8 +93,8 @@ class ShardedPushes:
             if time.monotonic() > deadline:
                 raise MasterUnavailable(f"the master's shards stayed down: {plan['down']}")
             self.client.transport.stop_event.wait(DOWN_POLL_S)
-        for shard in self._shards:
-            shard.transport.close()
+        # Pushes of the old plan may still be on their way: its connections close with the client.
+        self._retired.extend(self._shards)
         self._shards = [
             _Shard(self.client, s["url"], int(s["lo"]), int(s["hi"]), self.layout.dtype)
             for s in plan["shards"]
@@ -134,7 +135,7 @@ class ShardedPushes:
             receipts = list(
                 self._pool.map(lambda s: self._stage(s, worker_id, seq, epoch, vector), shards)
             )
-        except (MasterUnavailable, Conflict) as exc:
+        except (MasterUnavailable, Conflict, ProtocolError) as exc:
             self._forget(epoch)
             raise Conflict(409, f"the shards could not stage this push ({exc}): dropped") from None
         body = {
@@ -150,7 +151,7 @@ class ShardedPushes:
         at = int(reply["version"])
         try:
             parts = list(self._pool.map(lambda s: self._fetch(s, at), shards))
-        except (MasterUnavailable, Conflict) as exc:
+        except (MasterUnavailable, Conflict, ProtocolError) as exc:
             self._forget(epoch)
             raise Conflict(409, f"the shards' weights could not be fetched ({exc})") from None
         summary = {k: reply[k] for k in _SUMMARY if k in reply}
@@ -186,5 +187,5 @@ class ShardedPushes:
         self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
-        for shard in self._shards:
+        for shard in self._shards + self._retired:
             shard.transport.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from a3c_http.server.service import JSON_BODY, conflict, error, protected_router
@@ -48,9 +49,9 @@ class Commit(BaseModel):
 
 
 @router.get(SHARDS_PATH, responses={**conflict("no run has started, or it has no shards")})
-def shards(state: State) -> dict[str, Any]:
+def shards(state: State, request: Request) -> dict[str, Any]:
     """The running run's shards: their epoch, and each one's URL and slice of the parameters."""
-    return state.shard_plan()
+    return state.shard_plan(str(request.base_url))
 
 
 @router.post(

@@ -102,7 +102,9 @@ def spinning_threads() -> Iterator[None]:
 
 
 # What a child of the master imports before it runs: the fork server imports it once.
-CHILD_MODULES = ["torch", "master.learning.learner_loop", "a3c_http.policy.evaluation"]
+CHILD_MODULES = [
+    "torch", "master.learning.learner_loop", "a3c_http.policy.evaluation", "master.shards.shard",
+]
 _fork_server = threading.Lock()
 
 

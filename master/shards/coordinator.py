@@ -11,22 +11,18 @@ through the callback it was given.
 from __future__ import annotations
 
 import collections
-import contextlib
 import hmac
 import json
 import logging
 import math
-import os
 import secrets
 import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import torch
@@ -38,10 +34,10 @@ from a3c_http.config.training import TrainConfig
 from a3c_http.optim.flatnet import FlatNetwork
 from a3c_http.wire.protocol import CONTENT_TYPE
 from master.errors import Invalid, StateConflict, Unavailable
-from master.shards.shard import OPENING, receipt
+from master.learning.learner_needs import child_context
+from master.shards.shard import OPENING, receipt, serve
 
 logger = logging.getLogger("a3c.master.shards")
-ROOT = Path(__file__).resolve().parents[2]
 # How long a starting shard may take to answer its health check.
 START_WAIT_S = 60.0
 # How long the master waits for every shard to apply what it decided (a save's gathering).
@@ -68,48 +64,57 @@ def slices(n: int, shards: int) -> list[tuple[int, int]]:
 
 
 class _Process:
-    """One shard's process, on a socket the master bound, ending with the master's pipe."""
+    """One shard's process, forked from the master's fork server (master/learning/learner_needs.py
+    `child_context`) on a socket the master bound, ending when the master's end of its pipe
+    closes (the master ended, or was killed)."""
 
-    def __init__(self, index: int, host: str, scheme: str) -> None:
-        self.index = index
+    def __init__(self, index: int, host: str, port: int, scheme: str) -> None:
+        self.index, self.host, self.scheme = index, host, scheme
         listening = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        listening.bind((host, 0))
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listening.bind((host, port + index if port else 0))
+        except OSError as exc:
+            listening.close()
+            raise RuntimeError(
+                f"shard {index} cannot listen on {host}:{port + index if port else 0} "
+                f"({exc.strerror}): see A3C_SHARDS_HOST and A3C_SHARDS_PORT"
+            ) from None
         listening.listen(1024)
-        listening.set_inheritable(True)
-        port = listening.getsockname()[1]
-        self.url = f"{scheme}://{'[' + host + ']' if ':' in host else host}:{port}"
-        theirs, self._pipe = os.pipe()
-        os.set_inheritable(theirs, True)
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))),
-        }
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "master.shards.shard", str(listening.fileno()), str(theirs)],
-            env=env,
-            pass_fds=(listening.fileno(), theirs),
-            stdin=subprocess.DEVNULL,
+        self.port = listening.getsockname()[1]
+        context = child_context()
+        theirs, self._pipe = context.Pipe(duplex=False)
+        self.proc = context.Process(
+            target=serve, args=(listening, theirs), name=f"a3c-shard-{index}", daemon=True
         )
-        os.close(theirs)
+        self.proc.start()
+        theirs.close()
         listening.close()
 
+    def url(self, seen_as: str | None = None) -> str:
+        """The shard's URL; for workers that reach the master at `seen_as`, its host where the
+        shard listens on every address (as the receivers' URL is made)."""
+        host = self.host
+        if host in ("0.0.0.0", "::") and seen_as:
+            host = urlsplit(seen_as).hostname or host
+        return f"{self.scheme}://{f'[{host}]' if ':' in host else host}:{self.port}"
+
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return self.proc.is_alive()
 
     def stop(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self._pipe)  # the shard ends when its pipe closes
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
+        self._pipe.close()  # the shard ends when its pipe closes
+        self.proc.join(10)
+        if self.proc.is_alive():
             self.proc.kill()
-            self.proc.wait()
+            self.proc.join()
 
 
 class ShardSet:
-    """A run's shards: `start` them with the network, `verify` a commit's receipts, `decide`
-    each admitted push, `gather` their slices; a shard that fails stops the pushes until `reset`
-    (called by the watcher thread through `on_failure`) puts every shard back to one version."""
+    """A run's shards (their processes start with it): `open` them with the network, `verify` a
+    commit's receipts, `decide` each admitted push, `gather` their slices. A shard that fails
+    stops the pushes until `on_failure` (the facade's, master/shard_runs.py, called by the
+    watcher thread) has started it again and opened every shard at one version."""
 
     def __init__(
         self,
@@ -122,8 +127,7 @@ class ShardSet:
         self.config = config
         self.on_failure = on_failure  # the parameter server's: reset from its last gathering
         self.lock = threading.Condition()
-        scheme = "https" if settings.tls.serves else "http"
-        self._procs = [_Process(i, settings.shards_host, scheme) for i in range(self.count)]
+        self._procs = [self._process(i) for i in range(self.count)]
         headers = {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
         verify = settings.tls.client_context() if settings.tls.configured else True
         self._http = httpx.Client(headers=headers, timeout=30.0, verify=verify)
@@ -142,6 +146,10 @@ class ShardSet:
         ] + [threading.Thread(target=self._watch, daemon=True, name="a3c-shard-watch")]
         self._wait_healthy()
 
+    def _process(self, index: int) -> _Process:
+        scheme = "https" if self.settings.tls.serves else "http"
+        return _Process(index, self.settings.shards_host, self.settings.shards_port, scheme)
+
     # -- opening ----------------------------------------------------------------------------------
 
     def _wait_healthy(self) -> None:
@@ -149,10 +157,10 @@ class ShardSet:
         for proc in self._procs:
             while True:
                 if not proc.alive():
-                    code = _ended(proc.proc.returncode)
+                    code = _ended(proc.proc.exitcode)
                     raise RuntimeError(f"shard {proc.index} ended at its start ({code})")
                 try:
-                    if self._http.get(f"{proc.url}/healthz", timeout=2.0).status_code == 200:
+                    if self._http.get(f"{proc.url()}/healthz", timeout=2.0).status_code == 200:
                         break
                 except httpx.HTTPError:
                     pass
@@ -185,7 +193,7 @@ class ShardSet:
                 }  # fmt: skip
                 body = st_save(tensors, {OPENING: json.dumps(meta)})
                 reply = self._http.post(
-                    f"{proc.url}/shard/open", content=body, headers={"Content-Type": CONTENT_TYPE}
+                    f"{proc.url()}/shard/open", content=body, headers={"Content-Type": CONTENT_TYPE}
                 )
                 if reply.status_code != 200:
                     raise RuntimeError(f"shard {proc.index} refused its opening: {reply.text}")
@@ -195,14 +203,15 @@ class ShardSet:
             for thread in self._threads:
                 thread.start()
 
-    def plan(self) -> dict[str, Any]:
-        """What a worker needs to push to the shards: the epoch and each shard's URL and slice."""
+    def plan(self, seen_as: str | None = None) -> dict[str, Any]:
+        """What a worker needs to push to the shards: the epoch and each shard's URL (for a
+        worker that reaches the master at `seen_as`) and slice."""
         with self.lock:
             return {
                 "epoch": self.epoch,
                 "down": self.failure,
                 "shards": [
-                    {"url": p.url, "lo": lo, "hi": hi}
+                    {"url": p.url(seen_as), "lo": lo, "hi": hi}
                     for p, (lo, hi) in zip(self._procs, self._slices, strict=True)
                 ],
             }
@@ -254,7 +263,7 @@ class ShardSet:
                 if self._closed:
                     return
                 batch = [queue[i] for i in range(min(BATCH, len(queue)))]
-                epoch, url = self.epoch, self._procs[index].url
+                epoch, url = self.epoch, self._procs[index].url()
             try:
                 reply = self._http.post(
                     f"{url}/shard/apply", json={"epoch": epoch, "decisions": batch}
@@ -288,7 +297,7 @@ class ShardSet:
                     return
                 for proc in self._procs:
                     if not proc.alive():
-                        self._fail(f"shard {proc.index} ended ({_ended(proc.proc.returncode)})")
+                        self._fail(f"shard {proc.index} ended ({_ended(proc.proc.exitcode)})")
                 failure = self.failure
             if failure is not None:
                 self.on_failure(failure)
@@ -296,11 +305,10 @@ class ShardSet:
     def restart_failed(self) -> None:
         """Start again every shard whose process ended (the reset's first half)."""
         self.restarts += 1
-        scheme = "https" if self.settings.tls.serves else "http"
         for i, proc in enumerate(self._procs):
             if not proc.alive():
                 proc.stop()
-                self._procs[i] = _Process(i, self.settings.shards_host, scheme)
+                self._procs[i] = self._process(i)
         self._wait_healthy()
 
     # -- gathering -------------------------------------------------------------------------------
@@ -320,7 +328,7 @@ class ShardSet:
             version = self.decided
         parts: dict[str, list[torch.Tensor]] = {}
         for proc in self._procs:
-            reply = self._http.get(f"{proc.url}/shard/state")
+            reply = self._http.get(f"{proc.url()}/shard/state")
             if reply.status_code != 200:
                 raise ShardsDown(f"shard {proc.index} gave no state: {reply.text}")
             for name, tensor in st_load(reply.content).items():
@@ -339,7 +347,7 @@ class ShardSet:
             return [
                 {
                     "index": p.index,
-                    "url": p.url,
+                    "url": p.url(),
                     "pid": p.proc.pid,
                     "alive": p.alive(),
                     "slice": list(s),

@@ -2,12 +2,11 @@
 state, the gradient slices staged for pushes, and the versions applied in the master's order
 (master/shards/__init__.py says how a push crosses the shards).
 
-    python -m master.shards.shard LISTEN_FD PARENT_FD
-
-The master binds the shard's socket and keeps the write end of a pipe whose read end is
-`PARENT_FD`: when the master ends or is killed the pipe closes and the shard ends too, so no
-shard outlives the master that opened it. The shard reads the master's settings from the same
-environment (its token, TLS, body bounds: a3c_http/server/service.py `install_common`).
+The master forks it from its fork server (`serve`) on a socket the master bound, and keeps the
+write end of a pipe whose read end the shard watches: when the master ends or is killed the pipe
+closes and the shard ends too, so no shard outlives the master that opened it. The shard reads
+the master's settings from the same environment (its token, TLS, body bounds:
+a3c_http/server/service.py `install_common`).
 
 Routes: `POST /shard/open` (the master: a run's slice, its optimizer state, its version and the
 key of its receipts), `POST /shard/stage` (a worker: its slice of a push's gradients),
@@ -18,14 +17,16 @@ its optimizer's state, to save), `GET /shard/status`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
 import os
 import socket
-import sys
 import threading
 import time
+from multiprocessing.connection import Connection
 from typing import Annotated, Any
 
 import torch
@@ -76,6 +77,10 @@ class Refused(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+class NotYet(Refused):
+    """The version asked for is not applied yet (503 once the wait is over)."""
 
 
 class Shard:
@@ -221,7 +226,7 @@ class Shard:
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise Refused(503, f"shard {self.index} has not applied version {version} yet")
+                    raise NotYet(503, f"shard {self.index} has not applied version {version} yet")
                 self.cond.wait(left)
             cached = self._encoded
             if cached is None or cached[0] != self.version:
@@ -287,16 +292,39 @@ def create_app(settings: Settings, shard: Shard | None = None) -> FastAPI:
     ) -> dict[str, Any]:
         return answer(shard.stage, worker, seq, epoch, await request.body())
 
+    # The routes that apply and that wait for a version run on the event loop (no thread of the
+    # pool waits: hundreds of workers waiting for their version would take every thread, and the
+    # master's next decisions none); `applied` wakes the waiting ones after each batch.
+    applied: list[asyncio.Event] = []
+
     @router.post("/shard/apply")
-    def apply(body: dict[str, Any]) -> dict[str, Any]:
+    async def apply(body: dict[str, Any]) -> dict[str, Any]:
         decisions = body.get("decisions")
         if not isinstance(decisions, list) or not isinstance(body.get("epoch"), str):
             raise HTTPException(422, "expected {'epoch': str, 'decisions': [...]}")
-        return {"version": answer(shard.apply, body["epoch"], decisions)}
+        try:
+            return {"version": answer(shard.apply, body["epoch"], decisions)}
+        finally:
+            while applied:
+                applied.pop().set()
 
     @router.get(SHARD_WEIGHTS_PATH)
-    def weights(version: Annotated[int, Query(ge=0)] = 0) -> Response:
-        body, at = answer(shard.weights, version)
+    async def weights(version: Annotated[int, Query(ge=0)] = 0) -> Response:
+        deadline = time.monotonic() + WEIGHTS_WAIT_S
+        while True:
+            try:
+                body, at = shard.weights(version, wait_s=0)
+                break
+            except NotYet:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise HTTPException(503, f"version {version} is not applied yet") from None
+                event = asyncio.Event()
+                applied.append(event)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), left)
+            except Refused as exc:
+                raise HTTPException(exc.status, str(exc)) from None
         return Response(body, media_type=CONTENT_TYPE, headers={VERSION_HEADER: str(at)})
 
     @router.get("/shard/state")
@@ -312,30 +340,27 @@ def create_app(settings: Settings, shard: Shard | None = None) -> FastAPI:
     return app
 
 
-def _end_with_parent(parent_fd: int) -> None:
+def _end_with_parent(parent: Connection) -> None:
     """End this process when the master's end of the pipe closes."""
 
     def watch() -> None:
-        while os.read(parent_fd, 1):
-            pass
+        with contextlib.suppress(EOFError, OSError):
+            while True:
+                parent.recv_bytes()
         os._exit(0)
 
     threading.Thread(target=watch, name="a3c-shard-parent", daemon=True).start()
 
 
-def main(listen_fd: int, parent_fd: int) -> None:
+def serve(listening: socket.socket, parent: Connection) -> None:
+    """A shard on `listening` until `parent` closes (master/shards/coordinator.py forks it)."""
     settings = Settings.from_env()
     logs.configure(settings.log_level, settings.log_format)
     tuning.keep_freed_memory(settings.max_body_bytes)
     torch.set_num_threads(1)
-    _end_with_parent(parent_fd)
-    listening = socket.socket(fileno=listen_fd)
+    _end_with_parent(parent)
     config = uvicorn.Config(
         create_app(settings), log_level="warning", access_log=False,
         **settings.tls.uvicorn_kwargs(),
     )  # fmt: skip
     uvicorn.Server(config).run(sockets=[listening])
-
-
-if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]))

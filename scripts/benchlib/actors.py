@@ -34,6 +34,7 @@ import json
 import tempfile
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from a3c_http.algos.base import Sends
 from a3c_http.algos.registry import CONFIGS, algorithm_class, model_for, train_config
@@ -44,7 +45,7 @@ from a3c_http.optim.flatnet import FlatNetwork
 from a3c_http.wire import tensors as wire
 from scripts.benchlib.cluster import UNREACHABLE
 from scripts.benchlib.ingest import rollout_body
-from scripts.benchlib.load import Body, Level, push_level, ready_bodies
+from scripts.benchlib.load import Body, Level, Shards, push_level, ready_bodies
 from scripts.benchlib.options import config_overrides, number
 from scripts.benchlib.procs import end_on_signals
 from scripts.benchlib.report import ROOT, say
@@ -142,6 +143,19 @@ def receivers(master_pid: int) -> list[int]:
     return [p for p in with_descendants([master_pid]) if b"master.ingress.receiver" in command(p)]
 
 
+def shards_of(cluster: LocalCluster) -> Shards | None:
+    """The running run's shards as its actors push to them, or None (a run without shards)."""
+    reply = cluster.http.get(f"{cluster.master.url}/shards")
+    if reply.status_code != 200:
+        return None
+    plan = reply.json()
+    places = []
+    for shard in plan["shards"]:
+        where = urlsplit(shard["url"])
+        places.append((where.hostname, where.port, shard["lo"], shard["hi"]))
+    return Shards(plan["epoch"], places)
+
+
 def load(cluster: LocalCluster, run_id: str, config: TrainConfig, args: argparse.Namespace,
          client_tls: Any) -> dict[str, Any]:
     """The load of `args.actors` actors on the running run `run_id`, and its figures."""
@@ -150,7 +164,8 @@ def load(cluster: LocalCluster, run_id: str, config: TrainConfig, args: argparse
     port = status["fronts"]["port"] if args.receivers else cluster.master.port
     learner = (status.get("learner") or {}).get("pid")
     pids = {"master": [cluster.master.pid], "learner": [learner] if learner else [],
-            "receivers": receivers(cluster.master.pid)}
+            "receivers": receivers(cluster.master.pid),
+            "shards": [s["pid"] for s in status.get("shards") or []]}
     cpu = {role: cpu_of(ps) for role, ps in pids.items()}
     before = counted(status)
     say(f"  {args.actors} actors push {len(bodies[0].data):,}-byte bodies to {route} for "
@@ -158,7 +173,8 @@ def load(cluster: LocalCluster, run_id: str, config: TrainConfig, args: argparse
     level = push_level(
         cluster.master.host, port, args.actors, bodies, run_id, status["model_version"],
         args.warmup, args.seconds, 10**12, tag="actor", master_port=cluster.master.port,
-        tls=client_tls, path=route,
+        tls=client_tls, path=route, shards=shards_of(cluster),
+        layout=wire.Layout.of(model_for(config), config.wire_dtype),
     )
     # The learner reports what it took after it took it: the counts settle within a deadline,
     # or their difference is reported.

@@ -146,6 +146,101 @@ async def _reply(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
     return status, headers
 
 
+async def _reply_json(reader: asyncio.StreamReader) -> tuple[int, dict]:
+    """Read one HTTP/1.1 reply with a small JSON body: its status and the body."""
+    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+    status = int(head[0].split(" ", 2)[1])
+    length = next(
+        int(line.partition(":")[2]) for line in head if line.lower().startswith("content-length:")
+    )
+    return status, json.loads(await reader.readexactly(length)) if length else {}
+
+
+@dataclass(frozen=True)
+class Shards:
+    """A run's parameter-server shards as its actors push to them (master/shards/): the epoch,
+    each shard's (host, port, lo, hi), and the token-free master's commit path."""
+
+    epoch: str
+    places: list[tuple[str, int, int, int]]
+
+    def bodies(self, bodies: list[Body], layout: wire.Layout) -> list[list[bytes]]:
+        """Each body's gradients cut into the shards' slices, encoded as a worker stages them."""
+        out = []
+        for body in bodies:
+            vector, _ = layout.decode(body.data)
+            out.append([
+                wire.Layout([("slice", (hi - lo,))], hi - lo, layout.dtype).encode(vector[lo:hi])
+                for _, _, lo, hi in self.places
+            ])  # fmt: skip
+        return out
+
+
+async def _sharded_push(
+    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]],
+    master: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    shards: Shards,
+    slices: list[bytes],
+    worker: str,
+    run_id: str,
+    seq: int,
+    seen: int,
+    body: Body,
+    master_host: str,
+) -> tuple[int, dict]:
+    """One push's three steps (a3c_http/net/shards.py): stage on every shard, commit, fetch."""
+
+    async def stage(i: int) -> dict:
+        reader, writer = conns[i]
+        host, port, _, _ = shards.places[i]
+        writer.write(
+            (
+                f"POST /shard/stage HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                f"Content-Type: {wire.CONTENT_TYPE}\r\nContent-Length: {len(slices[i])}\r\n"
+                f"{WORKER_ID_HEADER}: {worker}\r\n{SEQ_HEADER}: {seq}\r\n"
+                f"X-A3C-Shard-Epoch: {shards.epoch}\r\n\r\n"
+            ).encode()
+            + slices[i]
+        )
+        status, receipt = await _reply_json(reader)
+        if status != 200:
+            raise _Refused(f"stage {status}")
+        return receipt
+
+    receipts = await asyncio.gather(*(stage(i) for i in range(len(conns))))
+    commit = json.dumps({
+        "worker_id": worker, "run_id": run_id, "version": seen, "seq": seq, "loss": body.loss,
+        "grad_norm": body.norm, "receipts": receipts,
+    }).encode()  # fmt: skip
+    reader, writer = master
+    writer.write(
+        f"POST /shards/commit HTTP/1.1\r\nHost: {master_host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(commit)}\r\n\r\n".encode()
+        + commit
+    )
+    status, reply = await _reply_json(reader)
+    if status != 200:
+        return status, reply
+
+    async def fetch(i: int) -> None:
+        reader, writer = conns[i]
+        host, port, _, _ = shards.places[i]
+        writer.write(
+            f"GET /shard/weights?version={reply['version']} HTTP/1.1\r\n"
+            f"Host: {host}:{port}\r\n\r\n".encode()
+        )
+        got, _ = await _reply(reader)
+        if got != 200:
+            raise _Refused(f"fetch {got}")
+
+    await asyncio.gather(*(fetch(i) for i in range(len(conns))))
+    return status, reply
+
+
+class _Refused(Exception):
+    """A shard refused a stage or a fetch (the simulated worker ends with it)."""
+
+
 async def _level(
     host: str,
     port: int,
@@ -161,6 +256,8 @@ async def _level(
     master_port: int,
     tls: ssl.SSLContext | None,
     path: str,
+    shards: Shards | None = None,
+    layout: wire.Layout | None = None,
 ) -> Level:
     level = Level(n)
     stop = asyncio.Event()
@@ -226,7 +323,52 @@ async def _level(
             if writer is not None:
                 writer.close()
 
-    workers = [asyncio.create_task(simulated_worker(i)) for i in range(n)]
+    def measured(sent: float, done: float) -> None:
+        if window_start <= done <= window_end[0]:
+            level.window_ok += 1
+            level.latencies_ms.append((done - sent) * 1000)
+            if level.window_ok >= max_count:
+                window_end[0] = done
+                stop.set()
+
+    async def sharded_worker(index: int) -> None:
+        assert shards is not None and layout is not None
+        worker, seen, opened = f"{tag}-{index}", version, []
+        try:
+            status = await _register(host, master_port, worker, run_id, tls)
+            if status != 200:
+                level.errors[f"register {status}"] += 1
+                return
+            for shard_host, shard_port, _, _ in shards.places:
+                opened.append(await asyncio.open_connection(shard_host, shard_port, ssl=tls))
+            master = await asyncio.open_connection(host, master_port, ssl=tls)
+            opened.append(master)
+            for seq in itertools.count(1):
+                if stop.is_set():
+                    return
+                at = (index + seq) % len(bodies)
+                sent = time.perf_counter()
+                status, reply = await asyncio.wait_for(
+                    _sharded_push(opened[:-1], master, shards, sliced[at], worker, run_id, seq,
+                                  seen, bodies[at], f"{host}:{master_port}"),
+                    REPLY_TIMEOUT_S,
+                )  # fmt: skip
+                if status != 200:
+                    level.errors[str(status)] += 1
+                    continue
+                level.ok += 1
+                seen = int(reply["version"])
+                level.duplicates += bool(reply.get("duplicate"))
+                measured(sent, time.perf_counter())
+        except (OSError, asyncio.IncompleteReadError, TimeoutError, KeyError, _Refused) as exc:
+            level.errors[str(exc) if isinstance(exc, _Refused) else type(exc).__name__] += 1
+        finally:
+            for _, writer in opened:
+                writer.close()
+
+    sliced = shards.bodies(bodies, layout) if shards is not None and layout is not None else []
+    actor = sharded_worker if shards is not None else simulated_worker
+    workers = [asyncio.create_task(actor(i)) for i in range(n)]
     try:
         # Only a full window (max_count) sets `stop` before the window's end.
         with contextlib.suppress(TimeoutError):
@@ -273,6 +415,8 @@ def push_level(
     master_port: int | None = None,
     tls: ssl.SSLContext | None = None,
     path: str = "/gradients",
+    shards: Shards | None = None,
+    layout: wire.Layout | None = None,
 ) -> Level:
     """`n` simulated workers push `bodies` (in turn) to `path` on `port` (gradients; or
     "/experience", rollouts) as fast as the master answers:
@@ -280,11 +424,13 @@ def push_level(
     finishes its request in flight, so the master's counters are final when this returns. Each
     registers first at `master_port` (default: `port`; another when `port` is the master's
     receivers'). A SIGINT or SIGTERM meanwhile closes every connection and then goes to the
-    caller's own handler. With `tls` (a client context), every connection is HTTPS."""
+    caller's own handler. With `tls` (a client context), every connection is HTTPS. With
+    `shards` (and the run's wire `layout`), each push is staged on every shard, committed to the
+    master and its weights fetched from every shard, as a worker of such a run pushes."""
     received: list[int] = []
     coro = _level(
         host, port, n, bodies, run_id, version, warmup_s, window_s, max_count, tag, received,
-        master_port or port, tls, path,
+        master_port or port, tls, path, shards, layout,
     )
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     wall, cpu = time.perf_counter(), time.process_time()

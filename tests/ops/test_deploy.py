@@ -563,7 +563,7 @@ def test_the_master_is_one_pod_behind_its_service_on_its_volume() -> None:
     worker_labels = resources["Deployment", "a3c-worker"]["spec"]["template"]["metadata"]["labels"]
     assert not service["spec"]["selector"].items() <= worker_labels.items()
     c = container(master)
-    (port,) = service["spec"]["ports"]
+    port = service_port(service, "http")
     assert container_port(c, port["targetPort"]) == port_of(c["command"]) == port["port"]
     # The run folder is on the claim, which the base defines.
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
@@ -579,12 +579,36 @@ def test_the_master_is_one_pod_behind_its_service_on_its_volume() -> None:
     assert c["command"][0] == "a3c-master"
 
 
+def service_port(service: dict, name: str) -> dict:
+    (port,) = [p for p in service["spec"]["ports"] if p["name"] == name]
+    return port
+
+
+def test_the_shards_listen_where_the_workers_reach_them() -> None:
+    """A run's shards (master/shards/) are the master pod's processes on A3C_SHARDS_PORT + i, on
+    every address: the pod opens those ports and its Service carries them, so a worker that
+    reaches the master at a3c-master reaches shard i at a3c-master:port + i; compose's workers
+    reach them on its network."""
+    resources = base()
+    c = container(resources["Deployment", "a3c-master"])
+    (service,) = [d for (k, _), d in resources.items() if k == "Service"]
+    assert env(c)["A3C_SHARDS_HOST"]["value"] == "0.0.0.0"
+    first = int(env(c)["A3C_SHARDS_PORT"]["value"])
+    shards = sorted(p["name"] for p in c["ports"] if p["name"].startswith("shard-"))
+    assert shards and shards == [f"shard-{i}" for i in range(len(shards))]
+    for i, name in enumerate(shards):
+        port = service_port(service, name)
+        assert container_port(c, port["targetPort"]) == port["port"] == first + i
+    master = compose()["services"]["master"]["environment"]
+    assert (master["A3C_SHARDS_HOST"], int(master["A3C_SHARDS_PORT"])) == ("0.0.0.0", first)
+
+
 def test_the_workers_join_the_master_through_its_service() -> None:
     resources = base()
     (service,) = [d for (k, _), d in resources.items() if k == "Service"]
     worker = resources["Deployment", "a3c-worker"]
     c = container(worker)
-    (port,) = service["spec"]["ports"]
+    port = service_port(service, "http")
     url = f"http://{service['metadata']['name']}:{port['port']}"
     assert env(c)["A3C_MASTER_URL"]["value"] == url
     assert c["command"][0] == "a3c-worker"
@@ -671,7 +695,7 @@ def test_the_tls_overlay_mounts_each_roles_secret_and_sets_the_variables() -> No
             assert timeout >= 5, (name, probe)
     # The workers reach the master by https:// at the same Service and port as the base's URL.
     worker_env = {n: e["value"] for n, e in env(container(patches["a3c-worker"])).items()}
-    (port,) = service["spec"]["ports"]
+    port = service_port(service, "http")
     assert worker_env["A3C_MASTER_URL"] == f"https://{service['metadata']['name']}:{port['port']}"
     assert "A3C_MASTER_URL" in env(container(resources["Deployment", "a3c-worker"]))
 
