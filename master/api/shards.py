@@ -58,7 +58,9 @@ def shards(state: State, request: Request) -> dict[str, Any]:
     f"{SHARDS_PATH}/commit",
     responses={**JSON_BODY, **conflict("stale, an outlier, another epoch, no such run"), **_DOWN},
 )
-def commit(body: Commit, state: State) -> dict[str, Any]:
+async def commit(body: Commit, state: State) -> dict[str, Any]:
     """Admit a push staged on every shard: the version its weights will be at once every shard
     has applied it (fetch them there), whether it was a retry, and the run's summary."""
+    # On the event loop, as a gradient push is taken (master/ingress/updates.py): a commit waits
+    # for nothing but the state's locks, and a hop to the thread pool was most of its cost.
     return state.commit_sharded(body)

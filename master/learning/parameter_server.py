@@ -361,6 +361,7 @@ class ParameterServer(SyncRounds, SavedParameters, ShardedParameters):
         """The target network's weights in the run's wire dtype and its version (StateConflict
         when the run keeps none)."""
         with self.lock:
+            self._fresh_from_shards(target=True)
             return self.target.body(self._require_net())
 
     def counters(self) -> dict[str, Any]:

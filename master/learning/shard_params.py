@@ -33,6 +33,9 @@ class ShardedParameters:
     version: int
     shards: ShardSet | None = None
     _net_version = 0
+    # A dqn run's: the version the shards' target network is at (master/learning/target.py's
+    # rule, kept here as the shards keep it), and the master's copy of it, as last gathered.
+    _shard_target_version: int | None = None
     _encoded: Any
 
     def start_shards(self, settings: Settings, config: TrainConfig, on_failure: Any) -> None:
@@ -41,8 +44,9 @@ class ShardedParameters:
         self.close_shards()
         shards = ShardSet(settings, config, on_failure)
         with self.lock:
-            shards.open(self._require_net(), self.version)  # type: ignore[attr-defined]
+            shards.open(self._require_net(), self.version, self._target_kept())  # type: ignore[attr-defined]
             self._net_version = self.version
+            self._shard_target_version = self.target.version  # type: ignore[attr-defined]
             self.shards = shards
 
     def close_shards(self) -> None:
@@ -80,18 +84,31 @@ class ShardedParameters:
             lr = net.optimizer.param_groups[0]["lr"] * lr_scale(staleness, config.staleness_scaling)
             self.version += 1
             shards.decide(self.version, update.worker_id, update.seq or 0, lr)
+            every = self.target.every  # type: ignore[attr-defined]
+            if every is not None and self.version - (self._shard_target_version or 0) >= every:
+                self._shard_target_version = self.version  # as every shard refreshes it
             self.staleness_total += staleness  # type: ignore[attr-defined]
             self.updates_applied += 1  # type: ignore[attr-defined]
             self._remember_seq(update.worker_id, update.seq)  # type: ignore[attr-defined]
             self._join_outlier_window(update)  # type: ignore[attr-defined]
             return self.version, False
 
-    def _fresh_from_shards(self) -> None:
-        """The master's network as the shards hold it now (caller holds the lock, so no push is
-        decided meanwhile); ShardsDown while they cannot give it."""
-        if self.shards is not None and self._net_version != self.version:
-            self._net_version = self.shards.gather(self._require_net())  # type: ignore[attr-defined]
+    def _fresh_from_shards(self, target: bool = False) -> None:
+        """The master's network as the shards hold it now (`target`: at least as new as the
+        target network the shards hold), the caller holding the lock, so no push is decided
+        meanwhile; ShardsDown while they cannot give it."""
+        if self.shards is None:
+            return
+        stale_target = target and self._shard_target_version != self.target.version  # type: ignore[attr-defined]
+        if self._net_version != self.version or stale_target:
+            net = self._require_net()  # type: ignore[attr-defined]
+            self._net_version = self.shards.gather(net, self._target_kept())
             self._encoded = None
+
+    def _target_kept(self) -> Any:
+        """The run's target network where it has one the shards keep (dqn), else None."""
+        target = self.target  # type: ignore[attr-defined]
+        return target if target.every is not None and target.vector is not None else None
 
     def reset_shards(self) -> int:
         """After a shard failed: start what ended, then every shard from the network as last
@@ -105,7 +122,8 @@ class ShardedParameters:
             self.version += 1
             self._net_version = self.version
             self._encoded = None
-            shards.open(self._require_net(), self.version)  # type: ignore[attr-defined]
+            shards.open(self._require_net(), self.version, self._target_kept())  # type: ignore[attr-defined]
+            self._shard_target_version = self.target.version  # type: ignore[attr-defined]
             return self.version
 
     def shards_status(self) -> list[dict[str, Any]] | None:

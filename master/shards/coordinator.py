@@ -35,7 +35,8 @@ from a3c_http.optim.flatnet import FlatNetwork
 from a3c_http.wire.protocol import CONTENT_TYPE
 from master.errors import Invalid, StateConflict, Unavailable
 from master.learning.learner_needs import child_context
-from master.shards.shard import OPENING, receipt, serve
+from master.learning.target import TargetNetwork
+from master.shards.shard import OPENING, metadata_of, receipt, serve
 
 logger = logging.getLogger("a3c.master.shards")
 # How long a starting shard may take to answer its health check.
@@ -168,9 +169,10 @@ class ShardSet:
                     raise RuntimeError(f"shard {proc.index} did not answer in {START_WAIT_S:g} s")
                 time.sleep(0.05)  # polling a starting process's port
 
-    def open(self, net: FlatNetwork, version: int) -> None:
-        """Hand every shard its slice of `net`'s parameters and optimizer state at `version`,
-        under a new epoch and key (receipts of before are refused from now on)."""
+    def open(self, net: FlatNetwork, version: int, target: TargetNetwork | None = None) -> None:
+        """Hand every shard its slice of `net`'s parameters and optimizer state at `version` (and
+        of `target`'s weights, a dqn run's target network), under a new epoch and key (receipts
+        of before are refused from now on)."""
         with self.lock:
             self.epoch = uuid.uuid4().hex[:16]
             self._key = secrets.token_bytes(32)
@@ -182,6 +184,8 @@ class ShardSet:
             state = net.optimizer.state.get(net.params, {})
             for proc, (lo, hi) in zip(self._procs, self._slices, strict=True):
                 tensors = {"weights": net.params.detach()[lo:hi].clone()}
+                if target is not None and target.vector is not None:
+                    tensors["target"] = target.vector[lo:hi].clone()
                 for name, value in state.items():
                     if torch.is_tensor(value):
                         part = value[lo:hi] if value.dim() else value
@@ -190,6 +194,8 @@ class ShardSet:
                     "config": self.config.model_dump(mode="json"),
                     "index": proc.index, "lo": lo, "hi": hi, "version": version,
                     "epoch": self.epoch, "key": self._key.hex(),
+                    "target_version": target.version if target is not None else None,
+                    "target_every": target.every if target is not None else None,
                 }  # fmt: skip
                 body = st_save(tensors, {OPENING: json.dumps(meta)})
                 reply = self._http.post(
@@ -313,9 +319,10 @@ class ShardSet:
 
     # -- gathering -------------------------------------------------------------------------------
 
-    def gather(self, net: FlatNetwork) -> int:
-        """Every shard's slice and optimizer state, once each has applied every decision, into
-        `net`; the version they are at. The caller holds the tickets (no `decide` meanwhile)."""
+    def gather(self, net: FlatNetwork, target: TargetNetwork | None = None) -> int:
+        """Every shard's slice and optimizer state (and target slice, into `target`), once each
+        has applied every decision, into `net`; the version they are at. The caller holds the
+        tickets (no `decide` meanwhile)."""
         deadline = time.monotonic() + DRAIN_WAIT_S
         with self.lock:
             while min(self.delivered) < self.decided:
@@ -327,12 +334,18 @@ class ShardSet:
                 self.lock.wait(left)
             version = self.decided
         parts: dict[str, list[torch.Tensor]] = {}
+        target_versions = set()
         for proc in self._procs:
             reply = self._http.get(f"{proc.url()}/shard/state")
             if reply.status_code != 200:
                 raise ShardsDown(f"shard {proc.index} gave no state: {reply.text}")
             for name, tensor in st_load(reply.content).items():
                 parts.setdefault(name, []).append(tensor)
+            target_versions.add(json.loads(metadata_of(reply.content)[OPENING])["target_version"])
+        targets = parts.pop("target", None)
+        if target is not None and targets is not None:
+            (target_version,) = target_versions  # every shard refreshes at the same versions
+            target.take(torch.cat(targets), target_version)
         with torch.no_grad():
             net.params.copy_(torch.cat(parts.pop("weights")))
         state = net.optimizer.state.setdefault(net.params, {})

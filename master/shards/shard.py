@@ -84,7 +84,8 @@ class NotYet(Refused):
 
 
 class Shard:
-    """The slice and everything that changes with it, under one condition."""
+    """The slice and everything that changes with it (a dqn run's target network's slice too),
+    under one condition."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
@@ -98,6 +99,10 @@ class Shard:
         self._layout: Layout | None = None
         self._staged: dict[tuple[str, int], tuple[torch.Tensor, float]] = {}
         self._encoded: tuple[int, bytes] | None = None
+        # A dqn run's target network: its slice, its version, refreshed every `_every` versions.
+        self._target: torch.Tensor | None = None
+        self.target_version: int | None = None
+        self._every: int | None = None
         self._bound = 0.0  # at least the size of every weight (flatnet.py's `weight_bound`)
         self.applied = 0
         self.failed: str | None = None  # why the slice can no longer be trusted
@@ -108,7 +113,7 @@ class Shard:
         version, the epoch and the receipts' key. Replaces whatever the shard held."""
         try:
             tensors = st_load(body)
-            meta = json.loads(_metadata(body)[OPENING])
+            meta = json.loads(metadata_of(body)[OPENING])
             config = config_json(json.dumps(meta["config"]))
             weights = tensors["weights"].to(torch.float32).reshape(-1)
         except Exception as exc:  # noqa: BLE001 - any malformed opening is the same refusal
@@ -118,7 +123,14 @@ class Shard:
             raise Refused(422, f"the slice has {weights.numel()} values, its place {n}")
         param = nn.Parameter(weights.clone())
         optimizer = make_optimizer([param], config)
-        state = {k.removeprefix("optimizer."): v for k, v in tensors.items() if k != "weights"}
+        target = tensors.get("target")
+        if target is not None and target.numel() != n:
+            raise Refused(422, f"the target's slice has {target.numel()} values, its place {n}")
+        state = {
+            k.removeprefix("optimizer."): v
+            for k, v in tensors.items()
+            if k.startswith("optimizer.")
+        }
         if state:
             groups = optimizer.state_dict()["param_groups"]
             optimizer.load_state_dict({"state": {0: state}, "param_groups": groups})
@@ -131,6 +143,9 @@ class Shard:
             self._staged = {}
             self._encoded = None
             self._bound = float(weights.abs().max()) if n else 0.0
+            self._target = target.to(torch.float32).clone() if target is not None else None
+            self.target_version = meta.get("target_version")
+            self._every = meta.get("target_every")
             self.failed = None
             self.cond.notify_all()
         return self.status()
@@ -194,12 +209,22 @@ class Shard:
                     self._step(staged[0], float(decision["lr"]))
                     self.version = version
                     self.applied += 1
+                    self._follow()
             except Refused as exc:
                 self.failed = str(exc)
                 raise
             finally:
                 self.cond.notify_all()
             return self.version
+
+    def _follow(self) -> None:
+        """The target's slice becomes the weights' when `_every` versions have passed since it
+        last did (master/learning/target.py `follow`'s rule, which the master keeps too)."""
+        if self._target is None or self._every is None or self._param is None:
+            return
+        if self.version - (self.target_version or 0) >= self._every:
+            self._target.copy_(self._param.detach())
+            self.target_version = self.version
 
     def _step(self, gradient: torch.Tensor, lr: float) -> None:
         assert self._param is not None and self._optimizer is not None
@@ -242,8 +267,13 @@ class Shard:
             tensors = {"weights": self._param.detach().clone()}
             for name, value in self._optimizer.state.get(self._param, {}).items():
                 if torch.is_tensor(value):
-                    tensors[f"optimizer.{name}"] = value.detach().clone().reshape(value.shape)
-            meta = {"version": self.version, "epoch": self.epoch, "index": self.index}
+                    tensors[f"optimizer.{name}"] = value.detach().clone()
+            if self._target is not None:
+                tensors["target"] = self._target.clone()
+            meta = {
+                "version": self.version, "epoch": self.epoch, "index": self.index,
+                "target_version": self.target_version,
+            }  # fmt: skip
         return st_save(tensors, {OPENING: json.dumps(meta)})
 
     def status(self) -> dict[str, Any]:
@@ -261,7 +291,7 @@ class Shard:
             }
 
 
-def _metadata(body: bytes) -> dict[str, str]:
+def metadata_of(body: bytes) -> dict[str, str]:
     """A safetensors body's `__metadata__` (safetensors' own reader drops it)."""
     size = int.from_bytes(body[:8], "little")
     return json.loads(body[8 : 8 + size]).get("__metadata__") or {}

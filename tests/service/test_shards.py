@@ -180,3 +180,22 @@ def test_a_reopened_master_opens_its_shards_at_the_saved_weights(tmp_path: Path)
         assert at >= version and [s["version"] for s in status["shards"]] == [at, at]
         torch.testing.assert_close(shard_weights(c, at), saved)
         c.app.state.cluster.finish("the test is over")
+
+
+def test_a_dqn_runs_target_network_is_the_shards(tmp_path: Path) -> None:
+    with master_running(tmp_path, algo="dqn", shards=2, target_update=2) as c:
+        params = c.app.state.cluster.params
+        start, n = params.version, params.net.layout.n_params
+        expected = FlatNetwork(copy.deepcopy(params.net.model), c.app.state.cluster.ledger.config)
+        gradient = torch.full((n,), GRADIENT)
+        at: dict[int, torch.Tensor] = {}
+        for seq in (1, 2, 3):
+            assert commit(c, seq, stage(c, seq, gradient)).status_code == 200
+            expected.step([gradient])
+            at[start + seq] = expected.params.detach().clone()
+        # Refreshed two versions past the first target (the run's start), not at the third.
+        r = c.get("/target_model_weights")
+        assert r.status_code == 200, r.text
+        assert int(r.headers["X-Model-Version"]) == start + 2
+        torch.testing.assert_close(params.net.wire.decode(r.content)[0], at[start + 2])
+        torch.testing.assert_close(shard_weights(c, start + 3), at[start + 3])

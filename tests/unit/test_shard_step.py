@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from a3c_http.algos.registry import model_for, train_config
@@ -93,3 +94,24 @@ def test_what_a_shard_refuses_to_stage() -> None:
     assert shard.status()["staged"] == 0
     with pytest.raises(Refused, match="holds no run"):
         Shard().stage("w1", 1, "e1", slice_body(torch.zeros(100)))
+
+
+def test_a_dqn_shards_target_slice_follows_the_masters_rule() -> None:
+    config = train_config(algo="dqn", seed=3, shards=2)
+    net = FlatNetwork(model_for(config), config)
+    n = net.layout.n_params
+    shard = Shard()
+    meta = {
+        "config": config.model_dump(mode="json"), "index": 0, "lo": 0, "hi": n, "version": 10,
+        "epoch": "e1", "key": "00" * 32, "target_version": 9, "target_every": 3,
+    }  # fmt: skip
+    first = net.params.detach().clone()
+    tensors = {"weights": first, "target": first.clone()}
+    shard.open(st_save(tensors, {OPENING: json.dumps(meta)}))
+    for version in (11, 12):
+        shard.stage("w1", version, "e1", slice_body(torch.full((n,), 1e-3)))
+        shard.apply("e1", [{"version": version, "worker": "w1", "seq": version, "lr": 1e-2}])
+    saved = st_load(shard.state())
+    assert shard.target_version == 12  # 12 - 9 >= 3: the weights of 12
+    torch.testing.assert_close(saved["target"], saved["weights"])
+    assert not torch.equal(saved["target"], first)

@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from a3c_http.algos.dqn.presets import DEFAULTS, DQN_PRESETS
 from a3c_http.algos.learner_config import replay_never_fills
+from a3c_http.algos.sharded import ShardedConfig
 from a3c_http.config.training import TrainConfig
 
 
@@ -77,7 +78,7 @@ class ValueBasedConfig(TrainConfig):
         return self
 
 
-class DQNConfig(ValueBasedConfig):
+class DQNConfig(ValueBasedConfig, ShardedConfig):
     """Asynchronous DQN on the parameter server (seed 000) and Gorila (seed 001): each worker with
     its own epsilon and replay pushes double-DQN gradients against the master's target network."""
 
