@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from a3c_http.wire.protocol import ROLLOUT_METADATA
-from master.errors import StateConflict
+from master.errors import Invalid, StateConflict
 from master.learner_runs import rollout_report
 from master.learning.rounds import Update
 from master.run.events import ERROR, WARNING
@@ -72,7 +72,11 @@ class ShardRuns:
         if shards is None or getattr(config, "shards", 1) < 2:
             raise StateConflict("the run has no shards: its workers push to POST /gradients")
         receipts = [r.model_dump() for r in commit.receipts]
-        norm = shards.verify(receipts, commit.worker_id, commit.seq)
+        try:
+            norm = shards.verify(receipts, commit.worker_id, commit.seq)
+        except Invalid:
+            params.count_invalid()  # as a gradient body that does not fit is counted
+            raise
         params.check_norm(norm, config)
         report = rollout_report({ROLLOUT_METADATA: commit.report} if commit.report else {})
         episodes = list(report.episodes) if report else []
@@ -92,4 +96,4 @@ class ShardRuns:
         version, duplicate = params.commit_sharded(update, config, refusal)
         if duplicate and not summary["duplicate"]:
             ledger.count_duplicate(commit.worker_id)
-        return {"version": version, "duplicate": duplicate, **summary}
+        return {**summary, "version": version, "duplicate": duplicate}

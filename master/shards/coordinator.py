@@ -36,7 +36,7 @@ from a3c_http.wire.protocol import CONTENT_TYPE
 from master.errors import Invalid, StateConflict, Unavailable
 from master.learning.learner_needs import child_context
 from master.learning.target import TargetNetwork
-from master.shards.shard import OPENING, metadata_of, receipt, serve
+from master.shards.shard import CONTROL_HEADER, OPENING, metadata_of, receipt, serve
 
 logger = logging.getLogger("a3c.master.shards")
 # How long a starting shard may take to answer its health check.
@@ -69,7 +69,7 @@ class _Process:
     `child_context`) on a socket the master bound, ending when the master's end of its pipe
     closes (the master ended, or was killed)."""
 
-    def __init__(self, index: int, host: str, port: int, scheme: str) -> None:
+    def __init__(self, index: int, host: str, port: int, scheme: str, control: str) -> None:
         self.index, self.host, self.scheme = index, host, scheme
         listening = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -86,7 +86,7 @@ class _Process:
         context = child_context()
         theirs, self._pipe = context.Pipe(duplex=False)
         self.proc = context.Process(
-            target=serve, args=(listening, theirs), name=f"a3c-shard-{index}", daemon=True
+            target=serve, args=(listening, theirs, control), name=f"a3c-shard-{index}", daemon=True
         )
         self.proc.start()
         theirs.close()
@@ -128,8 +128,11 @@ class ShardSet:
         self.config = config
         self.on_failure = on_failure  # the parameter server's: reset from its last gathering
         self.lock = threading.Condition()
+        # The secret of the master's own calls, which workers never see (shard.py `create_app`).
+        self._control = secrets.token_hex(16)
         self._procs = [self._process(i) for i in range(self.count)]
         headers = {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
+        headers[CONTROL_HEADER] = self._control
         verify = settings.tls.client_context() if settings.tls.configured else True
         self._http = httpx.Client(headers=headers, timeout=30.0, verify=verify)
         self.epoch = ""
@@ -149,7 +152,8 @@ class ShardSet:
 
     def _process(self, index: int) -> _Process:
         scheme = "https" if self.settings.tls.serves else "http"
-        return _Process(index, self.settings.shards_host, self.settings.shards_port, scheme)
+        host, port = self.settings.shards_host, self.settings.shards_port
+        return _Process(index, host, port, scheme, self._control)
 
     # -- opening ----------------------------------------------------------------------------------
 

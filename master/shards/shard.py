@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import hmac
 import json
+import math
 import os
 import socket
 import threading
@@ -31,7 +32,7 @@ from typing import Annotated, Any
 
 import torch
 import uvicorn
-from fastapi import FastAPI, Header, HTTPException, Query, Request, Response
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn
@@ -45,6 +46,7 @@ from a3c_http.server import logs
 from a3c_http.server.service import install_common, protected_router
 from a3c_http.wire.protocol import (
     CONTENT_TYPE,
+    MAX_SQLITE_INT,
     SEQ_HEADER,
     SHARD_EPOCH_HEADER,
     SHARD_STAGE_PATH,
@@ -60,6 +62,11 @@ STAGE_TTL_S = 120.0
 MAX_STAGED = 4096
 # How long `GET /shard/weights` waits for its version before it answers 503.
 WEIGHTS_WAIT_S = 30.0
+# A version this far past the shard's can be no push's the master admitted (its decisions are
+# never that far ahead of a live shard): 422 at once rather than a wait.
+MAX_AHEAD = 100_000
+# The header of the master's own calls (open, apply, state): the secret it gave the shard.
+CONTROL_HEADER = "X-A3C-Shard-Control"
 # The metadata entry of `/shard/open`'s and `/shard/state`'s bodies.
 OPENING = "a3c_shard"
 
@@ -174,6 +181,11 @@ class Shard:
         except WireError as exc:
             raise Refused(422, f"shard {index}: {exc}; nothing staged") from None
         sumsq = float(torch.dot(vector, vector))
+        if not math.isfinite(sumsq):
+            raise Refused(
+                422, f"shard {index}: the slice's norm overflows float32: gradients a worker "
+                "clipped to max_grad_norm cannot; nothing staged",
+            )  # fmt: skip
         now = time.monotonic()
         with self.cond:
             self._check_epoch(epoch)
@@ -297,11 +309,20 @@ def metadata_of(body: bytes) -> dict[str, str]:
     return json.loads(body[8 : 8 + size]).get("__metadata__") or {}
 
 
-def create_app(settings: Settings, shard: Shard | None = None) -> FastAPI:
+def create_app(settings: Settings, control: str, shard: Shard | None = None) -> FastAPI:
+    """The shard's app: the workers' routes behind the run's token, the master's also behind
+    `control`, a secret the master handed this process at its start (`CONTROL_HEADER`), so a
+    worker can stage and fetch but never open, apply or read a shard."""
     shard = shard or Shard()
     app = FastAPI(title="a3c-http parameter-server shard", docs_url=None, redoc_url=None)
     app.state.shard = shard
     router = protected_router()
+
+    def masters(given: Annotated[str | None, Header(alias=CONTROL_HEADER)] = None) -> None:
+        if given is None or not hmac.compare_digest(given.encode(), control.encode()):
+            raise HTTPException(403, "only the master that started this shard may call it here")
+
+    master = [Depends(masters)]
 
     def answer(call: Any, *args: Any) -> Any:
         try:
@@ -309,7 +330,7 @@ def create_app(settings: Settings, shard: Shard | None = None) -> FastAPI:
         except Refused as exc:
             raise HTTPException(exc.status, str(exc)) from None
 
-    @router.post("/shard/open")
+    @router.post("/shard/open", dependencies=master)
     async def open_(request: Request) -> dict[str, Any]:
         return answer(shard.open, await request.body())
 
@@ -327,7 +348,7 @@ def create_app(settings: Settings, shard: Shard | None = None) -> FastAPI:
     # master's next decisions none); `applied` wakes the waiting ones after each batch.
     applied: list[asyncio.Event] = []
 
-    @router.post("/shard/apply")
+    @router.post("/shard/apply", dependencies=master)
     async def apply(body: dict[str, Any]) -> dict[str, Any]:
         decisions = body.get("decisions")
         if not isinstance(decisions, list) or not isinstance(body.get("epoch"), str):
@@ -339,7 +360,10 @@ def create_app(settings: Settings, shard: Shard | None = None) -> FastAPI:
                 applied.pop().set()
 
     @router.get(SHARD_WEIGHTS_PATH)
-    async def weights(version: Annotated[int, Query(ge=0)] = 0) -> Response:
+    async def weights(version: Annotated[int, Query(ge=0, le=MAX_SQLITE_INT)] = 0) -> Response:
+        if version > shard.version + MAX_AHEAD:
+            raise HTTPException(422, f"version {version}: no push has made it (this shard is "
+                                     f"at {shard.version})")  # fmt: skip
         deadline = time.monotonic() + WEIGHTS_WAIT_S
         while True:
             try:
@@ -357,7 +381,7 @@ def create_app(settings: Settings, shard: Shard | None = None) -> FastAPI:
                 raise HTTPException(exc.status, str(exc)) from None
         return Response(body, media_type=CONTENT_TYPE, headers={VERSION_HEADER: str(at)})
 
-    @router.get("/shard/state")
+    @router.get("/shard/state", dependencies=master)
     def state() -> Response:
         return Response(answer(shard.state), media_type=CONTENT_TYPE)
 
@@ -382,15 +406,16 @@ def _end_with_parent(parent: Connection) -> None:
     threading.Thread(target=watch, name="a3c-shard-parent", daemon=True).start()
 
 
-def serve(listening: socket.socket, parent: Connection) -> None:
-    """A shard on `listening` until `parent` closes (master/shards/coordinator.py forks it)."""
+def serve(listening: socket.socket, parent: Connection, control: str) -> None:
+    """A shard on `listening` until `parent` closes (master/shards/coordinator.py forks it);
+    `control`: the secret of the master's calls (`create_app`)."""
     settings = Settings.from_env()
     logs.configure(settings.log_level, settings.log_format)
     tuning.keep_freed_memory(settings.max_body_bytes)
     torch.set_num_threads(1)
     _end_with_parent(parent)
     config = uvicorn.Config(
-        create_app(settings), log_level="warning", access_log=False,
+        create_app(settings, control), log_level="warning", access_log=False,
         **settings.tls.uvicorn_kwargs(),
     )  # fmt: skip
     uvicorn.Server(config).run(sockets=[listening])

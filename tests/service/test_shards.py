@@ -119,14 +119,25 @@ def test_a_refused_commit_is_applied_by_no_shard(sharded) -> None:
         (commit(c, 1, [{**receipts[0], "epoch": "old"}, receipts[1]]), 409, "epoch 'old'"),
         (commit(c, 2, too_large), 422, "above max_grad_norm"),
         (commit(c, 1, receipts, run_id="another"), 409, "run"),
+        (commit(c, 1, receipts, version=2**40), 409, "never had"),  # its report is counted
     ]
     for r, status, words in refusals:
         assert r.status_code == status, r.text
         assert words in r.json()["detail"]
+    # A worker may stage and fetch, never apply, open or read a shard: the master's calls only.
+    url = plan(c)["shards"][0]["url"]
+    decision = {"version": start + 1, "worker": "w1", "seq": 1, "lr": 1.0}
+    own = [
+        httpx.post(f"{url}/shard/apply", json={"epoch": plan(c)["epoch"], "decisions": [decision]}),
+        httpx.post(f"{url}/shard/open", content=b"{}", headers=OCTET),
+        httpx.get(f"{url}/shard/state"),
+    ]
+    assert [r.status_code for r in own] == [403] * 3, [r.text for r in own]
     assert params.version == start and shard_versions(c) == [start, start]
-    assert c.get("/status").json()["global_episode"] == 0
-    # The staged push is still whole: its genuine commit is applied by both.
-    assert commit(c, 1, receipts).status_code == 200
+    assert c.get("/status").json()["global_episode"] == 1  # the stale one's report
+    # The staged push is still whole: its genuine commit is applied by both, not a retry.
+    taken = commit(c, 1, receipts)
+    assert taken.status_code == 200 and not taken.json()["duplicate"], taken.text
     wait_for(lambda: shard_versions(c) == [start + 1] * 2, 10, "both shards apply it")
 
 

@@ -87,7 +87,7 @@ def test_what_a_shard_refuses_to_stage() -> None:
     with pytest.raises(Refused, match="epoch 'e0' is over") as old:
         shard.stage("w1", 1, "e0", slice_body(torch.zeros(100)))
     assert old.value.status == 409
-    for bad in (torch.zeros(99), torch.full((100,), float("nan"))):
+    for bad in (torch.zeros(99), torch.full((100,), float("nan")), torch.full((100,), 3e38)):
         with pytest.raises(Refused) as refused:
             shard.stage("w1", 1, "e1", slice_body(bad))
         assert refused.value.status == 422
