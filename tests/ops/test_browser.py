@@ -82,3 +82,28 @@ def test_the_dashboard_draws_the_run_lists_every_worker_and_the_learner_and_stop
                   "the page to show the run finished")
         assert page.js("document.querySelector('#stop').disabled") is True
     assert TOKEN not in cluster.master.log_path.read_text(errors="replace")
+
+
+SHARDS = ("[...document.querySelectorAll('#shards tbody tr')]"
+          ".map(r => [...r.cells].map(c => c.textContent))")
+
+
+def test_the_dashboard_lists_every_shard_of_a_run_with_shards(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    executable = chromium_or_skip()
+    reply = cluster.train(**{**ENDLESS_RUN, "shards": 2})
+    assert reply.status_code == 202, reply.text
+    wait_for(lambda: cluster.status()["updates_applied"] > 0, 60, "a push through the shards")
+    shards = cluster.status()["shards"]
+    with Browser(executable, tmp_path / "profile", tmp_path / "chromium.log") as page:
+        page.goto(f"{cluster.master.url}/")
+        page.wait("!document.querySelector('#token-form').hidden", 20, "the token form")
+        page.js(f"""document.querySelector('#token').value = {TOKEN!r};
+                    document.querySelector('#token-form').requestSubmit()""")
+        rows = page.wait(f"(r => r.length === 2 && r)({SHARDS})", 20, "the shards table")
+        assert [(r[0], r[1], r[4], r[5]) for r in rows] == [
+            (str(s["index"]), "running", str(s["pid"]), s["url"]) for s in shards
+        ]
+        assert page.js("document.querySelector('#learner-section').hidden") is True
+    cluster.stop_run()

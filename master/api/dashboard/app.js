@@ -157,6 +157,7 @@
       cell(row, w.error || "", "error");
     }
     renderLearner(status.learner);
+    renderShards(status.shards);
     const scalars = Object.entries(status).filter(([k, v]) => k !== "config" && k !== "workers" && (v === null || typeof v !== "object"));
     const waiting = status.waiting_workers || [];
     $("#waiting").textContent = waiting.length ? `Waiting for a run: ${waiting.join(", ")}` : "";
@@ -189,6 +190,25 @@
       ...Object.entries(learner.metrics || {}),
     ];
     keyValues($("#learner"), rows);
+  }
+
+  // The parameter-server shards of a run with `shards` (a3c, dqn): each one's process, slice of
+  // the parameters and the version it applied; hidden in runs that have none.
+  function renderShards(shards) {
+    $("#shards-section").hidden = !shards;
+    if (!shards) return;
+    const body = $("#shards").tBodies[0];
+    body.replaceChildren();
+    for (const s of shards) {
+      const row = body.insertRow();
+      row.dataset.shard = s.index;
+      cell(row, s.index);
+      cell(row, s.alive ? "running" : "down", s.alive ? "state-running" : "state-failed");
+      cell(row, number(s.version, 0), "num");
+      cell(row, `${number(s.slice[0], 0)} – ${number(s.slice[1], 0)}`, "num");
+      cell(row, s.pid);
+      cell(row, s.url);
+    }
   }
 
   // -- the loop, the token and the stop button --------------------------------------------------
