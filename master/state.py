@@ -173,6 +173,9 @@ class ClusterState(LearnerRuns, ShardRuns):
         with self._starting:  # one at a time: a run that is running stays untouched
             self.ledger.refuse_while_running()
             self.learner.stop()  # an earlier run's, finished
+            # An earlier run's shards (its last save gathered them): the new run's network is
+            # not theirs, so nothing may gather from them into it.
+            self.params.close_shards()
             started = self.persister.switch_run(swap)
             self.resume_error = None  # that run's files are moved aside (or will be, at next save)
             self._start_learner(expected=expected)

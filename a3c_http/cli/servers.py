@@ -22,6 +22,9 @@ from a3c_http.net import tls
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 MASTER_PORT, WORKER_PORT = 33333, 8001  # the ports each binds unless told otherwise
+# The first parameter-server shard's port where a fixed one is wanted (A3C_SHARDS_PORT in the
+# Kubernetes base and compose.yaml; a shard started on another host, docs/guide/scaling.md).
+SHARD_PORT = 33340
 
 
 def parser(prog: str, what: str, port: int) -> argparse.ArgumentParser:

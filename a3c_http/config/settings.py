@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic_settings import NoDecode
 
 from a3c_http.config.environment import FromEnv, PositiveSeconds
 from a3c_http.config.workerlist import PlainUnderTLS, WorkerListError, read_workers_file
@@ -103,6 +104,20 @@ class Settings(FromEnv):
         description="The port of the first shard; shard i listens on this port + i (a fixed "
         "range, for firewalls and container ports). 0: each a free port.",
     )
+    shards_urls: Annotated[tuple[str, ...], NoDecode] = Field(
+        (),
+        description="Comma-separated URLs of shards started elsewhere (`uvicorn "
+        "master.shards.app:app`, on any host, each with this A3C_SHARDS_SECRET), which a run "
+        "with `shards` N uses, exactly N of them, instead of starting its own. One that fails "
+        "is waited for (its host starts it again) and every shard then put back at one version.",
+    )
+    shards_secret: str | None = Field(
+        None,
+        min_length=16,
+        description="The secret of the master's own calls to the shards of A3C_SHARDS_URLS "
+        "(opening them, the pushes they apply, their state): the same on the master and on "
+        "every such shard, and on no worker.",
+    )
     # The run's scalars to Weights & Biases too (master/persistence/wandb_sink.py).
     wandb_project: str | None = Field(
         None,
@@ -137,6 +152,23 @@ class Settings(FromEnv):
                 raise ValueError(str(exc)) from None
             except WorkerListError:
                 pass  # the file's other problems are POST /train's 422
+        return self
+
+    @field_validator("shards_urls", mode="before")
+    @classmethod
+    def _urls(cls, v: Any) -> Any:
+        return tuple(u.strip() for u in v.split(",") if u.strip()) if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _remote_shards_have_a_secret(self) -> Settings:
+        if self.shards_urls and not self.shards_secret:
+            raise ValueError(
+                f"{self.variable('shards_urls')} needs A3C_SHARDS_SECRET, the secret of the "
+                "master's calls to those shards (the same on each of them)"
+            )
+        for url in self.shards_urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{self.variable('shards_urls')}: {url!r} is not an http(s) URL")
         return self
 
     @model_validator(mode="after")

@@ -49,6 +49,8 @@ BATCH = 256
 WATCH_S = 0.5
 # Starts of a failed shard before the run ends with the reason.
 RESTARTS = 3
+# How long the master waits for a shard started elsewhere (A3C_SHARDS_URLS) to answer again.
+REMOTE_WAIT_S = 120.0
 
 
 class ShardsDown(Unavailable):
@@ -111,6 +113,25 @@ class _Process:
             self.proc.join()
 
 
+class _Remote:
+    """A shard started elsewhere (A3C_SHARDS_URLS): alive while its status answers with the
+    epoch the master opened it with (a shard started again holds none)."""
+
+    def __init__(self, index: int, url: str) -> None:
+        self.index, self._url = index, url.rstrip("/")
+        self.healthy = True
+        self.pid: int | None = None
+
+    def url(self, seen_as: str | None = None) -> str:
+        return self._url
+
+    def alive(self) -> bool:
+        return self.healthy
+
+    def stop(self) -> None:
+        """Not the master's to end."""
+
+
 class ShardSet:
     """A run's shards (their processes start with it): `open` them with the network, `verify` a
     commit's receipts, `decide` each admitted push, `gather` their slices. A shard that fails
@@ -128,9 +149,20 @@ class ShardSet:
         self.config = config
         self.on_failure = on_failure  # the parameter server's: reset from its last gathering
         self.lock = threading.Condition()
-        # The secret of the master's own calls, which workers never see (shard.py `create_app`).
-        self._control = secrets.token_hex(16)
-        self._procs = [self._process(i) for i in range(self.count)]
+        # The secret of the master's own calls, which workers never see (shard.py `create_app`):
+        # its own for the shards it starts, A3C_SHARDS_SECRET for those started elsewhere.
+        remote = settings.shards_urls
+        if remote and len(remote) != self.count:
+            raise RuntimeError(
+                f"shards {self.count}, but A3C_SHARDS_URLS names {len(remote)}: name as many "
+                "shards as the run's config asks for"
+            )
+        self._control = settings.shards_secret if remote else secrets.token_hex(16)
+        self._procs: list[_Process | _Remote] = (
+            [_Remote(i, url) for i, url in enumerate(remote)]
+            if remote
+            else [self._process(i) for i in range(self.count)]
+        )
         headers = {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
         headers[CONTROL_HEADER] = self._control
         verify = settings.tls.client_context() if settings.tls.configured else True
@@ -157,12 +189,12 @@ class ShardSet:
 
     # -- opening ----------------------------------------------------------------------------------
 
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + START_WAIT_S
+    def _wait_healthy(self, wait_s: float = START_WAIT_S) -> None:
+        deadline = time.monotonic() + wait_s
         for proc in self._procs:
             while True:
-                if not proc.alive():
-                    code = _ended(proc.proc.exitcode)
+                if isinstance(proc, _Process) and not proc.alive():
+                    code = _ended(proc)
                     raise RuntimeError(f"shard {proc.index} ended at its start ({code})")
                 try:
                     if self._http.get(f"{proc.url()}/healthz", timeout=2.0).status_code == 200:
@@ -170,7 +202,9 @@ class ShardSet:
                 except httpx.HTTPError:
                     pass
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"shard {proc.index} did not answer in {START_WAIT_S:g} s")
+                    raise RuntimeError(
+                        f"shard {proc.index} ({proc.url()}) did not answer in {wait_s:g} s"
+                    )
                 time.sleep(0.05)  # polling a starting process's port
 
     def open(self, net: FlatNetwork, version: int, target: TargetNetwork | None = None) -> None:
@@ -208,6 +242,9 @@ class ShardSet:
                 if reply.status_code != 200:
                     raise RuntimeError(f"shard {proc.index} refused its opening: {reply.text}")
             self.failure = None
+            for proc in self._procs:
+                if isinstance(proc, _Remote):
+                    proc.healthy = True
             self.lock.notify_all()
         if not self._threads[0].is_alive():
             for thread in self._threads:
@@ -301,25 +338,46 @@ class ShardSet:
 
     def _watch(self) -> None:
         while True:
+            self._look_at_remotes()
             with self.lock:
                 self.lock.wait(WATCH_S)
                 if self._closed:
                     return
                 for proc in self._procs:
                     if not proc.alive():
-                        self._fail(f"shard {proc.index} ended ({_ended(proc.proc.exitcode)})")
+                        self._fail(f"shard {proc.index} ended ({_ended(proc)})")
                 failure = self.failure
             if failure is not None:
                 self.on_failure(failure)
 
+    def _look_at_remotes(self) -> None:
+        """A shard started elsewhere that does not answer, or answers with another epoch (it was
+        started again, holding nothing), is down (outside the lock: these are calls)."""
+        for proc in self._procs:
+            if not isinstance(proc, _Remote) or self.failure is not None:
+                continue
+            epoch = self.epoch
+            try:
+                reply = self._http.get(f"{proc.url()}/shard/status", timeout=2.0)
+                if epoch != self.epoch:  # opened again meanwhile: look next time
+                    continue
+                proc.healthy = reply.status_code == 200 and reply.json()["epoch"] == epoch
+                proc.pid = reply.json().get("pid") if proc.healthy else proc.pid
+            except (httpx.HTTPError, ValueError, KeyError):
+                proc.healthy = False
+
     def restart_failed(self) -> None:
-        """Start again every shard whose process ended (the reset's first half)."""
+        """Start again every shard of the master's own whose process ended, and wait for those
+        started elsewhere to answer again, up to REMOTE_WAIT_S (the reset's first half)."""
         self.restarts += 1
+        remote = False
         for i, proc in enumerate(self._procs):
-            if not proc.alive():
+            if isinstance(proc, _Remote):
+                remote = True
+            elif not proc.alive():
                 proc.stop()
                 self._procs[i] = self._process(i)
-        self._wait_healthy()
+        self._wait_healthy(REMOTE_WAIT_S if remote else START_WAIT_S)
 
     # -- gathering -------------------------------------------------------------------------------
 
@@ -340,7 +398,10 @@ class ShardSet:
         parts: dict[str, list[torch.Tensor]] = {}
         target_versions = set()
         for proc in self._procs:
-            reply = self._http.get(f"{proc.url()}/shard/state")
+            try:
+                reply = self._http.get(f"{proc.url()}/shard/state")
+            except httpx.HTTPError as exc:
+                raise ShardsDown(f"shard {proc.index} gave no state: {exc}") from None
             if reply.status_code != 200:
                 raise ShardsDown(f"shard {proc.index} gave no state: {reply.text}")
             for name, tensor in st_load(reply.content).items():
@@ -365,7 +426,7 @@ class ShardSet:
                 {
                     "index": p.index,
                     "url": p.url(),
-                    "pid": p.proc.pid,
+                    "pid": p.pid if isinstance(p, _Remote) else p.proc.pid,
                     "alive": p.alive(),
                     "slice": list(s),
                     "version": self.delivered[p.index],
@@ -382,5 +443,8 @@ class ShardSet:
         self._http.close()
 
 
-def _ended(code: int | None) -> str:
+def _ended(proc: _Process | _Remote) -> str:
+    if isinstance(proc, _Remote):
+        return f"{proc.url()} does not answer, or holds no run: started again elsewhere"
+    code = proc.proc.exitcode
     return f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"

@@ -589,11 +589,14 @@ def test_the_shards_listen_where_the_workers_reach_them() -> None:
     every address: the pod opens those ports and its Service carries them, so a worker that
     reaches the master at a3c-master reaches shard i at a3c-master:port + i; compose's workers
     reach them on its network."""
+    from a3c_http.cli import servers
+
     resources = base()
     c = container(resources["Deployment", "a3c-master"])
     (service,) = [d for (k, _), d in resources.items() if k == "Service"]
     assert env(c)["A3C_SHARDS_HOST"]["value"] == "0.0.0.0"
     first = int(env(c)["A3C_SHARDS_PORT"]["value"])
+    assert first == servers.SHARD_PORT  # the port the guide's shards on other hosts take
     shards = sorted(p["name"] for p in c["ports"] if p["name"].startswith("shard-"))
     assert shards and shards == [f"shard-{i}" for i in range(len(shards))]
     for i, name in enumerate(shards):

@@ -138,7 +138,7 @@ def test_the_guides_examples_run_the_projects_commands_on_its_ports() -> None:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     commands = set(pyproject["project"]["scripts"])
     workers = re.findall(r"^[\w.]+:(\d+)", (ROOT / "workers.txt").read_text(), re.M)
-    ports = {servers.MASTER_PORT, servers.WORKER_PORT, *map(int, workers)}
+    ports = {servers.MASTER_PORT, servers.WORKER_PORT, servers.SHARD_PORT, *map(int, workers)}
     wrong = []
     for page in [ROOT / "README.md", *sorted((DOCS / "guide").glob("*.md"))]:
         for block in _shell_blocks(page.read_text()):

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from a3c_http.algos.registry import train_config
 from a3c_http.config.settings import Settings
-from a3c_http.local.cluster import wait_for
+from a3c_http.local.cluster import ServiceProcess, free_port, wait_for
 from a3c_http.optim.flatnet import FlatNetwork
 from a3c_http.wire.tensors import Layout
 from master.app import create_app
@@ -210,3 +210,62 @@ def test_a_dqn_runs_target_network_is_the_shards(tmp_path: Path) -> None:
         assert int(r.headers["X-Model-Version"]) == start + 2
         torch.testing.assert_close(params.net.wire.decode(r.content)[0], at[start + 2])
         torch.testing.assert_close(shard_weights(c, start + 3), at[start + 3])
+
+
+SECRET = "a-secret-of-the-masters-calls"
+
+
+@pytest.fixture
+def remote_shards(tmp_path: Path):
+    """Two shards started elsewhere (`uvicorn master.shards.app:app`), as a host's supervisor
+    would start them, on free loopback ports."""
+    procs = [
+        ServiceProcess(
+            "master.shards.app:app", free_port(), tmp_path / f"shard{i}.log",
+            env={"A3C_SHARDS_SECRET": SECRET},
+        ).start()
+        for i in range(2)
+    ]  # fmt: skip
+    try:
+        for proc in procs:
+            proc.wait_healthy()
+        yield procs
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+def test_a_shard_started_elsewhere_is_waited_for_and_every_shard_put_back(
+    tmp_path: Path, remote_shards: list[ServiceProcess]
+) -> None:
+    settings = Settings(
+        run_dir=tmp_path / "run", workers_file=tmp_path / "w.txt", token=None,
+        shards_urls=tuple(p.url for p in remote_shards), shards_secret=SECRET,
+    )  # fmt: skip
+    with TestClient(create_app(settings), client=("127.0.0.1", 50000)) as c:
+        state = c.app.state.cluster
+        _, (worker,) = state.start_run(train_config(seed=1, shards=2), ["http://127.0.0.1:9001"])
+        assert c.post("/worker_started", json={"worker_id": worker}).status_code == 200
+        assert [s["url"] for s in plan(c)["shards"]] == [p.url for p in remote_shards]
+        n = state.params.net.layout.n_params
+        assert commit(c, 1, stage(c, 1, torch.full((n,), GRADIENT))).status_code == 200
+        c.get("/global_model_weights")  # gathered at this version
+        kept, at = state.params.net.params.detach().clone(), state.params.version
+        assert commit(c, 2, stage(c, 2, torch.full((n,), GRADIENT))).status_code == 200
+        remote_shards[1].kill()
+        wait_for(lambda: plan(c)["down"] is not None, 10, "the master to see the shard down")
+        # Nothing is taken while it is down: 503 (Retry-After), whatever the receipts.
+        r = commit(c, 3, [{"shard": i, "epoch": "e", "sumsq": 0.0, "receipt": "r"} for i in (0, 1)])
+        assert r.status_code == 503 and "resetting the shards" in r.json()["detail"], r.text
+        remote_shards[1].start().wait_healthy()  # the host's supervisor starts it again
+
+        def back() -> bool:
+            p = plan(c)
+            versions = {s["version"] for s in c.get("/status").json()["shards"]}
+            return p["down"] is None and len(versions) == 1 and versions.pop() > at + 1
+
+        wait_for(back, 60, "every shard back at one version")
+        version = state.params.version
+        torch.testing.assert_close(shard_weights(c, version), kept)
+        assert commit(c, 4, stage(c, 4, torch.full((n,), GRADIENT))).status_code == 200
+        state.finish("the test is over")
