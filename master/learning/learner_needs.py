@@ -103,7 +103,7 @@ def spinning_threads() -> Iterator[None]:
 
 # What a child of the master imports before it runs: the fork server imports it once.
 CHILD_MODULES = [
-    "torch", "master.learning.learner_loop", "a3c_http.policy.evaluation", "master.shards.shard",
+    "torch", "master.learning.learner_loop", "a3c_http.policy.evaluation", "master.shards.server",
 ]
 _fork_server = threading.Lock()
 

@@ -7,7 +7,7 @@ It reads the same settings as the master (the token, TLS, body bounds) and takes
 own calls only with A3C_SHARDS_SECRET. It holds nothing until the master opens it with a run's
 slice; started again after a failure, it holds nothing again, and the master puts every shard
 back at one version. A shard the master starts itself (no A3C_SHARDS_URLS) is not this: the
-master forks it (master/shards/coordinator.py)."""
+master forks it (master/shards/processes.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from a3c_http import tuning
 from a3c_http.config.settings import Settings
 from a3c_http.server import logs
-from master.shards.shard import create_app
+from master.shards.server import create_app
 
 
 def build() -> FastAPI:

@@ -16,13 +16,11 @@ import json
 import logging
 import math
 import secrets
-import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import torch
@@ -34,9 +32,10 @@ from a3c_http.config.training import TrainConfig
 from a3c_http.optim.flatnet import FlatNetwork
 from a3c_http.wire.protocol import CONTENT_TYPE
 from master.errors import Invalid, StateConflict, Unavailable
-from master.learning.learner_needs import child_context
 from master.learning.target import TargetNetwork
-from master.shards.shard import CONTROL_HEADER, OPENING, metadata_of, receipt, serve
+from master.shards.processes import ForkedShard, RemoteShard, ended
+from master.shards.server import CONTROL_HEADER
+from master.shards.shard import OPENING, metadata_of, receipt
 
 logger = logging.getLogger("a3c.master.shards")
 # How long a starting shard may take to answer its health check.
@@ -66,72 +65,6 @@ def slices(n: int, shards: int) -> list[tuple[int, int]]:
     return list(zip(bounds, bounds[1:], strict=False))
 
 
-class _Process:
-    """One shard's process, forked from the master's fork server (master/learning/learner_needs.py
-    `child_context`) on a socket the master bound, ending when the master's end of its pipe
-    closes (the master ended, or was killed)."""
-
-    def __init__(self, index: int, host: str, port: int, scheme: str, control: str) -> None:
-        self.index, self.host, self.scheme = index, host, scheme
-        listening = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            listening.bind((host, port + index if port else 0))
-        except OSError as exc:
-            listening.close()
-            raise RuntimeError(
-                f"shard {index} cannot listen on {host}:{port + index if port else 0} "
-                f"({exc.strerror}): see A3C_SHARDS_HOST and A3C_SHARDS_PORT"
-            ) from None
-        listening.listen(1024)
-        self.port = listening.getsockname()[1]
-        context = child_context()
-        theirs, self._pipe = context.Pipe(duplex=False)
-        self.proc = context.Process(
-            target=serve, args=(listening, theirs, control), name=f"a3c-shard-{index}", daemon=True
-        )
-        self.proc.start()
-        theirs.close()
-        listening.close()
-
-    def url(self, seen_as: str | None = None) -> str:
-        """The shard's URL; for workers that reach the master at `seen_as`, its host where the
-        shard listens on every address (as the receivers' URL is made)."""
-        host = self.host
-        if host in ("0.0.0.0", "::") and seen_as:
-            host = urlsplit(seen_as).hostname or host
-        return f"{self.scheme}://{f'[{host}]' if ':' in host else host}:{self.port}"
-
-    def alive(self) -> bool:
-        return self.proc.is_alive()
-
-    def stop(self) -> None:
-        self._pipe.close()  # the shard ends when its pipe closes
-        self.proc.join(10)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
-
-
-class _Remote:
-    """A shard started elsewhere (A3C_SHARDS_URLS): alive while its status answers with the
-    epoch the master opened it with (a shard started again holds none)."""
-
-    def __init__(self, index: int, url: str) -> None:
-        self.index, self._url = index, url.rstrip("/")
-        self.healthy = True
-        self.pid: int | None = None
-
-    def url(self, seen_as: str | None = None) -> str:
-        return self._url
-
-    def alive(self) -> bool:
-        return self.healthy
-
-    def stop(self) -> None:
-        """Not the master's to end."""
-
-
 class ShardSet:
     """A run's shards (their processes start with it): `open` them with the network, `verify` a
     commit's receipts, `decide` each admitted push, `gather` their slices. A shard that fails
@@ -158,8 +91,8 @@ class ShardSet:
                 "shards as the run's config asks for"
             )
         self._control = settings.shards_secret if remote else secrets.token_hex(16)
-        self._procs: list[_Process | _Remote] = (
-            [_Remote(i, url) for i, url in enumerate(remote)]
+        self._procs: list[ForkedShard | RemoteShard] = (
+            [RemoteShard(i, url) for i, url in enumerate(remote)]
             if remote
             else [self._process(i) for i in range(self.count)]
         )
@@ -182,10 +115,10 @@ class ShardSet:
         ] + [threading.Thread(target=self._watch, daemon=True, name="a3c-shard-watch")]
         self._wait_healthy()
 
-    def _process(self, index: int) -> _Process:
+    def _process(self, index: int) -> ForkedShard:
         scheme = "https" if self.settings.tls.serves else "http"
         host, port = self.settings.shards_host, self.settings.shards_port
-        return _Process(index, host, port, scheme, self._control)
+        return ForkedShard(index, host, port, scheme, self._control)
 
     # -- opening ----------------------------------------------------------------------------------
 
@@ -193,8 +126,8 @@ class ShardSet:
         deadline = time.monotonic() + wait_s
         for proc in self._procs:
             while True:
-                if isinstance(proc, _Process) and not proc.alive():
-                    code = _ended(proc)
+                if isinstance(proc, ForkedShard) and not proc.alive():
+                    code = ended(proc)
                     raise RuntimeError(f"shard {proc.index} ended at its start ({code})")
                 try:
                     if self._http.get(f"{proc.url()}/healthz", timeout=2.0).status_code == 200:
@@ -243,7 +176,7 @@ class ShardSet:
                     raise RuntimeError(f"shard {proc.index} refused its opening: {reply.text}")
             self.failure = None
             for proc in self._procs:
-                if isinstance(proc, _Remote):
+                if isinstance(proc, RemoteShard):
                     proc.healthy = True
             self.lock.notify_all()
         if not self._threads[0].is_alive():
@@ -345,7 +278,7 @@ class ShardSet:
                     return
                 for proc in self._procs:
                     if not proc.alive():
-                        self._fail(f"shard {proc.index} ended ({_ended(proc)})")
+                        self._fail(f"shard {proc.index} ended ({ended(proc)})")
                 failure = self.failure
             if failure is not None:
                 self.on_failure(failure)
@@ -354,7 +287,7 @@ class ShardSet:
         """A shard started elsewhere that does not answer, or answers with another epoch (it was
         started again, holding nothing), is down (outside the lock: these are calls)."""
         for proc in self._procs:
-            if not isinstance(proc, _Remote) or self.failure is not None:
+            if not isinstance(proc, RemoteShard) or self.failure is not None:
                 continue
             epoch = self.epoch
             try:
@@ -372,7 +305,7 @@ class ShardSet:
         self.restarts += 1
         remote = False
         for i, proc in enumerate(self._procs):
-            if isinstance(proc, _Remote):
+            if isinstance(proc, RemoteShard):
                 remote = True
             elif not proc.alive():
                 proc.stop()
@@ -426,7 +359,7 @@ class ShardSet:
                 {
                     "index": p.index,
                     "url": p.url(),
-                    "pid": p.pid if isinstance(p, _Remote) else p.proc.pid,
+                    "pid": p.pid if isinstance(p, RemoteShard) else p.proc.pid,
                     "alive": p.alive(),
                     "slice": list(s),
                     "version": self.delivered[p.index],
@@ -441,10 +374,3 @@ class ShardSet:
         for proc in self._procs:
             proc.stop()
         self._http.close()
-
-
-def _ended(proc: _Process | _Remote) -> str:
-    if isinstance(proc, _Remote):
-        return f"{proc.url()} does not answer, or holds no run: started again elsewhere"
-    code = proc.proc.exitcode
-    return f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"

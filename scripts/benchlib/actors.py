@@ -45,11 +45,12 @@ from a3c_http.optim.flatnet import FlatNetwork
 from a3c_http.wire import tensors as wire
 from scripts.benchlib.cluster import UNREACHABLE
 from scripts.benchlib.ingest import rollout_body
-from scripts.benchlib.load import Body, Level, Shards, push_level, ready_bodies
+from scripts.benchlib.load import Body, Level, push_level, ready_bodies
 from scripts.benchlib.options import config_overrides, number
 from scripts.benchlib.procs import end_on_signals
 from scripts.benchlib.report import ROOT, say
 from scripts.benchlib.server import MAX_STALENESS, median_ms, ms_a_push, standin_master
+from scripts.benchlib.shard_push import Shards
 from scripts.benchlib.tls_cost import environments
 
 # The algorithms whose workers push what an actor can make once and send again: gradients or

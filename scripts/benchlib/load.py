@@ -38,6 +38,7 @@ from a3c_http.wire.protocol import (
     VERSION_HEADER,
     WORKER_ID_HEADER,
 )
+from scripts.benchlib.shard_push import Refused, Shards, sharded_push
 
 try:
     import uvloop
@@ -144,101 +145,6 @@ async def _reply(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
             raise asyncio.IncompleteReadError(b"", left)
         left -= len(chunk)
     return status, headers
-
-
-async def _reply_json(reader: asyncio.StreamReader) -> tuple[int, dict]:
-    """Read one HTTP/1.1 reply with a small JSON body: its status and the body."""
-    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-    status = int(head[0].split(" ", 2)[1])
-    length = next(
-        int(line.partition(":")[2]) for line in head if line.lower().startswith("content-length:")
-    )
-    return status, json.loads(await reader.readexactly(length)) if length else {}
-
-
-@dataclass(frozen=True)
-class Shards:
-    """A run's parameter-server shards as its actors push to them (master/shards/): the epoch,
-    each shard's (host, port, lo, hi), and the token-free master's commit path."""
-
-    epoch: str
-    places: list[tuple[str, int, int, int]]
-
-    def bodies(self, bodies: list[Body], layout: wire.Layout) -> list[list[bytes]]:
-        """Each body's gradients cut into the shards' slices, encoded as a worker stages them."""
-        out = []
-        for body in bodies:
-            vector, _ = layout.decode(body.data)
-            out.append([
-                wire.Layout([("slice", (hi - lo,))], hi - lo, layout.dtype).encode(vector[lo:hi])
-                for _, _, lo, hi in self.places
-            ])  # fmt: skip
-        return out
-
-
-async def _sharded_push(
-    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]],
-    master: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-    shards: Shards,
-    slices: list[bytes],
-    worker: str,
-    run_id: str,
-    seq: int,
-    seen: int,
-    body: Body,
-    master_host: str,
-) -> tuple[int, dict]:
-    """One push's three steps (a3c_http/net/shards.py): stage on every shard, commit, fetch."""
-
-    async def stage(i: int) -> dict:
-        reader, writer = conns[i]
-        host, port, _, _ = shards.places[i]
-        writer.write(
-            (
-                f"POST /shard/stage HTTP/1.1\r\nHost: {host}:{port}\r\n"
-                f"Content-Type: {wire.CONTENT_TYPE}\r\nContent-Length: {len(slices[i])}\r\n"
-                f"{WORKER_ID_HEADER}: {worker}\r\n{SEQ_HEADER}: {seq}\r\n"
-                f"X-A3C-Shard-Epoch: {shards.epoch}\r\n\r\n"
-            ).encode()
-            + slices[i]
-        )
-        status, receipt = await _reply_json(reader)
-        if status != 200:
-            raise _Refused(f"stage {status}")
-        return receipt
-
-    receipts = await asyncio.gather(*(stage(i) for i in range(len(conns))))
-    commit = json.dumps({
-        "worker_id": worker, "run_id": run_id, "version": seen, "seq": seq, "loss": body.loss,
-        "grad_norm": body.norm, "receipts": receipts,
-    }).encode()  # fmt: skip
-    reader, writer = master
-    writer.write(
-        f"POST /shards/commit HTTP/1.1\r\nHost: {master_host}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(commit)}\r\n\r\n".encode()
-        + commit
-    )
-    status, reply = await _reply_json(reader)
-    if status != 200:
-        return status, reply
-
-    async def fetch(i: int) -> None:
-        reader, writer = conns[i]
-        host, port, _, _ = shards.places[i]
-        writer.write(
-            f"GET /shard/weights?version={reply['version']} HTTP/1.1\r\n"
-            f"Host: {host}:{port}\r\n\r\n".encode()
-        )
-        got, _ = await _reply(reader)
-        if got != 200:
-            raise _Refused(f"fetch {got}")
-
-    await asyncio.gather(*(fetch(i) for i in range(len(conns))))
-    return status, reply
-
-
-class _Refused(Exception):
-    """A shard refused a stage or a fetch (the simulated worker ends with it)."""
 
 
 async def _level(
@@ -349,8 +255,8 @@ async def _level(
                 at = (index + seq) % len(bodies)
                 sent = time.perf_counter()
                 status, reply = await asyncio.wait_for(
-                    _sharded_push(opened[:-1], master, shards, sliced[at], worker, run_id, seq,
-                                  seen, bodies[at], f"{host}:{master_port}"),
+                    sharded_push(opened[:-1], master, shards, sliced[at], worker, run_id, seq,
+                                  seen, bodies[at], f"{host}:{master_port}", _reply),
                     REPLY_TIMEOUT_S,
                 )  # fmt: skip
                 if status != 200:
@@ -360,8 +266,8 @@ async def _level(
                 seen = int(reply["version"])
                 level.duplicates += bool(reply.get("duplicate"))
                 measured(sent, time.perf_counter())
-        except (OSError, asyncio.IncompleteReadError, TimeoutError, KeyError, _Refused) as exc:
-            level.errors[str(exc) if isinstance(exc, _Refused) else type(exc).__name__] += 1
+        except (OSError, asyncio.IncompleteReadError, TimeoutError, KeyError, Refused) as exc:
+            level.errors[str(exc) if isinstance(exc, Refused) else type(exc).__name__] += 1
         finally:
             for _, writer in opened:
                 writer.close()
