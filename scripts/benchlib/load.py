@@ -175,6 +175,15 @@ async def _level(
     # The window ends after window_s, or sooner once it holds max_count replies.
     window_end = [window_start + window_s]
 
+    def measured(sent: float, done: float) -> None:
+        """A reply that arrived in the window counts, and a full window ends the level."""
+        if window_start <= done <= window_end[0]:
+            level.window_ok += 1
+            level.latencies_ms.append((done - sent) * 1000)
+            if level.window_ok >= max_count:
+                window_end[0] = done
+                stop.set()
+
     async def simulated_worker(index: int) -> None:
         # What does not change from one request to the next, written once.
         fixed = (
@@ -214,12 +223,7 @@ async def _level(
                     level.ok += 1
                     seen = int(headers[VERSION_HEADER.lower()])
                     level.duplicates += headers.get(DUPLICATE_HEADER.lower()) == "1"
-                    if window_start <= done <= window_end[0]:
-                        level.window_ok += 1
-                        level.latencies_ms.append((done - sent) * 1000)
-                        if level.window_ok >= max_count:
-                            window_end[0] = done
-                            stop.set()
+                    measured(sent, done)
                 if headers.get("connection", "").lower() == "close":
                     writer.close()
                     reader, writer = await asyncio.open_connection(host, port, ssl=tls)
@@ -228,14 +232,6 @@ async def _level(
         finally:
             if writer is not None:
                 writer.close()
-
-    def measured(sent: float, done: float) -> None:
-        if window_start <= done <= window_end[0]:
-            level.window_ok += 1
-            level.latencies_ms.append((done - sent) * 1000)
-            if level.window_ok >= max_count:
-                window_end[0] = done
-                stop.set()
 
     async def sharded_worker(index: int) -> None:
         assert shards is not None and layout is not None
