@@ -107,7 +107,6 @@ class ShardSet:
         self.decided = 0  # the last version decided
         self.delivered = [0] * self.count  # the last version each shard said it applied
         self.failure: str | None = None
-        self.restarts = 0
         self._closed = False
         self._threads = [
             threading.Thread(target=self._deliver, args=(i,), daemon=True, name=f"a3c-shard-{i}")
@@ -302,7 +301,6 @@ class ShardSet:
     def restart_failed(self) -> None:
         """Start again every shard of the master's own whose process ended, and wait for those
         started elsewhere to answer again, up to REMOTE_WAIT_S (the reset's first half)."""
-        self.restarts += 1
         remote = False
         for i, proc in enumerate(self._procs):
             if isinstance(proc, RemoteShard):
