@@ -51,7 +51,7 @@ class ShardRuns:
             events.flush()
             return
         events.add(ERROR, "shards_lost", f"{reason}; starting them again failed: {problem}")
-        self.params.close_shards()  # type: ignore[attr-defined]
+        self.params.drop_shards()  # type: ignore[attr-defined]
         self.finish(f"a parameter-server shard failed and could not be started again: {problem}")  # type: ignore[attr-defined]
 
     def shard_plan(self, seen_as: str | None = None) -> dict[str, Any]:

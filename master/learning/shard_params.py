@@ -44,10 +44,25 @@ class ShardedParameters:
         self.close_shards()
         shards = ShardSet(settings, config, on_failure)
         with self.lock:
-            shards.open(self._require_net(), self.version, self._target_kept())  # type: ignore[attr-defined]
+            try:
+                shards.open(self._require_net(), self.version, self._target_kept())  # type: ignore[attr-defined]
+            except Exception:
+                shards.close()
+                raise
             self._net_version = self.version
             self._shard_target_version = self.target.version  # type: ignore[attr-defined]
             self.shards = shards
+
+    def drop_shards(self) -> None:
+        """The shards are lost for good: the network stays as last gathered, under the next
+        version (what was applied since is lost, and its weights keep their own version), and
+        the shards are closed."""
+        with self.lock:
+            if self.shards is not None and self._net_version != self.version:
+                self.version += 1
+                self._net_version = self.version
+                self._encoded = None
+        self.close_shards()
 
     def close_shards(self) -> None:
         with self.lock:

@@ -112,7 +112,11 @@ class ShardSet:
             threading.Thread(target=self._deliver, args=(i,), daemon=True, name=f"a3c-shard-{i}")
             for i in range(self.count)
         ] + [threading.Thread(target=self._watch, daemon=True, name="a3c-shard-watch")]
-        self._wait_healthy()
+        try:
+            self._wait_healthy()
+        except Exception:
+            self.close()  # the shards that did start end here, not with the master
+            raise
 
     def _process(self, index: int) -> ForkedShard:
         scheme = "https" if self.settings.tls.serves else "http"

@@ -269,3 +269,29 @@ def test_a_shard_started_elsewhere_is_waited_for_and_every_shard_put_back(
         torch.testing.assert_close(shard_weights(c, version), kept)
         assert commit(c, 4, stage(c, 4, torch.full((n,), GRADIENT))).status_code == 200
         state.finish("the test is over")
+
+
+def test_a_shard_that_never_comes_back_ends_the_run_with_the_reason(
+    tmp_path: Path, remote_shards: list[ServiceProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("master.shards.coordinator.REMOTE_WAIT_S", 0.5)
+    settings = Settings(
+        run_dir=tmp_path / "run", workers_file=tmp_path / "w.txt", token=None,
+        shards_urls=tuple(p.url for p in remote_shards), shards_secret=SECRET,
+    )  # fmt: skip
+    with TestClient(create_app(settings), client=("127.0.0.1", 50000)) as c:
+        state = c.app.state.cluster
+        _, (worker,) = state.start_run(train_config(seed=1, shards=2), ["http://127.0.0.1:9001"])
+        assert c.post("/worker_started", json={"worker_id": worker}).status_code == 200
+        n = state.params.net.layout.n_params
+        c.get("/global_model_weights")
+        kept = state.params.net.params.detach().clone()
+        assert commit(c, 1, stage(c, 1, torch.full((n,), GRADIENT))).status_code == 200
+        decided = state.params.version
+        remote_shards[0].kill()  # and nobody starts it again
+        wait_for(lambda: c.get("/status").json()["state"] == "finished", 30, "the run's end")
+        status = c.get("/status").json()
+        assert "could not be started again" in status["finish_reason"], status["finish_reason"]
+        assert status["shards"] is None and status["model_version"] > decided
+        # What the run keeps is the network as last gathered, under a version of its own.
+        torch.testing.assert_close(state.params.net.params.detach(), kept)
