@@ -102,9 +102,9 @@ def spinning_threads() -> Iterator[None]:
 
 
 # What a child of the master imports before it runs: the fork server imports it once.
-CHILD_MODULES = [
-    "torch", "master.learning.learner_loop", "a3c_http.policy.evaluation", "master.shards.server",
-]
+# (A parameter-server shard imports its server, 0.2 s, as it starts: few runs have shards, and
+# every fork server would pay for it.)
+CHILD_MODULES = ["torch", "master.learning.learner_loop", "a3c_http.policy.evaluation"]
 _fork_server = threading.Lock()
 
 

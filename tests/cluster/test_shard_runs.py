@@ -46,7 +46,7 @@ def test_a_shard_killed_in_a_running_a3c_run_is_put_back_and_the_next_run_starts
     # The run goes on: both workers push through the shards again, none of them failed.
     after = cluster.status()
     wait_for(
-        lambda: cluster.status()["updates_applied"] >= after["updates_applied"] + 20,
+        lambda: cluster.status()["updates_applied"] >= after["updates_applied"] + 10,
         60,
         "pushes after the reset",
     )

@@ -275,6 +275,7 @@ def test_a_shard_that_never_comes_back_ends_the_run_with_the_reason(
     tmp_path: Path, remote_shards: list[ServiceProcess], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("master.shards.coordinator.REMOTE_WAIT_S", 0.5)
+    monkeypatch.setattr("master.shard_runs.RESTARTS", 1)  # one try is enough to show the end
     settings = Settings(
         run_dir=tmp_path / "run", workers_file=tmp_path / "w.txt", token=None,
         shards_urls=tuple(p.url for p in remote_shards), shards_secret=SECRET,
