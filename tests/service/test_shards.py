@@ -9,6 +9,8 @@ import copy
 import json
 import os
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -25,6 +27,7 @@ from master.app import create_app
 from tests.support.common import OCTET, master_running, pid_running
 
 GRADIENT = 1e-3  # every value of a push's gradients: a norm of 0.1 for the default model
+SECRET = "a-secret-of-the-masters-calls"  # the master's calls to the shards started elsewhere
 
 
 def plan(c) -> dict:  # noqa: ANN001 (a TestClient)
@@ -71,6 +74,25 @@ def shard_weights(c, version: int) -> torch.Tensor:  # noqa: ANN001
 
 def shard_versions(c) -> list[int]:  # noqa: ANN001
     return [s["version"] for s in c.get("/status").json()["shards"]]
+
+
+def local_settings(tmp_path: Path, **overrides: object) -> Settings:
+    """A tokenless master's settings over its own folder (and `shards_urls`, with their secret)."""
+    secret = {"shards_secret": SECRET} if overrides.get("shards_urls") else {}
+    return Settings(
+        run_dir=tmp_path / "run", workers_file=tmp_path / "w.txt", token=None, **secret,
+        **overrides,
+    )  # fmt: skip
+
+
+@contextmanager
+def running_master(settings: Settings) -> Iterator[TestClient]:
+    """A master in-process over `settings`, running a run with 2 shards and one worker, w1."""
+    with TestClient(create_app(settings), client=("127.0.0.1", 50000)) as c:
+        urls = ["http://127.0.0.1:9001"]
+        _, (worker,) = c.app.state.cluster.start_run(train_config(seed=1, shards=2), urls)
+        assert c.post("/worker_started", json={"worker_id": worker}).status_code == 200
+        yield c
 
 
 @pytest.fixture
@@ -172,11 +194,9 @@ def test_a_shard_killed_puts_every_shard_back_at_the_last_gathered_weights(shard
 
 
 def test_a_reopened_master_opens_its_shards_at_the_saved_weights(tmp_path: Path) -> None:
-    settings = Settings(run_dir=tmp_path / "run", workers_file=tmp_path / "w.txt", token=None)
-    with TestClient(create_app(settings), client=("127.0.0.1", 50000)) as c:
+    settings = local_settings(tmp_path)
+    with running_master(settings) as c:
         state = c.app.state.cluster
-        _, (worker,) = state.start_run(train_config(seed=1, shards=2), ["http://127.0.0.1:9001"])
-        assert c.post("/worker_started", json={"worker_id": worker}).status_code == 200
         n = state.params.net.layout.n_params
         assert commit(c, 1, stage(c, 1, torch.full((n,), GRADIENT))).status_code == 200
         assert state.persist(force=True)
@@ -212,9 +232,6 @@ def test_a_dqn_runs_target_network_is_the_shards(tmp_path: Path) -> None:
         torch.testing.assert_close(shard_weights(c, start + 3), at[start + 3])
 
 
-SECRET = "a-secret-of-the-masters-calls"
-
-
 @pytest.fixture
 def remote_shards(tmp_path: Path):
     """Two shards started elsewhere (`uvicorn master.shards.app:app`), as a host's supervisor
@@ -238,14 +255,9 @@ def remote_shards(tmp_path: Path):
 def test_a_shard_started_elsewhere_is_waited_for_and_every_shard_put_back(
     tmp_path: Path, remote_shards: list[ServiceProcess]
 ) -> None:
-    settings = Settings(
-        run_dir=tmp_path / "run", workers_file=tmp_path / "w.txt", token=None,
-        shards_urls=tuple(p.url for p in remote_shards), shards_secret=SECRET,
-    )  # fmt: skip
-    with TestClient(create_app(settings), client=("127.0.0.1", 50000)) as c:
+    settings = local_settings(tmp_path, shards_urls=tuple(p.url for p in remote_shards))
+    with running_master(settings) as c:
         state = c.app.state.cluster
-        _, (worker,) = state.start_run(train_config(seed=1, shards=2), ["http://127.0.0.1:9001"])
-        assert c.post("/worker_started", json={"worker_id": worker}).status_code == 200
         assert [s["url"] for s in plan(c)["shards"]] == [p.url for p in remote_shards]
         n = state.params.net.layout.n_params
         assert commit(c, 1, stage(c, 1, torch.full((n,), GRADIENT))).status_code == 200
@@ -276,14 +288,9 @@ def test_a_shard_that_never_comes_back_ends_the_run_with_the_reason(
 ) -> None:
     monkeypatch.setattr("master.shards.coordinator.REMOTE_WAIT_S", 0.5)
     monkeypatch.setattr("master.shard_runs.RESTARTS", 1)  # one try is enough to show the end
-    settings = Settings(
-        run_dir=tmp_path / "run", workers_file=tmp_path / "w.txt", token=None,
-        shards_urls=tuple(p.url for p in remote_shards), shards_secret=SECRET,
-    )  # fmt: skip
-    with TestClient(create_app(settings), client=("127.0.0.1", 50000)) as c:
+    settings = local_settings(tmp_path, shards_urls=tuple(p.url for p in remote_shards))
+    with running_master(settings) as c:
         state = c.app.state.cluster
-        _, (worker,) = state.start_run(train_config(seed=1, shards=2), ["http://127.0.0.1:9001"])
-        assert c.post("/worker_started", json={"worker_id": worker}).status_code == 200
         n = state.params.net.layout.n_params
         c.get("/global_model_weights")
         kept = state.params.net.params.detach().clone()
