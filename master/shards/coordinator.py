@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import hmac
+import http.client
 import json
 import logging
 import math
@@ -33,7 +34,7 @@ from a3c_http.optim.flatnet import FlatNetwork
 from a3c_http.wire.protocol import CONTENT_TYPE
 from master.errors import Invalid, StateConflict, Unavailable
 from master.learning.target import TargetNetwork
-from master.shards.processes import ForkedShard, RemoteShard, ended
+from master.shards.processes import ForkedShard, RemoteShard, ShardChannel, ended
 from master.shards.server import CONTROL_HEADER
 from master.shards.shard import OPENING, metadata_of, receipt
 
@@ -237,8 +238,9 @@ class ShardSet:
             self.lock.notify_all()
 
     def _deliver(self, index: int) -> None:
-        """Shard `index`'s sender: the decisions in order, a batch a request."""
+        """Shard `index`'s sender: the decisions in order, a batch a request (`ShardChannel`)."""
         queue = self._queues[index]
+        channel = ShardChannel(self.settings, self._http.headers)
         while True:
             with self.lock:
                 while not self._closed and (not queue or self.failure is not None):
@@ -248,11 +250,11 @@ class ShardSet:
                 batch = [queue[i] for i in range(min(BATCH, len(queue)))]
                 epoch, url = self.epoch, self._procs[index].url()
             try:
-                reply = self._http.post(
-                    f"{url}/shard/apply", json={"epoch": epoch, "decisions": batch}
-                )
-                problem = None if reply.status_code == 200 else reply.text
-            except httpx.HTTPError as exc:
+                decided = {"epoch": epoch, "decisions": batch}
+                status, text = channel.post(url, "/shard/apply", decided)
+                problem = None if status == 200 else text
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                channel.close()
                 problem = f"{type(exc).__name__}: {exc}"
             with self.lock:
                 if epoch != self.epoch:
@@ -262,7 +264,7 @@ class ShardSet:
                     continue
                 for _ in batch:
                     queue.popleft()
-                self.delivered[index] = int(reply.json()["version"])
+                self.delivered[index] = int(json.loads(text)["version"])
                 self.lock.notify_all()
 
     def _fail(self, why: str) -> None:
@@ -376,3 +378,4 @@ class ShardSet:
         for proc in self._procs:
             proc.stop()
         self._http.close()
+

@@ -1,12 +1,18 @@
 """The processes of a run's shards as the master sees them (master/shards/coordinator.py): one it
 forked from its fork server (`ForkedShard`), or one started elsewhere (`RemoteShard`,
-A3C_SHARDS_URLS)."""
+A3C_SHARDS_URLS); and its connection to one for its decisions (`ShardChannel`)."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import socket
+from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
+
+from a3c_http.config.settings import Settings
 from master.learning.learner_needs import child_context
 from master.shards.server import serve
 
@@ -82,3 +88,35 @@ def ended(proc: ForkedShard | RemoteShard) -> str:
         return f"{proc.url()} does not answer, or holds no run: started again elsewhere"
     code = proc.proc.exitcode
     return f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+
+
+class ShardChannel:
+    """The master's keep-alive connection to one shard, for its decisions (made again after a
+    failure, or for a new URL): the standard library's client, which costs a fifth of httpx's
+    CPU a request, and a push makes one for every shard when the shards keep up."""
+
+    def __init__(self, settings: Settings, headers: httpx.Headers) -> None:
+        self._tls = settings.tls.client_context() if settings.tls.configured else None
+        self._headers = {**dict(headers), "Content-Type": "application/json"}
+        self._url = ""
+        self._conn: http.client.HTTPConnection | None = None
+
+    def post(self, url: str, path: str, body: Any) -> tuple[int, str]:
+        if self._conn is None or url != self._url:
+            self.close()
+            where = urlsplit(url)
+            if where.scheme == "https":
+                self._conn = http.client.HTTPSConnection(
+                    where.hostname, where.port, timeout=30.0, context=self._tls
+                )
+            else:
+                self._conn = http.client.HTTPConnection(where.hostname, where.port, timeout=30.0)
+            self._url = url
+        self._conn.request("POST", path, body=json.dumps(body).encode(), headers=self._headers)
+        reply = self._conn.getresponse()
+        return reply.status, reply.read().decode()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
