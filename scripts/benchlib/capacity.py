@@ -3,7 +3,7 @@ model, beside the physical limits measured in the same run, and what the seeds' 
 
     .venv/bin/python scripts/bench.py capacity [--algos a3c,ppo,impala,apex]
         [--models default,minatar,1M,atari] [--actors 64] [--seconds 10] [--actor-seconds 5]
-        [--json runs/bench_capacity.json]
+        [--shards N] [--json runs/bench_capacity.json]
 
 For each algorithm and model, in turn (never two at once):
 
@@ -16,12 +16,14 @@ For each algorithm and model, in turn (never two at once):
   initial priorities), each push handed to a port that keeps it (no encoding, no network: the
   worker's push process does that on its own core). Its pushes a second are what one actor asks.
 
-A core of the master serves `1000 / (its ms a push) / (one actor's pushes a second)` actors, and
-a core of the learner likewise: upper bounds, since one master process takes one core at most
-(receivers and learners take others), and real pushes arrive one at a time, which costs the
-master more than back-to-back ones do (docs/performance.md, Capacity). The seeds' setups follow:
-Gorila's 100 bundles of an actor and a learner, which push gradients (`a3c`'s rows), and Ape-X's
-360 actors (`apex`'s rows), in cores of the master and of the learner, and in 16-core hosts.
+A core of the master serves `1000 / (its ms a push) / (one actor's pushes a second)` actors, and a
+core of the learner likewise, and with `--shards N` (the a3c and dqn rows; every push crosses every
+shard) a core of each shard, which spends its share of the shards' CPU a push: upper bounds, since
+one master process takes one core at most (receivers and learners take others), and real pushes
+arrive one at a time, which costs the master more than back-to-back ones do (docs/performance.md,
+Capacity). The seeds' setups follow: Gorila's 100 bundles of an actor and a learner, which push
+gradients (`a3c`'s rows), and Ape-X's 360 actors (`apex`'s rows), in cores of the master and of the
+learner, and in 16-core hosts.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ MODELS: dict[str, dict[str, Any]] = {
 # The seeds' setups: how many actors, and the algorithm whose rows they take.
 SETUPS = {"Gorila's 100 bundles": (100, "a3c"), "Ape-X's 360 actors": (360, "apex")}
 HOST_CORES = 16
+# The algorithms whose runs take `shards` (a3c_http/algos/sharded.py).
+SHARDED = ("a3c", "dqn")
 
 
 class KeepingPort:
@@ -127,13 +131,19 @@ def served_per_core(ms_a_push: float | None, actor_pushes_per_s: float) -> float
 def row(algo: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
     """One row of the table: the load on a fresh master, and one actor's rate."""
     fields = {"algo": algo, **MODELS[model]}
+    if args.shards > 1 and algo in SHARDED:
+        fields["shards"] = args.shards
     with standin_master(args.receivers) as (cluster, worker):
         run_id, config = start(cluster, worker.url, fields)
         measured = load(cluster, run_id, config, args, None)
     actor = actor_rate(config, args.actor_seconds)
     cpu = measured["cpu_ms_per_push"]
     master_ms = (cpu.get("master") or 0) + (cpu.get("receivers") or 0)
+    shards = fields.get("shards", 1)
+    shard_ms = cpu["shards"] / shards if cpu.get("shards") else None  # each shard's share
     return {
+        "shards": shards, "shard_ms_per_push": shard_ms,
+        "actors_per_shard_core": served_per_core(shard_ms, actor["pushes_per_s"]),
         "algo": algo, "model": model, "config": fields, "actor": actor,
         "master_ms_per_push": round(master_ms, 4), "learner_ms_per_push": cpu.get("learner"),
         "actors_per_master_core": served_per_core(master_ms, actor["pushes_per_s"]),
@@ -150,8 +160,11 @@ def setups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for r in (r for r in rows if r["algo"] == algo):
             cores = {
                 role: math.ceil(actors / r[f"actors_per_{role}_core"])
-                for role in ("master", "learner") if r[f"actors_per_{role}_core"] is not None
+                for role in ("master", "learner", "shard")
+                if r[f"actors_per_{role}_core"] is not None
             }
+            if "shard" in cores:  # each shard a core, and every one serves every push
+                cores["shard"] = r["shards"] * cores["shard"]
             total = actors + sum(cores.values())  # one core an actor, as the seeds run them
             out.append({"setup": name, "model": r["model"], "cores": cores,
                         "actor_cores": actors, "hosts": math.ceil(total / HOST_CORES)})
@@ -173,6 +186,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--warmup", type=number(float, 0), default=2.0)
     parser.add_argument("--actor-seconds", type=number(float, 0, more=True), default=5.0)
     parser.add_argument("--receivers", type=number(int, 0), default=0)
+    parser.add_argument("--shards", type=number(int, 1), default=1,
+                        help="parameter-server shards of the a3c and dqn rows (1: none)")
     parser.add_argument("--json", type=Path, default=ROOT / "runs" / "bench_capacity.json")
     args = parser.parse_args(argv)
     for option, given, known in (("--models", args.models, MODELS), ("--algos", args.algos, ALGOS)):
@@ -200,7 +215,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                 f"{r['learner_ms_per_push']} ms; one actor {r['actor']['env_steps_per_s']:,} env "
                 f"steps/s, {r['actor']['pushes_per_s']} pushes/s: "
                 f"{_shown(r['actors_per_master_core'])} actors a master core, "
-                f"{_shown(r['actors_per_learner_core'])} a learner core")
+                f"{_shown(r['actors_per_learner_core'])} a learner core"
+                + (f", {_shown(r['actors_per_shard_core'])} a core of each of its {r['shards']} "
+                   f"shards ({r['shard_ms_per_push']:.3g} ms a push each)"
+                   if r["actors_per_shard_core"] else ""))
             out["setups"] = setups(rows)
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(out, indent=2))
