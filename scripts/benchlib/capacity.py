@@ -161,7 +161,7 @@ def setups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             cores = {
                 role: math.ceil(actors / r[f"actors_per_{role}_core"])
                 for role in ("master", "learner", "shard")
-                if r[f"actors_per_{role}_core"] is not None
+                if r.get(f"actors_per_{role}_core") is not None
             }
             if "shard" in cores:  # each shard a core, and every one serves every push
                 cores["shard"] = r["shards"] * cores["shard"]

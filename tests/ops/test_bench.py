@@ -362,6 +362,10 @@ def test_one_actor_pushes_once_a_rollout_and_a_core_serves_what_it_takes() -> No
         {"setup": "Ape-X's 360 actors", "model": "default", "cores": {"master": 8, "learner": 52},
          "actor_cores": 360, "hosts": 27},  # 420 cores
     ]
+    # Through 2 shards, each serving 10 actors a core: 10 cores' worth for each, 20 shard cores.
+    sharded = [{**rows[0], "shards": 2, "actors_per_shard_core": 10.0}]
+    assert setups(sharded)[0]["cores"] == {"master": 5, "shard": 20}
+    assert setups(sharded)[0]["hosts"] == 8  # 125 cores
 
 
 def test_each_command_of_bench_py_has_its_options_and_an_unknown_one_is_refused(
