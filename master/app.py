@@ -26,6 +26,7 @@ from master.api.headers import TENSOR_PATHS
 from master.api.metrics import MasterMetrics
 from master.background import housekeeping
 from master.errors import Invalid, Unavailable
+from master.ingress.commit import CommitRoute
 from master.ingress.receivers import Receivers
 from master.ingress.route import UpdateRoute
 from master.ingress.updates import push, take_push
@@ -100,6 +101,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     quiet = settings.access_log == "quiet"
     # Inside the gate and the body limit that install_common adds (the last added runs first).
     app.add_middleware(UpdateRoute, push=own_push)
+    app.add_middleware(CommitRoute, state=state)  # a push's commit in a run with shards
     install_common(
         app,
         settings,

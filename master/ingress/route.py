@@ -51,7 +51,7 @@ class UpdateRoute:
             alias = _ALIASES.get(name.decode("latin-1"))
             if alias is not None:
                 given[alias] = value.decode("latin-1")
-        body = await _body(receive)
+        body = await body_of(receive)
         if body is None:  # the client left before its body was in: nothing to answer
             return
         try:
@@ -61,14 +61,19 @@ class UpdateRoute:
             reply = error_reply(422, validation_body(errors))
         else:
             reply = await self.push(path, headers, body)
-        status, headers_out, content = reply
-        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers_out]
-        raw.append((b"content-length", str(len(content)).encode()))
-        await send({"type": "http.response.start", "status": status, "headers": raw})
-        await send({"type": "http.response.body", "body": content})
+        await send_reply(send, reply)
 
 
-async def _body(receive: Receive) -> bytes | bytearray | None:
+async def send_reply(send: Send, reply: Reply) -> None:
+    """A reply's status, headers (with its length) and body, in two messages."""
+    status, headers_out, content = reply
+    raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers_out]
+    raw.append((b"content-length", str(len(content)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": content})
+
+
+async def body_of(receive: Receive) -> bytes | bytearray | None:
     """The request's whole body (its size and time are bounded by the body limit outside), or
     None when the client left first. A body in several chunks is joined into a bytearray,
     which the decoder of a gradient push then takes as the vector's memory (a3c_http/wire/tensors.py
