@@ -21,6 +21,9 @@ WORKER_ID_HEADER = "X-Worker-Id"
 RUN_ID_HEADER = "X-Run-Id"
 # A worker's rising request number; its retries keep it, so the master never counts one twice.
 SEQ_HEADER = "X-A3C-Seq"
+# A request number is 1 to this (a worker's window of numbers taken keeps the highest: one past
+# any honest count would make every later number look like a retry).
+MAX_SEQ = 2**62
 # "1" on a reply: the master has already taken this request (a retry), nothing was counted again.
 DUPLICATE_HEADER = "X-A3C-Duplicate"
 # "1" on a reply: the run is over, the worker should stop.

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from a3c_http.wire.protocol import (
     GRAD_NORM_HEADER,
     LOSS_HEADER,
+    MAX_SEQ,
     RUN_ID_HEADER,
     SEQ_HEADER,
     VERSION_HEADER,
@@ -25,7 +26,6 @@ WorkerId = Annotated[str, Field(min_length=1, max_length=128, pattern=WORKER_ID_
 # X-A3C-Seq: a worker's own rising number for its episode reports, gradients and weights; a retry
 # keeps the number of its first attempt, so the master never counts it twice.
 # Optional (the routes default it to None), but never null: the schema says integer.
-MAX_SEQ = 2**62
 _SEQ = {"alias": SEQ_HEADER, "ge": 1, "le": MAX_SEQ,
         "description": "The worker's rising request number; retries keep it."}
 Seq = Annotated[int, Header(**_SEQ)]

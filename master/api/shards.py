@@ -9,7 +9,7 @@ from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from a3c_http.server.service import JSON_BODY, conflict, error, protected_router
-from a3c_http.wire.protocol import SHARDS_PATH
+from a3c_http.wire.protocol import MAX_SEQ, MAX_SQLITE_INT, SHARDS_PATH
 from master.api.deps import State
 from master.api.headers import WorkerId
 from master.api.schemas import Finite, RunId
@@ -35,8 +35,10 @@ class Commit(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     worker_id: WorkerId
     run_id: RunId = None
-    version: int = Field(ge=0, description="The weights' version the gradients were computed on.")
-    seq: int = Field(ge=0, description="The worker's request number (X-A3C-Seq's).")
+    version: int = Field(
+        ge=0, le=MAX_SQLITE_INT, description="The weights' version the gradients were computed on."
+    )
+    seq: int = Field(ge=1, le=MAX_SEQ, description="The worker's request number (X-A3C-Seq's).")
     loss: Finite | None = None
     grad_norm: Finite | None = Field(None, ge=0, description="Their norm before clipping.")
     receipts: list[Receipt] = Field(max_length=64)

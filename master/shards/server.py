@@ -35,6 +35,7 @@ from a3c_http.server import logs
 from a3c_http.server.service import install_common, protected_router
 from a3c_http.wire.protocol import (
     CONTENT_TYPE,
+    MAX_SEQ,
     MAX_SQLITE_INT,
     SEQ_HEADER,
     SHARD_EPOCH_HEADER,
@@ -81,7 +82,7 @@ def create_app(settings: Settings, control: str, shard: Shard | None = None) -> 
     async def stage(
         request: Request,
         worker: Annotated[str, Header(alias=WORKER_ID_HEADER, max_length=128)],
-        seq: Annotated[int, Header(alias=SEQ_HEADER, ge=0)],
+        seq: Annotated[int, Header(alias=SEQ_HEADER, ge=1, le=MAX_SEQ)],
         epoch: Annotated[str, Header(alias=SHARD_EPOCH_HEADER, max_length=64)],
     ) -> dict[str, Any]:
         return answer(shard.stage, worker, seq, epoch, await request.body())

@@ -28,6 +28,9 @@ from a3c_http.wire.tensors import Layout, WireError
 STAGE_TTL_S = 120.0
 # At most this many slices staged at once (a worker's pushes in flight, times the workers).
 MAX_STAGED = 4096
+# ... and at most this many bytes of them: 4,096 slices of a large model's would be gigabytes,
+# held by pushes a worker staged and never committed.
+MAX_STAGED_BYTES = 1 << 30
 # How long `GET /shard/weights` waits for its version before it answers 503.
 WEIGHTS_WAIT_S = 30.0
 # The metadata entry of `/shard/open`'s and `/shard/state`'s bodies.
@@ -154,8 +157,12 @@ class Shard:
             self._check_epoch(epoch)
             for old in [k for k, (_, at) in self._staged.items() if now - at > STAGE_TTL_S]:
                 del self._staged[old]
-            if len(self._staged) >= MAX_STAGED and (worker, seq) not in self._staged:
-                raise Refused(503, f"shard {index}: {MAX_STAGED} pushes staged already")
+            most = min(MAX_STAGED, max(1, MAX_STAGED_BYTES // (4 * max(1, vector.numel()))))
+            if len(self._staged) >= most and (worker, seq) not in self._staged:
+                raise Refused(
+                    503, f"shard {index}: {most} pushes staged already and not committed (they "
+                    f"are dropped {STAGE_TTL_S:g} s after their stage)",
+                )  # fmt: skip
             self._staged[(worker, seq)] = (vector, now)
         return {
             "shard": index,

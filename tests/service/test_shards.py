@@ -142,6 +142,8 @@ def test_a_refused_commit_is_applied_by_no_shard(sharded) -> None:
         (commit(c, 2, too_large), 422, "above max_grad_norm"),
         (commit(c, 1, receipts, run_id="another"), 409, "run"),
         (commit(c, 1, receipts, version=2**40), 409, "never had"),  # its report is counted
+        # A number past any honest count would make the worker's later pushes look like retries.
+        (commit(c, 2**70, receipts), 422, "seq"),
     ]
     for r, status, words in refusals:
         assert r.status_code == status, r.text

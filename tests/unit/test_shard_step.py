@@ -1,6 +1,6 @@
-"""A parameter-server shard in-process (master/shards/shard.py `Shard`): its step is the whole
-network's step on its slice, it applies versions in order only, and what it refuses. The shards
-as processes beside a master are tests/service/test_shards.py's."""
+"""A parameter-server shard in-process (master/shards/shard.py `Shard`): its receipts, the versions
+it applies in order only, and what it refuses. That a push through the shards is the master's own
+step, and a dqn run's target network, are tests/service/test_shards.py's."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from a3c_http.algos.registry import model_for, train_config
@@ -40,26 +39,20 @@ def test_slices_cover_the_vector_in_nearly_equal_parts() -> None:
     assert slices(9155, 16)[-1][1] == 9155
 
 
-def test_a_shards_steps_are_the_whole_networks_on_its_slice() -> None:
-    torch.manual_seed(0)
+def test_a_stage_is_receipted_and_a_batch_sent_again_is_passed_over() -> None:
     net = FlatNetwork(model_for(CONFIG), CONFIG)
     n = net.layout.n_params
     lo, hi = n // 3, n // 2
     shard = opened(net, lo, hi)
-    for version, seq in ((6, 1), (7, 2)):
-        gradient = torch.randn(n) * 1e-3
-        staged = shard.stage("w1", seq, "e1", slice_body(gradient[lo:hi]))
-        expected_sumsq = float(torch.dot(gradient[lo:hi], gradient[lo:hi]))
-        assert staged["sumsq"] == pytest.approx(expected_sumsq, rel=1e-5)
-        assert staged["receipt"] == receipt(bytes(32), "e1", 1, "w1", seq, staged["sumsq"])
-        shard.apply("e1", [{"version": version, "worker": "w1", "seq": seq, "lr": CONFIG.lr}])
-        net.step([gradient])
-    body, version = shard.weights(7, wait_s=0)
-    assert version == 7
-    mine = Layout([("slice", (hi - lo,))], hi - lo).decode(body)[0]
-    torch.testing.assert_close(mine, net.params.detach()[lo:hi])
-    # A batch sent again is passed over, not applied twice.
-    assert shard.apply("e1", [{"version": 7, "worker": "w1", "seq": 2, "lr": 1.0}]) == 7
+    gradient = torch.randn(hi - lo) * 1e-3
+    staged = shard.stage("w1", 1, "e1", slice_body(gradient))
+    assert staged["sumsq"] == pytest.approx(float(torch.dot(gradient, gradient)), rel=1e-5)
+    assert staged["receipt"] == receipt(bytes(32), "e1", 1, "w1", 1, staged["sumsq"])
+    decision = {"version": 6, "worker": "w1", "seq": 1, "lr": CONFIG.lr}
+    assert shard.apply("e1", [decision]) == 6
+    applied = shard.weights(6, wait_s=0)[0]
+    assert shard.apply("e1", [{**decision, "lr": 1.0}]) == 6  # not applied twice
+    assert shard.weights(6, wait_s=0)[0] == applied
 
 
 @pytest.mark.parametrize(
@@ -96,22 +89,13 @@ def test_what_a_shard_refuses_to_stage() -> None:
         Shard().stage("w1", 1, "e1", slice_body(torch.zeros(100)))
 
 
-def test_a_dqn_shards_target_slice_follows_the_masters_rule() -> None:
-    config = train_config(algo="dqn", seed=3, shards=2)
-    net = FlatNetwork(model_for(config), config)
-    n = net.layout.n_params
-    shard = Shard()
-    meta = {
-        "config": config.model_dump(mode="json"), "index": 0, "lo": 0, "hi": n, "version": 10,
-        "epoch": "e1", "key": "00" * 32, "target_version": 9, "target_every": 3,
-    }  # fmt: skip
-    first = net.params.detach().clone()
-    tensors = {"weights": first, "target": first.clone()}
-    shard.open(st_save(tensors, {OPENING: json.dumps(meta)}))
-    for version in (11, 12):
-        shard.stage("w1", version, "e1", slice_body(torch.full((n,), 1e-3)))
-        shard.apply("e1", [{"version": version, "worker": "w1", "seq": version, "lr": 1e-2}])
-    saved = st_load(shard.state())
-    assert shard.target_version == 12  # 12 - 9 >= 3: the weights of 12
-    torch.testing.assert_close(saved["target"], saved["weights"])
-    assert not torch.equal(saved["target"], first)
+def test_what_a_shard_holds_staged_is_bounded_in_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("master.shards.shard.MAX_STAGED_BYTES", 4 * 100 * 3)  # 3 slices of 100
+    net = FlatNetwork(model_for(CONFIG), CONFIG)
+    shard = opened(net, 0, 100)
+    for seq in (1, 2, 3):
+        shard.stage("w1", seq, "e1", slice_body(torch.zeros(100)))
+    shard.stage("w1", 3, "e1", slice_body(torch.zeros(100)))  # the same push again: taken
+    with pytest.raises(Refused, match="3 pushes staged already") as full:
+        shard.stage("w1", 4, "e1", slice_body(torch.zeros(100)))
+    assert full.value.status == 503 and shard.status()["staged"] == 3
