@@ -21,29 +21,28 @@ class ShardRuns:
     """The mixin; `ClusterState` has the `ledger`, `params` and `settings` it uses."""
 
     def _start_shards(self) -> None:
-        """A running run with `shards` above 1 gets its shard processes (any other stops an
-        earlier run's)."""
-        config = self.ledger.config  # type: ignore[attr-defined]
-        if getattr(config, "shards", 1) < 2 or self.ledger.run_state != "running":  # type: ignore[attr-defined]
-            self.params.close_shards()  # type: ignore[attr-defined]
+        """A running run with `shards` above 1 gets its shard processes (an earlier run's were
+        closed by `start_run`)."""
+        config = self.ledger.config
+        if getattr(config, "shards", 1) < 2 or self.ledger.run_state != "running":
             return
         try:
-            self.params.start_shards(self.settings, config, self._shards_failed)  # type: ignore[attr-defined]
+            self.params.start_shards(self.settings, config, self._shards_failed)
         except Exception as exc:  # noqa: BLE001 - the run cannot go on without them, whatever it was
             why = f"the run's parameter-server shards could not start: {exc}"
-            self.finish(why)  # type: ignore[attr-defined]
+            self.finish(why)
             raise ShardsDown(why) from None
 
     def _shards_failed(self, reason: str) -> None:
         """A shard failed (the shards' watcher thread): pushes wait (503) while every shard is put
         back to the network as last gathered; after RESTARTS failed tries the run ends."""
-        events = self.ledger.events  # type: ignore[attr-defined]
+        events = self.ledger.events
         events.add(WARNING, "shard_failed", reason)
         events.flush()
         problem = None
         for _ in range(RESTARTS):
             try:
-                version = self.params.reset_shards()  # type: ignore[attr-defined]
+                version = self.params.reset_shards()
             except Exception as exc:  # noqa: BLE001 - whatever it was, it is the run's end's reason
                 problem = f"{type(exc).__name__}: {exc}"
                 continue
@@ -51,22 +50,22 @@ class ShardRuns:
             events.flush()
             return
         events.add(ERROR, "shards_lost", f"{reason}; starting them again failed: {problem}")
-        self.params.drop_shards()  # type: ignore[attr-defined]
-        self.finish(f"a parameter-server shard failed and could not be started again: {problem}")  # type: ignore[attr-defined]
+        self.params.drop_shards()
+        self.finish(f"a parameter-server shard failed and could not be started again: {problem}")
 
     def shard_plan(self, seen_as: str | None = None) -> dict[str, Any]:
         """The running run's shards for a worker that reaches the master at `seen_as`."""
-        shards = self.params.shards  # type: ignore[attr-defined]
+        shards = self.params.shards
         if shards is None:
             raise StateConflict("the run has no shards: its workers push to POST /gradients")
-        return {"run_id": self.ledger.run_id, **shards.plan(seen_as)}  # type: ignore[attr-defined]
+        return {"run_id": self.ledger.run_id, **shards.plan(seen_as)}
 
     def commit_sharded(self, commit: Commit) -> dict[str, Any]:
         """A push staged on every shard (master/api/shards.py `Commit`): admitted as every push
         (the run, the worker; a finished run's refused unless a retry), its receipts checked
         (master/shards/coordinator.py `verify`, the norm against max_grad_norm), its report
         counted, then screened and decided by the parameter server."""
-        ledger, params = self.ledger, self.params  # type: ignore[attr-defined]
+        ledger, params = self.ledger, self.params
         refusal, config, _ = ledger.admit_update(commit.worker_id, commit.run_id)
         shards = params.shards
         if shards is None or getattr(config, "shards", 1) < 2:
@@ -79,18 +78,10 @@ class ShardRuns:
             raise
         params.check_norm(norm, config)
         report = rollout_report({ROLLOUT_METADATA: commit.report} if commit.report else {})
-        episodes = list(report.episodes) if report else []
-        stats = report.stats.model_dump() if report and report.stats else None
-        try:
-            summary = self._after_change(  # type: ignore[attr-defined]
-                ledger.report_rollout(commit.worker_id, episodes, stats, commit.run_id, commit.seq)
-            )
-        except Exception:
-            params.count_invalid()
-            raise
-        self._schedule_learning_rate(config)  # type: ignore[attr-defined]
+        summary = self._count_rollout(commit.worker_id, report, commit.run_id, commit.seq)
+        self._schedule_learning_rate(config)
         update = Update(
-            commit.worker_id, commit.version, None, commit.seq, commit.loss,  # type: ignore[arg-type]
+            commit.worker_id, commit.version, None, commit.seq, commit.loss,
             max(commit.grad_norm or 0.0, norm),
         )  # fmt: skip
         version, duplicate = params.commit_sharded(update, config, refusal)

@@ -69,6 +69,7 @@ from master.run.ledger import RunLedger
 from master.shard_runs import ShardRuns
 
 if TYPE_CHECKING:
+    from master.api.schemas import RolloutReport
     from master.ingress.receivers import Receivers
 
 __all__ = [
@@ -316,16 +317,7 @@ class ClusterState(LearnerRuns, ShardRuns):
         update = self.params.checked_update(
             worker_id, version, vector, config, limits, seq, loss, norm
         )
-        episodes, stats = (report.episodes, report.stats) if report else ([], None)
-        try:
-            run_summary = self._after_change(
-                self.ledger.report_rollout(
-                    worker_id, episodes, stats.model_dump() if stats else None, run_id, seq
-                )
-            )
-        except Invalid:
-            self.params.count_invalid()
-            raise
+        run_summary = self._count_rollout(worker_id, report, run_id, seq)
         self._schedule_learning_rate(config)
         outcome = algorithm_class(config).apply(
             self.params, update, config, refusal, self._round_expectation
@@ -333,6 +325,23 @@ class ClusterState(LearnerRuns, ShardRuns):
         if outcome.duplicate and not run_summary["duplicate"]:
             self.ledger.count_duplicate(worker_id)
         return outcome, run_summary
+
+    def _count_rollout(
+        self, worker_id: str, report: RolloutReport | None, run_id: str | None, seq: int | None
+    ) -> dict[str, Any]:
+        """A gradient push's rollout report (its finished episodes, the worker's statistics)
+        counted by the ledger, whatever then becomes of the update; the run's summary. Invalid,
+        counted as a refused update, for a report no rollout can make."""
+        episodes, stats = (report.episodes, report.stats) if report else ([], None)
+        try:
+            return self._after_change(
+                self.ledger.report_rollout(
+                    worker_id, episodes, stats.model_dump() if stats else None, run_id, seq
+                )
+            )
+        except Invalid:
+            self.params.count_invalid()
+            raise
 
     def _schedule_learning_rate(self, config: TrainConfig) -> None:
         if config.lr_schedule != "constant":  # a constant rate is the optimizer's own

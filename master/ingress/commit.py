@@ -13,7 +13,7 @@ from a3c_http.wire.protocol import SHARDS_PATH, STOP_HEADER
 from a3c_http.wire.tensors import WireError
 from master.api.shards import Commit
 from master.errors import Invalid, StateConflict, Unavailable
-from master.ingress.route import Reply, body_of, error_reply, send_reply
+from master.ingress.route import Reply, body_of, json_reply, send_reply
 from master.state import ClusterState
 
 PATH = f"{SHARDS_PATH}/commit"
@@ -41,13 +41,13 @@ class CommitRoute:
             commit = Commit.model_validate_json(body)
         except ValidationError as exc:
             errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
-            return error_reply(422, validation_body(errors))
+            return json_reply(422, validation_body(errors))
         try:
-            return error_reply(200, self.state.commit_sharded(commit))
+            return json_reply(200, self.state.commit_sharded(commit))
         except StateConflict as exc:
             stop = [(STOP_HEADER, "1")] if exc.stop else []
-            return error_reply(409, {"detail": str(exc)}, stop)
+            return json_reply(409, {"detail": str(exc)}, stop)
         except (Invalid, WireError) as exc:
-            return error_reply(422, {"detail": str(exc)})
+            return json_reply(422, {"detail": str(exc)})
         except Unavailable as exc:
-            return error_reply(503, {"detail": str(exc)}, [("retry-after", str(exc.retry_after_s))])
+            return json_reply(503, {"detail": str(exc)}, [("retry-after", str(exc.retry_after_s))])

@@ -24,7 +24,8 @@ _ALIASES = {field.alias.lower(): field.alias for field in PushHeaders.model_fiel
 Reply = tuple[int, list[tuple[str, str]], bytes]
 
 
-def error_reply(status: int, body: dict[str, Any], headers: list[tuple[str, str]] = ()) -> Reply:
+def json_reply(status: int, body: dict[str, Any], headers: list[tuple[str, str]] = ()) -> Reply:
+    """A reply of `status` whose body is `body` as JSON (a refusal's `detail`, or a commit's)."""
     return status, [("content-type", "application/json"), *headers], json.dumps(body).encode()
 
 
@@ -58,7 +59,7 @@ class UpdateRoute:
             headers = PushHeaders.model_validate(given)
         except ValidationError as exc:
             errors = [{**e, "loc": ("header", *e["loc"])} for e in exc.errors()]
-            reply = error_reply(422, validation_body(errors))
+            reply = json_reply(422, validation_body(errors))
         else:
             reply = await self.push(path, headers, body)
         await send_reply(send, reply)

@@ -42,7 +42,7 @@ from a3c_http.wire.tensors import WireError
 from master.api.headers import PushHeaders
 from master.api.metrics import MasterMetrics
 from master.errors import Invalid, StateConflict
-from master.ingress.route import Reply, error_reply
+from master.ingress.route import Reply, json_reply
 from master.learning.rounds import Outcome, await_outcome, outcome_reply
 from master.state import ClusterState, LearnerBusy, Sends, WouldWait
 
@@ -159,10 +159,10 @@ def _success(
 
 def _refusal(exc: Exception) -> Reply:
     if isinstance(exc, StateConflict):
-        return error_reply(409, {"detail": str(exc)}, [(STOP_HEADER, "1")] if exc.stop else [])
+        return json_reply(409, {"detail": str(exc)}, [(STOP_HEADER, "1")] if exc.stop else [])
     if isinstance(exc, LearnerBusy):
-        return error_reply(503, {"detail": str(exc)}, [("retry-after", "1")])
-    return error_reply(422, {"detail": str(exc)})
+        return json_reply(503, {"detail": str(exc)}, [("retry-after", "1")])
+    return json_reply(422, {"detail": str(exc)})
 
 
 def summary_headers(run_summary: dict[str, Any]) -> Iterable[tuple[str, str]]:

@@ -23,6 +23,7 @@ from master.shards.coordinator import ShardsDown, ShardSet
 
 if TYPE_CHECKING:
     from a3c_http.optim.flatnet import FlatNetwork
+    from master.learning.target import TargetNetwork
 
 
 class ShardedParameters:
@@ -40,17 +41,16 @@ class ShardedParameters:
 
     def start_shards(self, settings: Settings, config: TrainConfig, on_failure: Any) -> None:
         """Start the run's shards and hand them the network at the current version (a fresh run's
-        or a resumed one's); the shards of an earlier run are stopped first."""
-        self.close_shards()
+        or a resumed one's)."""
         shards = ShardSet(settings, config, on_failure)
         with self.lock:
             try:
-                shards.open(self._require_net(), self.version, self._target_kept())  # type: ignore[attr-defined]
+                shards.open(self._require_net(), self.version, self._target_kept())
             except Exception:
                 shards.close()
                 raise
             self._net_version = self.version
-            self._shard_target_version = self.target.version  # type: ignore[attr-defined]
+            self._shard_target_version = self.target.version
             self.shards = shards
 
     def drop_shards(self) -> None:
@@ -73,9 +73,9 @@ class ShardedParameters:
     def check_norm(self, norm: float, config: TrainConfig) -> None:
         """Invalid (counted as refused) for a push whose shards' sums make a norm its worker
         cannot have clipped to."""
-        why = norm_problem(norm, config, self._require_net().wire.relative_error)  # type: ignore[attr-defined]
+        why = norm_problem(norm, config, self._require_net().wire.relative_error)
         if why is not None:
-            self.count_invalid()  # type: ignore[attr-defined]
+            self.count_invalid()
             raise Invalid(f"{why}; nothing applied")
 
     def commit_sharded(
@@ -91,21 +91,21 @@ class ShardedParameters:
             shards = self.shards
             if shards is None:
                 raise ShardsDown("the run's shards are starting")
-            if self._is_retry(update.worker_id, update.seq):  # type: ignore[attr-defined]
+            if self._is_retry(update.worker_id, update.seq):
                 return self.version, True
-            self._screen(update, config, refusal, sync=False)  # type: ignore[attr-defined]
+            self._screen(update, config, refusal, sync=False)
             staleness = self.version - update.version
-            net = self._require_net()  # type: ignore[attr-defined]
+            net = self._require_net()
             lr = net.optimizer.param_groups[0]["lr"] * lr_scale(staleness, config.staleness_scaling)
             self.version += 1
             shards.decide(self.version, update.worker_id, update.seq or 0, lr)
-            every = self.target.every  # type: ignore[attr-defined]
+            every = self.target.every
             if every is not None and self.version - (self._shard_target_version or 0) >= every:
                 self._shard_target_version = self.version  # as every shard refreshes it
-            self.staleness_total += staleness  # type: ignore[attr-defined]
-            self.updates_applied += 1  # type: ignore[attr-defined]
-            self._remember_seq(update.worker_id, update.seq)  # type: ignore[attr-defined]
-            self._join_outlier_window(update)  # type: ignore[attr-defined]
+            self.staleness_total += staleness
+            self.updates_applied += 1
+            self._remember_seq(update.worker_id, update.seq)
+            self._join_outlier_window(update)
             return self.version, False
 
     def _fresh_from_shards(self, target: bool = False) -> None:
@@ -114,15 +114,15 @@ class ShardedParameters:
         meanwhile; ShardsDown while they cannot give it."""
         if self.shards is None:
             return
-        stale_target = target and self._shard_target_version != self.target.version  # type: ignore[attr-defined]
+        stale_target = target and self._shard_target_version != self.target.version
         if self._net_version != self.version or stale_target:
-            net = self._require_net()  # type: ignore[attr-defined]
+            net = self._require_net()
             self._net_version = self.shards.gather(net, self._target_kept())
             self._encoded = None
 
-    def _target_kept(self) -> Any:
+    def _target_kept(self) -> TargetNetwork | None:
         """The run's target network where it has one the shards keep (dqn), else None."""
-        target = self.target  # type: ignore[attr-defined]
+        target = self.target
         return target if target.every is not None and target.vector is not None else None
 
     def reset_shards(self) -> int:
@@ -137,8 +137,8 @@ class ShardedParameters:
             self.version += 1
             self._net_version = self.version
             self._encoded = None
-            shards.open(self._require_net(), self.version, self._target_kept())  # type: ignore[attr-defined]
-            self._shard_target_version = self.target.version  # type: ignore[attr-defined]
+            shards.open(self._require_net(), self.version, self._target_kept())
+            self._shard_target_version = self.target.version
             return self.version
 
     def shards_status(self) -> list[dict[str, Any]] | None:

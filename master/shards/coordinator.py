@@ -368,7 +368,7 @@ class ShardSet:
                     "slice": list(s),
                     "version": self.delivered[p.index],
                 }
-                for p, s in zip(self._procs, self._slices or [(0, 0)] * self.count, strict=True)
+                for p, s in zip(self._procs, self._slices, strict=True)
             ]
 
     def close(self) -> None:
@@ -378,4 +378,3 @@ class ShardSet:
         for proc in self._procs:
             proc.stop()
         self._http.close()
-
