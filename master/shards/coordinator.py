@@ -241,6 +241,7 @@ class ShardSet:
         """Shard `index`'s sender: the decisions in order, a batch a request (`ShardChannel`)."""
         queue = self._queues[index]
         channel = ShardChannel(self.settings, self._http.headers)
+        delivered_in = ""  # the epoch of the channel's connection
         while True:
             with self.lock:
                 while not self._closed and (not queue or self.failure is not None):
@@ -249,6 +250,9 @@ class ShardSet:
                     return
                 batch = [queue[i] for i in range(min(BATCH, len(queue)))]
                 epoch, url = self.epoch, self._procs[index].url()
+            if epoch != delivered_in:  # a reset: the shard may be a new process at the same URL
+                channel.close()
+                delivered_in = epoch
             try:
                 decided = {"epoch": epoch, "decisions": batch}
                 status, text = channel.post(url, "/shard/apply", decided)
